@@ -1,0 +1,29 @@
+# grace-policy: the two commands a newcomer needs are `make demo` and `make test`.
+PYTHON ?= python3
+# The interpreter embedded in slurmstepd: the distribution's, readable by every user.
+PLUGIN_PYTHON ?= /usr/bin/python3
+PREFIX ?= /usr/local
+DESTDIR ?=
+BUILD ?= build
+
+.PHONY: all deps test test-fast lint verify-loader plugin install demo bench fuzz clean
+
+all: plugin
+
+deps:
+	bash packaging/install-deps.sh
+
+test: deps
+	$(PYTHON) -m pytest -q --cov=grace_policy --cov-report=term-missing:skip-covered tests
+
+test-fast:
+	$(PYTHON) -m pytest -q -m "not slurm" tests
+
+lint:
+	$(PYTHON) -m ruff check grace_policy tests spank
+
+verify-loader:
+	GRACE_VERIFY_FULL=1 $(PYTHON) -m pytest -q tests/test_loader_oracle.py
+
+clean:
+	rm -rf $(BUILD) .pytest_cache .coverage

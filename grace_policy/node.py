@@ -1,0 +1,172 @@
+"""The node a step runs on: what its loader accepts and where its libraries live.
+
+Detected from the running host by default; every field can be overridden so a
+user on an x86_64 login node can ask about a Grace partition, and tests can
+simulate a 64 KiB-page node on a 4 KiB machine.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+
+from .elf import ELFCLASS32, ELFCLASS64, ELFDATA2LSB, ELFDATA2MSB, MACHINE_NUMBERS
+
+#: uname machine strings that mean the same loader target.
+_ARCH_ALIASES = {
+    "amd64": "x86_64",
+    "x86-64": "x86_64",
+    "arm64": "aarch64",
+    "i686": "i386",
+    "i586": "i386",
+    "i486": "i386",
+    "ppc64le": "ppc64",
+}
+
+#: Per architecture: ELF class, byte order, the $LIB expansion, the multiarch
+#: triplet of Debian-style systems, and the system directories glibc searches
+#: last (its ``SYSTEM_DIRS``), in its order.
+_ARCH_FACTS: dict[str, tuple[int, int, str, str, tuple[str, ...]]] = {
+    "x86_64": (ELFCLASS64, ELFDATA2LSB, "lib64", "x86_64-linux-gnu", ("lib64", "usr/lib64")),
+    "aarch64": (ELFCLASS64, ELFDATA2LSB, "lib64", "aarch64-linux-gnu", ("lib64", "usr/lib64")),
+    "ppc64": (ELFCLASS64, ELFDATA2LSB, "lib64", "powerpc64le-linux-gnu", ("lib64", "usr/lib64")),
+    "s390x": (ELFCLASS64, ELFDATA2MSB, "lib64", "s390x-linux-gnu", ("lib64", "usr/lib64")),
+    "riscv64": (ELFCLASS64, ELFDATA2LSB, "lib64", "riscv64-linux-gnu", ("lib64", "usr/lib64")),
+    "i386": (ELFCLASS32, ELFDATA2LSB, "lib", "i386-linux-gnu", ("lib", "usr/lib")),
+    "arm": (ELFCLASS32, ELFDATA2LSB, "lib", "arm-linux-gnueabihf", ("lib", "usr/lib")),
+}
+
+#: The ld.so.cache entry flags glibc accepts on each architecture
+#: (``_DL_CACHE_DEFAULT_ID`` in sysdeps/*/dl-cache.h).
+CACHE_FLAGS = {
+    "x86_64": 0x0303,
+    "aarch64": 0x0A03,
+    "i386": 0x0003,
+    "ppc64": 0x0503,
+    "s390x": 0x0403,
+    "riscv64": 0x1103,
+    "arm": 0x0903,
+}
+
+#: What $PLATFORM expands to (AT_PLATFORM) on each architecture.
+_PLATFORMS = {"x86_64": "x86_64", "aarch64": "aarch64", "i386": "i686"}
+
+
+def normalize_arch(name: str) -> str:
+    name = name.strip().lower()
+    return _ARCH_ALIASES.get(name, name)
+
+
+def parse_glibc(text: str | None) -> tuple[int, int] | None:
+    """``"glibc 2.36"`` or ``"2.36"`` → ``(2, 36)``; anything else → None."""
+    if not text:
+        return None
+    word = text.split()[-1]
+    parts = word.split(".")
+    try:
+        return int(parts[0]), int(parts[1])
+    except (IndexError, ValueError):
+        return None
+
+
+@dataclass(frozen=True)
+class NodeProfile:
+    machine: str
+    page_size: int
+    glibc: tuple[int, int] | None
+    #: The node image the loader searches: "/" for this host, or a mounted image.
+    root: str = "/"
+    #: True when the files under ``root`` are of this machine (this host, or an
+    #: image of the target); False when we judge a foreign node from here, where
+    #: system libraries count as present by name.
+    root_is_native: bool = True
+
+    @property
+    def machine_number(self) -> int:
+        return MACHINE_NUMBERS.get(self.machine, -1)
+
+    @property
+    def elf_class(self) -> int:
+        return _ARCH_FACTS.get(self.machine, (ELFCLASS64,))[0]
+
+    @property
+    def data(self) -> int:
+        return _ARCH_FACTS.get(self.machine, (ELFCLASS64, ELFDATA2LSB))[1]
+
+    @property
+    def lib(self) -> str:
+        return _ARCH_FACTS.get(self.machine, (0, 0, "lib64"))[2]
+
+    @property
+    def multiarch(self) -> str:
+        facts = _ARCH_FACTS.get(self.machine)
+        return facts[3] if facts else f"{self.machine}-linux-gnu"
+
+    @property
+    def platform(self) -> str:
+        return _PLATFORMS.get(self.machine, self.machine)
+
+    @property
+    def cache_flags(self) -> int | None:
+        return CACHE_FLAGS.get(self.machine)
+
+    def system_dirs(self) -> tuple[str, ...]:
+        """glibc's built-in trusted directories for this target, in search order.
+
+        Debian-style glibc is configured with ``--libdir=/usr/lib/<triplet>``
+        and ``slibdir=/lib/<triplet>``, so those come first, then the generic
+        ``/lib64``-style ones.
+        """
+        facts = _ARCH_FACTS.get(self.machine)
+        generic = facts[4] if facts else ("lib64", "usr/lib64")
+        triplet = self.multiarch
+        rel = (f"lib/{triplet}", f"usr/lib/{triplet}", *generic)
+        return tuple(self.in_root("/" + d) for d in rel)
+
+    def in_root(self, path: str) -> str:
+        """Map an absolute node path into the image under ``root``."""
+        if self.root in ("", "/"):
+            return path
+        return os.path.join(self.root, path.lstrip("/"))
+
+    def describe(self) -> str:
+        glibc = f"glibc {self.glibc[0]}.{self.glibc[1]}" if self.glibc else "glibc unknown"
+        return f"{self.machine}, {self.page_size // 1024} KiB pages, {glibc}"
+
+    def with_overrides(
+        self,
+        *,
+        machine: str | None = None,
+        page_size: int | None = None,
+        glibc: tuple[int, int] | None = None,
+        root: str | None = None,
+    ) -> NodeProfile:
+        new = self
+        if machine is not None:
+            new = replace(new, machine=normalize_arch(machine))
+        if page_size is not None:
+            new = replace(new, page_size=page_size)
+        if glibc is not None:
+            new = replace(new, glibc=glibc)
+        if root is not None:
+            new = replace(new, root=root)
+        host = host_machine()
+        native = new.root not in ("", "/") or new.machine == host
+        return replace(new, root_is_native=native)
+
+
+def host_machine() -> str:
+    return normalize_arch(os.uname().machine)
+
+
+def detect() -> NodeProfile:
+    """The running host as a node profile."""
+    try:
+        libc = os.confstr("CS_GNU_LIBC_VERSION")
+    except (ValueError, OSError):
+        libc = None
+    return NodeProfile(
+        machine=host_machine(),
+        page_size=os.sysconf("SC_PAGE_SIZE"),
+        glibc=parse_glibc(libc),
+    )

@@ -1,0 +1,1 @@
+"""Scenarios on a real local Slurm (munged, slurmctld, slurmd started by the fixture)."""

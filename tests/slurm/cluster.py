@@ -1,0 +1,318 @@
+"""A real one-node Slurm cluster on this machine, for the tests and the demo.
+
+Starts its own ``munged`` (own key and socket), ``slurmctld`` and ``slurmd``
+(field notes §5), everything under one directory, on free ports, so it can run
+beside a system Slurm or another engineer's test cluster. Daemons run in the
+foreground as our children: we know their pids and stop exactly those.
+
+This module imports nothing from the rest of the test package so that the demo
+can run it as ``python3 -m tests.slurm.cluster demo``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+#: The node is this machine, under the name Slurm itself would pick.
+NODE = socket.gethostname().split(".")[0]
+
+#: Partitions of the test cluster: name -> the mode the plugin config gives it.
+#: ``gb200sim`` is enforce mode on a simulated 64 KiB-page Grace node.
+PARTITIONS: dict[str, str] = {
+    "enforce": "enforce",
+    "warnp": "warn",
+    "offp": "off",
+    "gb200sim": "enforce",
+}
+DEFAULT_PARTITION = "enforce"
+
+#: Daemons we need; a missing one is a visible skip, not a silent pass.
+REQUIRED_BINARIES = ("munged", "slurmctld", "slurmd", "srun", "sbatch", "sinfo", "scontrol")
+
+
+def missing_binaries() -> list[str]:
+    return [b for b in REQUIRED_BINARIES if shutil.which(b) is None
+            and not Path("/usr/sbin", b).exists()]
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _sbin(name: str) -> str:
+    found = shutil.which(name)
+    if found:
+        return found
+    return str(Path("/usr/sbin", name))
+
+
+@dataclass
+class Cluster:
+    """A local Slurm; ``start()`` brings it up, ``stop()`` ends what it started."""
+
+    root: Path
+    partitions: Mapping[str, str] = field(default_factory=lambda: dict(PARTITIONS))
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    # -- layout -------------------------------------------------------------
+    @property
+    def conf(self) -> Path:
+        return self.root / "etc" / "slurm.conf"
+
+    @property
+    def plugstack(self) -> Path:
+        return self.root / "etc" / "plugstack.conf"
+
+    @property
+    def slurmd_log(self) -> Path:
+        return self.root / "log" / "slurmd.log"
+
+    @property
+    def slurmctld_log(self) -> Path:
+        return self.root / "log" / "slurmctld.log"
+
+    @property
+    def munge_socket(self) -> Path:
+        return self.root / "munge" / "munge.socket"
+
+    @property
+    def shared(self) -> Path:
+        """A world-writable directory for job files (steps may run as ``nobody``)."""
+        return self.root / "shared"
+
+    def env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The environment for client commands: our slurm.conf, nothing else
+        from the caller's Slurm settings (SLURM_* of an outer job would leak in)."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_",
+                                                                         "SRUN_", "SALLOC_"))}
+        env["SLURM_CONF"] = str(self.conf)
+        if extra:
+            env.update(extra)
+        return env
+
+    # -- start / stop -------------------------------------------------------
+    def write_config(self) -> None:
+        for sub in ("etc", "state", "spool", "log", "munge", "run"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        self.root.chmod(0o755)
+        self.shared.mkdir(exist_ok=True)
+        self.shared.chmod(0o1777)
+        (self.root / "munge").chmod(0o755)
+        key = self.root / "munge" / "munge.key"
+        if not key.exists():
+            key.write_bytes(os.urandom(1024))
+            key.chmod(0o600)
+        ctld_port, slurmd_port = _free_port(), _free_port()
+        lines = [
+            "# Written by tests/slurm/cluster.py: a throwaway one-node cluster.",
+            f"ClusterName=gp{os.getpid()}",
+            f"SlurmctldHost={NODE}(127.0.0.1)",
+            f"SlurmctldPort={ctld_port}",
+            f"SlurmdPort={slurmd_port}",
+            "SlurmUser=root",
+            "SlurmdUser=root",
+            "AuthType=auth/munge",
+            "CredType=cred/munge",
+            f"AuthInfo=socket={self.munge_socket}",
+            f"StateSaveLocation={self.root / 'state'}",
+            f"SlurmdSpoolDir={self.root / 'spool'}",
+            f"SlurmctldPidFile={self.root / 'run' / 'slurmctld.pid'}",
+            f"SlurmdPidFile={self.root / 'run' / 'slurmd.pid'}",
+            f"SlurmctldLogFile={self.slurmctld_log}",
+            f"SlurmdLogFile={self.slurmd_log}",
+            "SlurmctldDebug=info",
+            "SlurmdDebug=info",
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "JobAcctGatherType=jobacct_gather/none",
+            "AccountingStorageType=accounting_storage/none",
+            "JobCompType=jobcomp/none",
+            "SchedulerType=sched/backfill",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_Core",
+            "MpiDefault=none",
+            "MailProg=/bin/true",
+            "ReturnToService=2",
+            "InactiveLimit=0",
+            "KillWait=5",
+            "MessageTimeout=20",
+            f"PlugStackConfig={self.plugstack}",
+            f"NodeName={NODE} NodeAddr=127.0.0.1 CPUs={os.cpu_count() or 1} State=UNKNOWN",
+        ]
+        for name in self.partitions:
+            default = "YES" if name == DEFAULT_PARTITION else "NO"
+            lines.append(f"PartitionName={name} Nodes={NODE} Default={default} "
+                         "MaxTime=INFINITE State=UP OverSubscribe=FORCE:4")
+        self.conf.write_text("\n".join(lines) + "\n")
+        if not self.plugstack.exists():
+            self.plugstack.write_text("# no plugins yet\n")
+
+    def _spawn(self, name: str, argv: Sequence[str]) -> None:
+        log = open(self.root / "log" / f"{name}.stdio", "ab")
+        try:
+            self.procs[name] = subprocess.Popen(
+                list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                env=self.env(), start_new_session=True)
+        finally:
+            log.close()
+
+    def start(self, timeout: float = 60.0) -> None:
+        self.write_config()
+        try:
+            self._spawn("munged", [
+                _sbin("munged"), "-F", "--force", f"--socket={self.munge_socket}",
+                f"--key-file={self.root / 'munge' / 'munge.key'}",
+                f"--pid-file={self.root / 'run' / 'munged.pid'}",
+                f"--log-file={self.root / 'log' / 'munged.log'}",
+                f"--seed-file={self.root / 'munge' / 'munged.seed'}",
+            ])
+            self._wait(lambda: self.munge_socket.exists(), timeout, "munged socket")
+            self._spawn("slurmctld", [_sbin("slurmctld"), "-D", "-i", "-f", str(self.conf)])
+            self._spawn("slurmd", [_sbin("slurmd"), "-D", "-f", str(self.conf), "-N", NODE])
+            self._wait(self.node_ready, timeout, "node idle")
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait(self, ready: object, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for name, proc in self.procs.items():
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{name} exited with {proc.returncode} while waiting for "
+                                       f"{what}; see {self.root / 'log'}\n{self.logs_tail()}")
+            if ready():  # type: ignore[operator]
+                return
+            time.sleep(0.2)
+        raise TimeoutError(f"timed out waiting for {what}; see {self.root / 'log'}\n"
+                           f"{self.logs_tail()}")
+
+    def logs_tail(self, n: int = 15) -> str:
+        out = []
+        for f in sorted((self.root / "log").glob("*")):
+            lines = f.read_text(errors="replace").splitlines()[-n:]
+            out.append(f"== {f.name}\n" + "\n".join(lines))
+        return "\n".join(out)
+
+    def stop(self) -> None:
+        """Stop the daemons we started, by pid: TERM, then KILL after a grace time."""
+        for name in ("slurmd", "slurmctld", "munged"):
+            proc = self.procs.get(name)
+            if proc is None or proc.poll() is not None:
+                continue
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+        self.procs.clear()
+
+    # -- client commands ----------------------------------------------------
+    def run(self, argv: Sequence[str], *, user: str | None = None,
+            env: Mapping[str, str] | None = None, timeout: float = 60.0,
+            cwd: str | os.PathLike[str] | None = None,
+            input: str | None = None) -> subprocess.CompletedProcess[str]:
+        """Run a client command (srun, sbatch, ...) against this cluster, as
+        ``user`` when given (through runuser, with our SLURM_CONF)."""
+        full_env = self.env(env)
+        cmd = list(argv)
+        if user is not None and user != "root":
+            keep = ",".join(sorted(full_env))
+            cmd = ["runuser", "-u", user, f"--whitelist-environment={keep}", "--", *cmd]
+        return subprocess.run(cmd, env=full_env, text=True, capture_output=True,
+                              timeout=timeout, cwd=cwd or str(self.shared), input=input,
+                              check=False)
+
+    def srun(self, args: Sequence[str], **kw: object) -> subprocess.CompletedProcess[str]:
+        return self.run(["srun", "-N1", "-n1", *args], **kw)  # type: ignore[arg-type]
+
+    def sbatch(self, script: str, args: Sequence[str] = (), *, user: str | None = None,
+               env: Mapping[str, str] | None = None) -> int:
+        path = Path(tempfile.mkstemp(dir=self.shared, suffix=".sh")[1])
+        path.write_text(script)
+        path.chmod(0o755)
+        res = self.run(["sbatch", "--parsable", *args, str(path)], user=user, env=env)
+        if res.returncode != 0:
+            raise RuntimeError(f"sbatch failed: {res.stderr}")
+        return int(res.stdout.strip().split(";")[0])
+
+    def job_state(self, job_id: int) -> str:
+        res = self.run(["scontrol", "-o", "show", "job", str(job_id)])
+        for word in res.stdout.split():
+            if word.startswith("JobState="):
+                return word.split("=", 1)[1]
+        return "UNKNOWN"
+
+    def wait_job(self, job_id: int, timeout: float = 60.0) -> str:
+        deadline = time.monotonic() + timeout
+        state = "UNKNOWN"
+        while time.monotonic() < deadline:
+            state = self.job_state(job_id)
+            if state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "UNKNOWN"):
+                return state
+            time.sleep(0.3)
+        raise TimeoutError(f"job {job_id} still {state} after {timeout}s")
+
+    def node_state(self) -> str:
+        res = self.run(["sinfo", "-h", "-N", "-n", NODE, "-o", "%T"], timeout=20)
+        states = sorted(set(res.stdout.split()))
+        return ",".join(states)
+
+    def node_ready(self) -> bool:
+        try:
+            state = self.node_state()
+        except subprocess.TimeoutExpired:
+            return False
+        return state in ("idle", "mixed", "allocated")
+
+    def node_reason(self) -> str:
+        res = self.run(["scontrol", "-o", "show", "node", NODE], timeout=20)
+        for word in res.stdout.split(" "):
+            if word.startswith("Reason="):
+                return word
+        return ""
+
+    def set_plugstack(self, lines: Iterable[str]) -> None:
+        """plugstack.conf is re-read at every launch: no restart needed."""
+        self.plugstack.write_text("\n".join(lines) + "\n")
+
+    def slurmd_log_text(self) -> str:
+        try:
+            return self.slurmd_log.read_text(errors="replace")
+        except FileNotFoundError:
+            return ""
+
+
+def main(argv: Sequence[str]) -> int:
+    """``python3 -m tests.slurm.cluster up DIR``: start a cluster and wait for
+    Ctrl-C (for poking at it by hand); ``demo`` is in ``tests.slurm.demo``."""
+    if len(argv) >= 2 and argv[0] == "up":
+        cluster = Cluster(Path(argv[1]))
+        cluster.start()
+        print(f"export SLURM_CONF={cluster.conf}", flush=True)
+        try:
+            signal.pause()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            cluster.stop()
+        return 0
+    print("usage: python3 -m tests.slurm.cluster up DIR", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

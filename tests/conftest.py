@@ -1,0 +1,101 @@
+"""Shared pytest fixtures: real ELF builds (gcc, aarch64 cross gcc) and tool checks.
+
+Fixtures:
+
+- ``elf_builder``: :class:`fixtures.build.ElfBuilder` writing under ``tmp_path``.
+- ``session_elf_builder``: the same, one directory for the whole session (for
+  corpora that many tests read and nobody modifies).
+- ``compile_cache``: the session :class:`fixtures.build.CompileCache` behind both.
+- ``have_cross`` / ``have_qemu``: path of ``aarch64-linux-gnu-gcc`` /
+  ``qemu-aarch64``; the test is *skipped with the reason* when missing.
+
+Tests marked ``cross`` or ``qemu`` are skipped the same way without asking for
+the fixture. The tests directory and the repository root are put on
+``sys.path`` so ``from fixtures.build import ...`` and ``import grace_policy``
+work however pytest was started (rootdir, import mode, cwd).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+TESTS_DIR = Path(__file__).resolve().parent
+REPO_ROOT = TESTS_DIR.parent
+for _p in (str(TESTS_DIR), str(REPO_ROOT)):
+    if _p not in sys.path:
+        sys.path.insert(0, _p)
+
+from fixtures.build import (  # noqa: E402
+    AARCH64_LOADER,
+    CompileCache,
+    ElfBuilder,
+    compiler_for,
+    qemu_aarch64,
+)
+
+
+def _cross_missing() -> str | None:
+    if compiler_for("aarch64") is None:
+        return "aarch64-linux-gnu-gcc not installed (apt-get install gcc-aarch64-linux-gnu)"
+    return None
+
+
+def _qemu_missing() -> str | None:
+    if qemu_aarch64() is None:
+        return "qemu-aarch64 not installed (apt-get install qemu-user)"
+    if not os.path.exists(AARCH64_LOADER):
+        return f"{AARCH64_LOADER} missing (apt-get install libc6-arm64-cross)"
+    return None
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Skip ``cross``/``qemu``-marked tests visibly when the tool is absent,
+    instead of letting them fail with a compiler-not-found error."""
+    if item.get_closest_marker("cross") is not None:
+        reason = _cross_missing()
+        if reason:
+            pytest.skip(reason)
+    if item.get_closest_marker("qemu") is not None:
+        reason = _qemu_missing()
+        if reason:
+            pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def compile_cache(tmp_path_factory: pytest.TempPathFactory) -> CompileCache:
+    return CompileCache(tmp_path_factory.mktemp("compile-cache"))
+
+
+@pytest.fixture
+def elf_builder(tmp_path: Path, compile_cache: CompileCache) -> ElfBuilder:
+    return ElfBuilder(tmp_path, compile_cache)
+
+
+@pytest.fixture(scope="session")
+def session_elf_builder(tmp_path_factory: pytest.TempPathFactory,
+                        compile_cache: CompileCache) -> ElfBuilder:
+    return ElfBuilder(tmp_path_factory.mktemp("elf-session"), compile_cache)
+
+
+@pytest.fixture(scope="session")
+def have_cross() -> str:
+    reason = _cross_missing()
+    if reason:
+        pytest.skip(reason)
+    path = compiler_for("aarch64")
+    assert path is not None
+    return path
+
+
+@pytest.fixture(scope="session")
+def have_qemu() -> str:
+    reason = _qemu_missing()
+    if reason:
+        pytest.skip(reason)
+    path = qemu_aarch64()
+    assert path is not None
+    return path

@@ -6,6 +6,9 @@ Fixtures:
 - ``session_elf_builder``: the same, one directory for the whole session (for
   corpora that many tests read and nobody modifies).
 - ``compile_cache``: the session :class:`fixtures.build.CompileCache` behind both.
+- ``debian_arm64`` / ``aarch64_wheel`` (session, from :mod:`corpus`): real
+  aarch64 files downloaded once into ``~/.cache/grace-policy-tests``; skipped
+  with the reason when offline. Mark such tests ``network``.
 - ``have_cross`` / ``have_qemu``: path of ``aarch64-linux-gnu-gcc`` /
   ``qemu-aarch64``; the test is *skipped with the reason* when missing.
 
@@ -29,6 +32,7 @@ for _p in (str(TESTS_DIR), str(REPO_ROOT)):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
+from corpus import aarch64_wheel, debian_arm64  # noqa: E402, F401  (fixtures)
 from fixtures.build import (  # noqa: E402
     AARCH64_LOADER,
     CompileCache,

@@ -1,0 +1,51 @@
+"""One check's allowance of time, files and bytes.
+
+The check runs inside slurmstepd on user-controlled files: a dependency tree
+of thousands of objects or a slow network filesystem must end in a verdict
+that follows the admin's ``on_error``, not in a hung step launch.
+"""
+
+from __future__ import annotations
+
+import time
+
+
+class BudgetExceeded(Exception):
+    """Raised when a check has used its deadline or one of its caps."""
+
+
+class Budget:
+    def __init__(
+        self,
+        deadline_ms: float = 500.0,
+        max_files: int = 2000,
+        max_bytes: int = 64 * 1024 * 1024,
+    ) -> None:
+        self.started = time.monotonic()
+        self.deadline = self.started + deadline_ms / 1000.0
+        self.deadline_ms = deadline_ms
+        self.files_left = max_files
+        self.max_files = max_files
+        self.bytes_left = max_bytes
+        self.max_bytes = max_bytes
+
+    def tick(self) -> None:
+        if time.monotonic() > self.deadline:
+            raise BudgetExceeded(f"the check took longer than its deadline of {self.deadline_ms:g} ms")
+
+    def take_file(self, nbytes: int = 0) -> int:
+        """Account for one more file; returns how many bytes it may read."""
+        self.tick()
+        self.files_left -= 1
+        if self.files_left < 0:
+            raise BudgetExceeded(f"the check examined more than {self.max_files} files")
+        if self.bytes_left <= 0:
+            raise BudgetExceeded(f"the check read more than {self.max_bytes} bytes")
+        return self.bytes_left
+
+    def spend_bytes(self, nbytes: int) -> None:
+        self.bytes_left -= nbytes
+
+    @property
+    def elapsed_ms(self) -> float:
+        return (time.monotonic() - self.started) * 1000.0

@@ -1,0 +1,138 @@
+"""Read ``/etc/ld.so.cache`` the way glibc's ``_dl_load_cache_lookup`` does.
+
+We parse the file ourselves (no ``ldconfig -p`` subprocess on the launch
+path) and keep only the entries the node's loader would accept: the flags of
+its architecture, and glibc-hwcaps subdirectories it supports.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+OLD_MAGIC = b"ld.so-1.7.0"
+NEW_MAGIC = b"glibc-ld.so.cache1.1"
+EXTENSION_MAGIC = 0xEAA42174
+EXT_TAG_HWCAPS = 1
+HWCAP_EXTENSION_BIT = 1 << 62
+MAX_CACHE_BYTES = 64 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    flags: int
+    name: str
+    path: str
+    hwcap_subdir: str | None
+
+
+class LdCache:
+    """Entries by library name, in the file's order (glibc's tie-break)."""
+
+    def __init__(self, entries: list[CacheEntry]) -> None:
+        self.by_name: dict[str, list[CacheEntry]] = {}
+        for entry in entries:
+            self.by_name.setdefault(entry.name, []).append(entry)
+
+    def lookup(
+        self,
+        name: str,
+        flags: int | None,
+        hwcaps: tuple[str, ...] = (),
+    ) -> str | None:
+        """The path glibc would take for ``name``.
+
+        ``flags`` None accepts any architecture (judging a foreign node from
+        here by name only). Entries in a supported glibc-hwcaps subdirectory
+        win by priority (earlier in ``hwcaps`` is better); otherwise the first
+        plain entry with matching flags.
+        """
+        best: str | None = None
+        best_prio = len(hwcaps) + 1
+        for entry in self.by_name.get(name, ()):
+            if flags is not None and entry.flags != flags:
+                continue
+            if entry.hwcap_subdir is not None:
+                if entry.hwcap_subdir not in hwcaps:
+                    continue
+                prio = hwcaps.index(entry.hwcap_subdir)
+            else:
+                prio = len(hwcaps)
+            if prio < best_prio:
+                best, best_prio = entry.path, prio
+        return best
+
+    def __len__(self) -> int:
+        return sum(len(v) for v in self.by_name.values())
+
+
+def parse(data: bytes) -> LdCache:
+    """Parse a cache image; malformed input yields an empty or partial cache
+    (glibc then falls back to the system directories, and so do we)."""
+    start = 0
+    if data.startswith(OLD_MAGIC):
+        if len(data) < 16:
+            return LdCache([])
+        (nlibs,) = struct.unpack_from("<I", data, 12)
+        start = 16 + nlibs * 12
+        start = (start + 7) & ~7 if data[start:start + len(NEW_MAGIC)] != NEW_MAGIC else start
+        if data[start:start + len(NEW_MAGIC)] != NEW_MAGIC:
+            # Old-format-only caches are gone since glibc 2.32.
+            return LdCache([])
+    if data[start:start + len(NEW_MAGIC)] != NEW_MAGIC or len(data) < start + 48:
+        return LdCache([])
+    nlibs, _len_strings, _flags, ext_off = struct.unpack_from("<IIB3xI", data, start + 20)
+    entries_off = start + 48
+    if nlibs > (len(data) - entries_off) // 24:
+        return LdCache([])
+
+    def string_at(off: int) -> str | None:
+        pos = start + off
+        if not 0 <= pos < len(data):
+            return None
+        end = data.find(b"\0", pos, pos + 4096)
+        if end < 0:
+            return None
+        return data[pos:end].decode("utf-8", "surrogateescape")
+
+    hwcap_names: list[str] = []
+    if ext_off and start + ext_off + 8 <= len(data):
+        magic, count = struct.unpack_from("<II", data, start + ext_off)
+        if magic == EXTENSION_MAGIC and count < 64:
+            for i in range(count):
+                pos = start + ext_off + 8 + i * 16
+                if pos + 16 > len(data):
+                    break
+                tag, _sflags, off, size = struct.unpack_from("<IIII", data, pos)
+                if tag == EXT_TAG_HWCAPS and start + off + size <= len(data):
+                    for (soff,) in struct.iter_unpack("<I", data[start + off:start + off + size]):
+                        hwcap_names.append(string_at(soff) or "")
+
+    entries: list[CacheEntry] = []
+    for flags, key, value, _osv, hwcap in struct.iter_unpack(
+        "<iIIIQ", data[entries_off:entries_off + nlibs * 24]
+    ):
+        name, path = string_at(key), string_at(value)
+        if name is None or path is None:
+            continue
+        subdir: str | None = None
+        if hwcap & HWCAP_EXTENSION_BIT:
+            index = hwcap & 0xFFFFFFFF
+            if index >= len(hwcap_names):
+                continue
+            subdir = hwcap_names[index]
+        elif hwcap:
+            # Legacy hwcap entries (pre-2.37 "tls", "haswell" ...): glibc only
+            # uses them when the CPU matches; we never prefer them.
+            continue
+        entries.append(CacheEntry(flags & 0xFFFF, name, path, subdir))
+    return LdCache(entries)
+
+
+def load(path: str) -> LdCache:
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_CACHE_BYTES)
+    except OSError:
+        return LdCache([])
+    return parse(data)

@@ -1,0 +1,65 @@
+"""Why a problem file is where it is: the most specific explanation first.
+
+The rule catalogue picks its remediation text by these causes, so a foreign
+python inside a leaked virtualenv is told to unset the leak, and a binary in
+``~/.local/bin`` is told it was installed on the login node.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+
+#: Directory names that mark per-architecture JIT and extension caches.
+_JIT_MARKERS = ("/.triton/", "/torch_extensions/", "/.cache/torch/kernels/",
+                "/deepspeed/", "/.cache/flashinfer/", "/torchinductor_")
+
+
+def _under(path: str, prefix: str) -> bool:
+    prefix = prefix.rstrip("/")
+    return bool(prefix) and (path == prefix or path.startswith(prefix + "/"))
+
+
+def path_causes(
+    path: str,
+    env: Mapping[str, str],
+    leaked_prefixes: Iterable[str] = (),
+) -> tuple[str, ...]:
+    """Causes for ``path``, most specific first; ``system`` or nothing last."""
+    causes: list[str] = []
+    if any(_under(path, p) for p in leaked_prefixes):
+        causes.append("leaked-env")
+    if any(m in path for m in _JIT_MARKERS):
+        causes.append("jit-cache")
+    if "jemalloc" in os.path.basename(path):
+        causes.append("jemalloc")
+    if "/site-packages/" in path or "/dist-packages/" in path:
+        causes.append("pip-wheel")
+    directory = os.path.dirname(path)
+    for _ in range(8):
+        if _looks_conda(directory):
+            causes.append("conda")
+            break
+        if _looks_venv(directory):
+            causes.append("venv")
+            break
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            break
+        directory = parent
+    home = env.get("HOME", "")
+    if (_under(path, os.path.join(home, ".local")) if home else "/.local/" in path):
+        causes.append("user-local")
+    if home and _under(path, home):
+        causes.append("home")
+    if path.startswith(("/usr/", "/lib", "/bin/", "/sbin/", "/opt/")):
+        causes.append("system")
+    return tuple(dict.fromkeys(causes))
+
+
+def _looks_conda(root: str) -> bool:
+    return os.path.isdir(os.path.join(root, "conda-meta"))
+
+
+def _looks_venv(root: str) -> bool:
+    return os.path.isfile(os.path.join(root, "pyvenv.cfg"))

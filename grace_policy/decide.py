@@ -1,0 +1,135 @@
+"""From a step to a verdict: the partition's mode, the checks, the catalogue.
+
+The plugin and ``grace-policy check`` both call :func:`decide`, so what a
+user is told on the login node is what the plugin will do on the compute
+node. Every failure of the check itself becomes a verdict that follows the
+admin's ``on_error``: this function does not raise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from .budget import Budget, BudgetExceeded
+from .findings import SEVERITY_RANK, EnvChanges, Finding, Verdict
+from .node import NodeProfile, detect
+from .policy import Policy
+
+#: Container steps run argv inside an image, not on the host: nothing to judge.
+_CONTAINER_VARS = ("_SLURM_SPANK_OPTION_pyxis_container_image", "SLURM_CONTAINER",
+                   "SLURM_CONTAINER_ID")
+
+
+def node_for(policy: Policy, partition: str | None, *, base: NodeProfile | None = None,
+             use_partition: bool = False) -> NodeProfile:
+    """The node a step is judged against.
+
+    On the compute node the host is detected and ``[node]`` may override it
+    (simulation, tests); a partition's facts describe its nodes for checks
+    made elsewhere (the CLI on a login node), so they apply only then.
+    """
+    node = base or detect()
+    overrides = policy.node_overrides_for(partition) if use_partition else policy.node
+    return overrides.apply(node)
+
+
+def container_reason(env: Mapping[str, str]) -> str | None:
+    for var in _CONTAINER_VARS:
+        if env.get(var):
+            return f"container step ({var} is set): argv runs inside the image"
+    return None
+
+
+def action_for(mode: str, findings: Sequence[Finding]) -> str:
+    if mode == "off" or not findings:
+        return "allow"
+    worst = min(SEVERITY_RANK[f.severity] for f in findings)
+    if worst == SEVERITY_RANK["error"]:
+        return "reject" if mode == "enforce" else "warn"
+    if worst == SEVERITY_RANK["warning"]:
+        return "warn"
+    return "allow"
+
+
+def error_verdict(policy: Policy, mode: str, partition: str | None, reason: str) -> Verdict:
+    action = "reject" if policy.on_error == "deny" and mode != "off" else "allow"
+    return Verdict(action=action, mode=mode, partition=partition, error=reason)
+
+
+def decide(
+    policy: Policy,
+    *,
+    partition: str | None,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    cwd: str,
+    node: NodeProfile | None = None,
+    user_lowered_mode: str | None = None,
+    container: str | None = None,
+) -> Verdict:
+    """What the plugin does with this step. Never raises."""
+    mode = policy.mode
+    try:
+        mode = policy.mode_for(partition, user_lowered_mode)
+        if mode == "off":
+            return Verdict(action="allow", mode=mode, partition=partition, skipped="mode off")
+        skip = container or container_reason(env)
+        if skip:
+            return Verdict(action="allow", mode=mode, partition=partition, skipped=skip)
+        return _decide(policy, mode, partition, argv, env, cwd, node)
+    except BudgetExceeded as exc:
+        return _limit_verdict(policy, mode, partition, str(exc))
+    except Exception as exc:  # never let a check failure escape into slurmstepd
+        return error_verdict(policy, mode, partition,
+                             f"internal error: {type(exc).__name__}: {exc}")
+
+
+def _decide(policy: Policy, mode: str, partition: str | None, argv: Sequence[str],
+            env: Mapping[str, str], cwd: str, node: NodeProfile | None) -> Verdict:
+    from .check import check_step
+    from .rules import Catalogue
+
+    node = node or node_for(policy, partition)
+    budget = Budget(policy.limits.deadline_ms, policy.limits.max_files, policy.limits.max_bytes)
+    report = check_step(argv, env, cwd, node, env_vars=policy.env.vars,
+                        env_strip=policy.env.strip, budget=budget)
+    if not report.issues:
+        return Verdict(action="allow", mode=mode, partition=partition, env=report.env)
+    catalogue = Catalogue.for_policy(policy)
+    context = _context(node, partition)
+    findings = catalogue.findings(report.issues, context)
+    findings = tuple(_cap_cleaned(f, report.env) for f in findings)
+    return Verdict(action=action_for(mode, findings), mode=mode, partition=partition,
+                   findings=findings, env=report.env)
+
+
+def _cap_cleaned(finding: Finding, env: EnvChanges) -> Finding:
+    """A leak that was cleaned is reported, not rejected."""
+    if finding.rule == "env-leak" and env.unset and finding.severity == "error":
+        return Finding(finding.rule, "warning", finding.path, finding.predicted_error,
+                       finding.remediation, finding.cause)
+    return finding
+
+
+def _context(node: NodeProfile, partition: str | None) -> dict[str, str]:
+    return {
+        "partition": partition or "",
+        "node_arch": node.machine,
+        "page_size": str(node.page_size),
+        "page_kib": str(node.page_size // 1024),
+        "glibc": f"{node.glibc[0]}.{node.glibc[1]}" if node.glibc else "unknown",
+    }
+
+
+def _limit_verdict(policy: Policy, mode: str, partition: str | None, reason: str) -> Verdict:
+    verdict = error_verdict(policy, mode, partition, reason)
+    finding = Finding(
+        rule="check-limit",
+        severity="error" if verdict.action == "reject" else "warning",
+        path="",
+        predicted_error="(none known: the check did not finish)",
+        remediation=(f"The check stopped early: {reason}. The site's setting on_error="
+                     f"{policy.on_error} decided the step."),
+    )
+    return Verdict(action=verdict.action, mode=mode, partition=partition, findings=(finding,),
+                   error=reason)

@@ -27,3 +27,6 @@ verify-loader:
 
 clean:
 	rm -rf $(BUILD) .pytest_cache .coverage
+
+# plugin, install, demo: the SPANK plugin (owned with spank/ and tests/slurm/).
+include packaging/plugin.mk

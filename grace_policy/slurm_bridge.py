@@ -1,0 +1,224 @@
+"""The plugin's Python side: the only module that touches cffi.
+
+slurmstepd -> spank/grace_stepd.c -> ``grace_py_decide(struct grace_step *)``
+(implemented here with ``@ffi.def_extern``) -> :func:`run_step` -> the core
+(``load_policy``, ``decide``, ``user_lines``, ``write_decision``) -> results
+handed back one string at a time through the C function ``grace_emit``.
+
+Contract with the C side (spank/grace.h):
+
+* the return value is ``GRACE_RC_ALLOW``/``WARN``/``REJECT`` for a verdict,
+  ``GRACE_RC_ERROR`` when the check could not be made (the reason was emitted
+  as a log line); C then follows the plugstack's ``on_error``. 0 and -1 are
+  never returned on purpose: 0 is what cffi returns when its own start-up
+  failed, -1 what ``def_extern`` returns for an escaped exception;
+* ``GRACE_EMIT_DONE`` is emitted last: C trusts no verdict without it;
+* user lines already start with ``grace-policy: `` and are escaped; log lines
+  go to slurmd's log only (never a traceback, never to the user).
+
+:func:`run_step` is plain Python on plain values, so it can be tested and
+profiled without Slurm or cffi.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # keep typing's import cost off the launch path
+    from typing import Any
+
+#: Slurm's reserved step ids (slurm.h), shown by name in logs and the audit.
+_STEP_NAMES = {0xFFFFFFFB: "batch", 0xFFFFFFFC: "extern", 0xFFFFFFFD: "interactive",
+               0xFFFFFFFE: "pending"}
+
+_PREFIX = "grace-policy: "
+
+
+@dataclass(frozen=True)
+class StepInput:
+    """What slurmstepd tells us about the step, decoded."""
+
+    config: str | None
+    on_error: str
+    partition: str | None
+    cwd: str | None
+    user_mode: str | None
+    node: str
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    job_id: int
+    step_id: int
+    uid: int
+    batch: bool
+
+    @property
+    def step_name(self) -> str:
+        return _STEP_NAMES.get(self.step_id, str(self.step_id))
+
+
+@dataclass
+class Outcome:
+    """What C applies: ``action`` is allow|warn|reject, or error (on_error decides)."""
+
+    action: str
+    user: list[str] = field(default_factory=list)
+    unset: list[str] = field(default_factory=list)
+    set: list[tuple[str, str]] = field(default_factory=list)
+    log: list[str] = field(default_factory=list)
+
+    @classmethod
+    def failed(cls, reason: str) -> Outcome:
+        return cls(action="error", log=[reason])
+
+
+def _one_line(text: str, limit: int = 900) -> str:
+    """A reason fit for one slurmd log line: first line, escaped, bounded."""
+    from .messages import escape
+
+    first = (text.strip().splitlines() or [""])[0]
+    if len(text.strip().splitlines()) > 1:
+        first += " (+more)"
+    return escape(first)[:limit]
+
+
+def run_step(step: StepInput) -> Outcome:
+    """Judge one step. Never raises for a problem of the check itself: those
+    come back as ``Outcome.failed`` (config) or as a verdict that already
+    followed the policy's ``on_error`` (``decide`` never raises)."""
+    started = time.monotonic()
+    try:
+        from .policy import ConfigError, load_policy
+    except Exception as exc:
+        return Outcome.failed(f"cannot import grace_policy.policy: {type(exc).__name__}: {exc}")
+    if not step.config:
+        return Outcome.failed("no config=FILE in plugstack.conf")
+    try:
+        policy = load_policy(step.config)
+    except ConfigError as exc:
+        return Outcome.failed(f"config {step.config}: {_one_line(str(exc))}")
+    except Exception as exc:
+        return Outcome.failed(f"config {step.config}: {type(exc).__name__}: {_one_line(str(exc))}")
+
+    from .audit import write_decision
+    from .decide import decide
+    from .messages import user_lines
+
+    verdict = decide(
+        policy,
+        partition=step.partition,
+        argv=list(step.argv),
+        env=step.env,
+        cwd=step.cwd or "/",
+        node=None,
+        user_lowered_mode=step.user_mode,
+    )
+    out = Outcome(action=verdict.action)
+    if verdict.action not in ("allow", "warn", "reject"):
+        return Outcome.failed(f"core returned an unknown action {verdict.action!r}")
+    catalogue = None
+    if verdict.findings:
+        try:
+            from .rules import Catalogue
+
+            catalogue = Catalogue.for_policy(policy)
+        except Exception:  # titles are a nicety; the findings carry the text
+            catalogue = None
+    out.user = [line if line.startswith(_PREFIX) else _PREFIX + line
+                for line in user_lines(verdict, catalogue=catalogue, contact=policy.contact)]
+    out.unset = list(verdict.env.unset)
+    out.set = list(verdict.env.set)
+    if verdict.error:
+        out.log.append(f"check error ({verdict.action} per on_error={policy.on_error}): "
+                       f"{_one_line(verdict.error)}")
+    elapsed_ms = (time.monotonic() - started) * 1000.0
+    problem = write_decision(
+        policy.audit_path, verdict, job_id=step.job_id, step_id=step.step_name, uid=step.uid,
+        node=step.node or None, elapsed_ms=elapsed_ms,
+    )
+    if problem:
+        out.log.append(_one_line(problem))
+    return out
+
+
+# --------------------------------------------------------------------------
+# cffi side
+
+
+def _text(ffi: Any, ptr: Any) -> str | None:
+    if ptr == ffi.NULL:
+        return None
+    return os.fsdecode(ffi.string(ptr))
+
+
+def read_step(ffi: Any, c_step: Any) -> StepInput:
+    """Copy the C struct into Python values (bytes decoded with the file
+    system encoding, UTF-8 with surrogateescape, so odd bytes survive)."""
+    argv = tuple(_text(ffi, c_step.argv[i]) or "" for i in range(max(0, c_step.argc)))
+    env: dict[str, str] = {}
+    for i in range(max(0, c_step.envc)):
+        entry = _text(ffi, c_step.env[i])
+        if entry is None:
+            continue
+        key, sep, value = entry.partition("=")
+        if sep and key not in env:  # like getenv(): the first definition wins
+            env[key] = value
+    return StepInput(
+        config=_text(ffi, c_step.config),
+        on_error=_text(ffi, c_step.on_error) or "allow",
+        partition=_text(ffi, c_step.partition),
+        cwd=_text(ffi, c_step.cwd),
+        user_mode=_text(ffi, c_step.user_mode),
+        node=_text(ffi, c_step.node) or "",
+        argv=argv,
+        env=env,
+        job_id=int(c_step.job_id),
+        step_id=int(c_step.step_id),
+        uid=int(c_step.uid),
+        batch=bool(c_step.batch),
+    )
+
+
+def _c_bytes(text: str) -> bytes:
+    """Back to the bytes C expects; a NUL would cut the string short in C."""
+    return os.fsencode(text).replace(b"\0", b"\\0")
+
+
+def register(ffi: Any, lib: Any) -> None:
+    """Called once by the plugin's cffi init code: install ``grace_py_decide``."""
+    codes = {
+        "allow": lib.GRACE_RC_ALLOW,
+        "warn": lib.GRACE_RC_WARN,
+        "reject": lib.GRACE_RC_REJECT,
+        "error": lib.GRACE_RC_ERROR,
+    }
+
+    def _escaped(exc_type: Any, exc_value: Any, traceback: Any) -> None:
+        # Only a BaseException (SystemExit, KeyboardInterrupt) gets here; the
+        # return value then is def_extern's error=-1 and C follows on_error.
+        # Returning None also stops cffi from printing a traceback.
+        return None
+
+    @ffi.def_extern(name="grace_py_decide", error=-1, onerror=_escaped)
+    def grace_py_decide(c_step: Any) -> int:
+        result = c_step.result
+
+        def emit(kind: int, text: str) -> None:
+            lib.grace_emit(result, kind, _c_bytes(text))
+
+        try:
+            out = run_step(read_step(ffi, c_step))
+        except Exception as exc:
+            out = Outcome.failed(f"bridge: {type(exc).__name__}: {_one_line(str(exc))}")
+        for line in out.user:
+            emit(lib.GRACE_EMIT_USER, line)
+        for name in out.unset:
+            emit(lib.GRACE_EMIT_UNSET, name)
+        for key, value in out.set:
+            emit(lib.GRACE_EMIT_SET, f"{key}={value}")
+        for line in out.log:
+            emit(lib.GRACE_EMIT_LOG, line)
+        emit(lib.GRACE_EMIT_DONE, "")
+        return int(codes[out.action])

@@ -1,0 +1,71 @@
+# The SPANK plugin: build, install. Included from the top-level Makefile,
+# which defines PLUGIN_PYTHON (the interpreter embedded in slurmstepd: the
+# distribution's /usr/bin/python3, readable by every user), PREFIX, DESTDIR
+# and BUILD.
+
+PLUGIN_SO := $(BUILD)/spank_grace_policy.so
+PYDEPS := $(BUILD)/pydeps
+PLUGIN_REQS := packaging/plugin-requirements.txt
+SPANK_C := spank/grace_spank.c spank/grace_stepd.c
+SPANK_H := spank/grace.h
+CFFI_C := $(BUILD)/spank_grace_policy_cffi.c
+
+# Facts about PLUGIN_PYTHON, asked once per make run.
+PLUGIN_PY_INCLUDE = $(shell $(PLUGIN_PYTHON) -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
+PLUGIN_PY_LIB = $(shell $(PLUGIN_PYTHON) -c 'import sysconfig as s; print(s.get_config_var("LIBDIR") + "/" + s.get_config_var("INSTSONAME"))')
+
+PLUGIN_CFLAGS ?= -O2 -g
+PLUGIN_CFLAGS += -std=gnu11 -fPIC -Wall -Wextra -D_FORTIFY_SOURCE=2 -fstack-protector-strong
+PLUGIN_LDFLAGS := -shared -Wl,--version-script=spank/grace_policy.map \
+	-Wl,-z,now -Wl,-z,relro -Wl,-z,nodelete -Wl,--no-undefined-version
+
+GP_LIBDIR = $(DESTDIR)$(PREFIX)/lib/grace-policy/python
+GP_SHARE = $(DESTDIR)$(PREFIX)/share/grace-policy
+
+# cffi (for the generator and, at run time, its _cffi_backend) and the core's
+# dependencies, for PLUGIN_PYTHON, in a directory of our own: never in the
+# system site-packages (Debian's python is externally managed).
+$(PYDEPS)/.stamp: $(PLUGIN_REQS)
+	rm -rf $(PYDEPS)
+	$(PLUGIN_PYTHON) -m pip install --quiet --disable-pip-version-check --no-warn-script-location \
+		--target $(PYDEPS) -r $(PLUGIN_REQS)
+	touch $@
+
+$(CFFI_C) $(BUILD)/grace_build.h: spank/build_plugin.py spank/grace_python.c $(SPANK_H) $(PYDEPS)/.stamp
+	PYTHONPATH=$(PYDEPS) $(PLUGIN_PYTHON) -s spank/build_plugin.py $(BUILD)
+
+$(BUILD)/%.o: spank/%.c $(SPANK_H) | $(PYDEPS)/.stamp
+	$(CC) $(PLUGIN_CFLAGS) -Ispank -I$(BUILD) -c -o $@ $<
+
+# -Wno-unused-parameter: only for cffi's generated glue (an empty stub of its
+# own); our grace_python.c, included there, is clean without it.
+$(BUILD)/spank_grace_policy_cffi.o: $(CFFI_C) $(SPANK_H) spank/grace_python.c
+	$(CC) $(PLUGIN_CFLAGS) -Wno-unused-parameter -I$(PLUGIN_PY_INCLUDE) -Ispank -I$(BUILD) -c -o $@ $<
+
+$(PLUGIN_SO): $(BUILD)/grace_spank.o $(BUILD)/grace_stepd.o $(BUILD)/spank_grace_policy_cffi.o spank/grace_policy.map
+	$(CC) $(PLUGIN_LDFLAGS) -o $@ $(filter %.o,$^) $(PLUGIN_PY_LIB) -lpthread -ldl
+
+plugin: $(PLUGIN_SO)
+
+# Everything the plugin needs, where it finds it with no environment variable:
+# the plugin locates PREFIX/lib/grace-policy/python from its own path.
+install: plugin
+	install -d $(DESTDIR)$(PREFIX)/lib/slurm $(DESTDIR)$(PREFIX)/bin $(GP_SHARE)/plugstack.conf.d
+	install -m 0755 $(PLUGIN_SO) $(DESTDIR)$(PREFIX)/lib/slurm/spank_grace_policy.so
+	rm -rf $(GP_LIBDIR).new
+	install -d $(GP_LIBDIR).new
+	cp -a $(PYDEPS)/. $(GP_LIBDIR).new/
+	rm -rf $(GP_LIBDIR).new/bin $(GP_LIBDIR).new/.stamp
+	tar -cf - --exclude=__pycache__ --exclude='*.pyc' grace_policy | tar -xf - -C $(GP_LIBDIR).new
+	$(PLUGIN_PYTHON) -I -m compileall -q $(GP_LIBDIR).new >/dev/null
+	chmod -R a+rX,go-w $(GP_LIBDIR).new
+	rm -rf $(GP_LIBDIR) && mv $(GP_LIBDIR).new $(GP_LIBDIR)
+	install -m 0755 packaging/grace-policy.launcher $(DESTDIR)$(PREFIX)/bin/grace-policy
+	if [ -f packaging/grace-policy.example.toml ]; then \
+		install -m 0644 packaging/grace-policy.example.toml $(GP_SHARE)/grace-policy.example.toml; fi
+	sed 's|@PREFIX@|$(PREFIX)|g' packaging/plugstack.conf.d/grace-policy.conf.in \
+		> $(GP_SHARE)/plugstack.conf.d/grace-policy.conf
+	chmod 0644 $(GP_SHARE)/plugstack.conf.d/grace-policy.conf
+
+demo:
+	bash scripts/demo.sh

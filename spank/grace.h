@@ -1,0 +1,108 @@
+/*
+ * grace-policy SPANK shim: what the C files share.
+ *
+ * One static context (in grace_spank.c) holds the plugstack arguments and the
+ * verdict of the step; the other files get a pointer to it. The verdict lives
+ * in C memory because Python runs once, in user_init, before tasks fork: the
+ * forked task children (task_init) must never call into Python (field notes
+ * §3: an interpreter in a forked child of a threaded process can hang).
+ */
+#ifndef GRACE_H
+#define GRACE_H
+
+#include <stddef.h>
+#include <slurm/spank.h>
+
+/* Every line a user or an admin sees starts with this (team rule). */
+#define GRACE_PREFIX "grace-policy: "
+
+/*
+ * The C <-> Python interface. Declared again, word for word, in the cdef of
+ * spank/build_plugin.py: cffi checks the layout when the plugin is compiled.
+ *
+ * Return codes of grace_py_decide. 0 is deliberately NOT a success: cffi
+ * returns a zeroed result when its start-up failed (field notes §3), and an
+ * exception gives -1 (def_extern error=-1). Both land in on_error.
+ */
+#define GRACE_RC_ALLOW 1
+#define GRACE_RC_WARN 2
+#define GRACE_RC_REJECT 3
+#define GRACE_RC_ERROR 4   /* the bridge caught a failure and emitted the reason */
+
+/* What Python hands back through grace_emit(), one string at a time. */
+#define GRACE_EMIT_USER 1  /* a line for the user ("grace-policy: ...") */
+#define GRACE_EMIT_UNSET 2 /* a variable name to remove from the step env */
+#define GRACE_EMIT_SET 3   /* "NAME=VALUE" to set in the step env */
+#define GRACE_EMIT_LOG 4   /* a line for slurmd's log only (error reasons) */
+#define GRACE_EMIT_DONE 5  /* the bridge reached its end: the result is complete */
+
+struct grace_step {
+	const char *config;    /* config=FILE from plugstack.conf, or NULL */
+	const char *on_error;  /* "allow" | "deny" (C applies it; for the audit) */
+	const char *partition; /* SLURM_JOB_PARTITION of the step, or NULL */
+	const char *cwd;       /* the step's working directory, or NULL */
+	const char *user_mode; /* --grace-policy=MODE given by the user, or NULL */
+	const char *node;      /* this node's name */
+	char **argv;           /* S_JOB_ARGV */
+	int argc;
+	char **env;            /* S_JOB_ENV, "NAME=VALUE" */
+	int envc;
+	unsigned int job_id;
+	unsigned int step_id;
+	unsigned int uid;
+	int batch;             /* 1: the batch step (argv[0] is the stored script) */
+	void *result;          /* opaque, handed back to grace_emit() */
+};
+
+/* Implemented in Python (grace_policy/slurm_bridge.py) through cffi. */
+int grace_py_decide(const struct grace_step *step);
+/* Implemented in C (grace_stepd.c); Python calls it to hand back the result. */
+void grace_emit(void *result, int kind, const char *text);
+
+/* A growable list of strings owned by C. */
+struct grace_strlist {
+	char **items;
+	size_t n;
+	size_t cap;
+};
+
+/* The result of one check, filled by grace_emit(). */
+struct grace_result {
+	struct grace_strlist user;
+	struct grace_strlist unset;
+	struct grace_strlist set;
+	struct grace_strlist log;
+	int done;
+	int oom; /* an allocation failed: the result is incomplete */
+};
+
+enum grace_on_error { GRACE_ON_ERROR_ALLOW = 0, GRACE_ON_ERROR_DENY = 1 };
+
+struct grace_context {
+	/* plugstack.conf arguments */
+	char *config;
+	enum grace_on_error on_error;
+	char *python_path; /* extra module dirs, ':'-separated, before the default */
+	unsigned int timeout_ms;
+	char args_error[256]; /* non-empty: the arguments are unusable */
+	/* the user's --grace-policy option (remote side: from the option callback) */
+	char user_mode[16];
+	/* the verdict of this step, kept for task_init */
+	int reject;
+	/* the directory this plugin was loaded from (to find its Python package) */
+	char plugin_dir[4096];
+};
+
+/* grace_stepd.c: the remote (slurmstepd) side. */
+int grace_stepd_user_init(struct grace_context *ctx, spank_t sp);
+int grace_stepd_task_init(struct grace_context *ctx, spank_t sp);
+
+/*
+ * grace_python.c (compiled inside the cffi-generated file): start an isolated
+ * interpreter and run one check. Returns a GRACE_RC_* code, or -1 with the
+ * reason in err. Never exits the process.
+ */
+int grace_python_check(const struct grace_context *ctx, const struct grace_step *step,
+		       char *err, size_t errlen);
+
+#endif

@@ -1,0 +1,166 @@
+/*
+ * grace-policy SPANK plugin: entry points and plugstack.conf arguments.
+ *
+ *   required /usr/local/lib/slurm/spank_grace_policy.so config=FILE \
+ *            [on_error=allow|deny] [python_path=DIR[:DIR]] [timeout_ms=N]
+ *
+ * Only the remote context (slurmstepd) does any work, and only from
+ * user_init on. srun, sbatch and salloc load this file to register the
+ * --grace-policy option and never start Python: whatever is broken in a
+ * user's login environment must not break their submission commands.
+ *
+ * No entry point ever returns an error from init/init_post_opt: in remote
+ * context that happens before the step's I/O exists (the user sees only
+ * "launch failed") and for a batch job it can drain the node. Problems are
+ * logged once to slurmd's log and handled in user_init/task_init.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <libgen.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "grace.h"
+
+SPANK_PLUGIN(grace_policy, 1);
+
+/* A backstop above the core's own deadline_ms (default 500 ms): only a hung
+ * import or a hung read gets this far. */
+#define GRACE_DEFAULT_TIMEOUT_MS 10000
+
+static struct grace_context context = {
+	.on_error = GRACE_ON_ERROR_ALLOW,
+	.timeout_ms = GRACE_DEFAULT_TIMEOUT_MS,
+};
+
+static int grace_option_cb(int val, const char *optarg, int remote);
+
+static struct spank_option grace_option = {
+	"grace-policy",
+	"MODE",
+	"Lower grace-policy's launch check for this job to 'warn' or 'off' "
+	"(only on partitions where the site allows it).",
+	1, 0, grace_option_cb,
+};
+
+static int grace_option_cb(int val, const char *optarg, int remote)
+{
+	(void)val;
+	if (optarg == NULL || (strcmp(optarg, "warn") != 0 && strcmp(optarg, "off") != 0 &&
+			       strcmp(optarg, "enforce") != 0)) {
+		/* Local context: srun/sbatch reject the option with this text. */
+		if (!remote)
+			slurm_error(GRACE_PREFIX "--grace-policy takes warn, off or enforce, not '%s'",
+				    optarg ? optarg : "");
+		return -1;
+	}
+	snprintf(context.user_mode, sizeof(context.user_mode), "%s", optarg);
+	return 0;
+}
+
+static void grace_set_args_error(const char *fmt, const char *what)
+{
+	if (context.args_error[0] == '\0')
+		snprintf(context.args_error, sizeof(context.args_error), fmt, what);
+}
+
+static void grace_parse_args(int ac, char **av)
+{
+	int i;
+
+	for (i = 0; i < ac; i++) {
+		const char *arg = av[i];
+		const char *eq = strchr(arg, '=');
+		size_t keylen = eq ? (size_t)(eq - arg) : strlen(arg);
+		const char *val = eq ? eq + 1 : "";
+
+		if (eq == NULL) {
+			grace_set_args_error("plugstack argument '%s' is not key=value", arg);
+		} else if (keylen == 6 && strncmp(arg, "config", 6) == 0) {
+			free(context.config);
+			context.config = strdup(val);
+		} else if (keylen == 8 && strncmp(arg, "on_error", 8) == 0) {
+			if (strcmp(val, "allow") == 0)
+				context.on_error = GRACE_ON_ERROR_ALLOW;
+			else if (strcmp(val, "deny") == 0)
+				context.on_error = GRACE_ON_ERROR_DENY;
+			else
+				grace_set_args_error("on_error must be allow or deny, not '%s' "
+						     "(using allow)", val);
+		} else if (keylen == 11 && strncmp(arg, "python_path", 11) == 0) {
+			free(context.python_path);
+			context.python_path = strdup(val);
+		} else if (keylen == 10 && strncmp(arg, "timeout_ms", 10) == 0) {
+			char *end = NULL;
+			unsigned long ms;
+
+			errno = 0;
+			ms = strtoul(val, &end, 10);
+			if (errno || end == val || *end != '\0' || ms < 10 || ms > 600000)
+				grace_set_args_error("timeout_ms must be 10..600000, not '%s'", val);
+			else
+				context.timeout_ms = (unsigned int)ms;
+		} else {
+			grace_set_args_error("unknown plugstack argument '%s' (known: config, "
+					     "on_error, python_path, timeout_ms)", arg);
+		}
+	}
+	if (context.config == NULL || context.config[0] == '\0')
+		grace_set_args_error("%s", "no config=FILE in plugstack.conf");
+}
+
+/* Where this file was loaded from: the installed Python package is found
+ * relative to it (PREFIX/lib/slurm/../grace-policy/python), so the plugin
+ * needs no environment variable and survives DESTDIR packaging. */
+static void grace_find_plugin_dir(void)
+{
+	Dl_info info;
+	char buf[sizeof(context.plugin_dir)];
+
+	if (dladdr((void *)&context, &info) == 0 || info.dli_fname == NULL ||
+	    strlen(info.dli_fname) >= sizeof(buf))
+		return;
+	strcpy(buf, info.dli_fname);
+	snprintf(context.plugin_dir, sizeof(context.plugin_dir), "%s", dirname(buf));
+}
+
+int slurm_spank_init(spank_t sp, int ac, char **av)
+{
+	spank_context_t where = spank_context();
+
+	if (where == S_CTX_LOCAL || where == S_CTX_REMOTE || where == S_CTX_ALLOCATOR) {
+		spank_err_t rc = spank_option_register(sp, &grace_option);
+
+		if (rc != ESPANK_SUCCESS && where == S_CTX_REMOTE)
+			slurm_info(GRACE_PREFIX "cannot register --grace-policy: %s",
+				   spank_strerror(rc));
+	}
+	if (where == S_CTX_REMOTE) {
+		grace_parse_args(ac, av);
+		grace_find_plugin_dir();
+	}
+	return 0;
+}
+
+int slurm_spank_user_init(spank_t sp, int ac, char **av)
+{
+	(void)ac;
+	(void)av;
+	if (!spank_remote(sp))
+		return 0;
+	/* Always 0: on 22.05 an error here is not passed on to srun (field
+	 * notes §2); the verdict is kept and task_init refuses the task. */
+	grace_stepd_user_init(&context, sp);
+	return 0;
+}
+
+int slurm_spank_task_init(spank_t sp, int ac, char **av)
+{
+	(void)ac;
+	(void)av;
+	if (!spank_remote(sp))
+		return 0;
+	return grace_stepd_task_init(&context, sp);
+}

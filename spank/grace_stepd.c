@@ -1,0 +1,370 @@
+/*
+ * grace-policy: the remote side, inside slurmstepd.
+ *
+ * user_init (once per step and node, as the user, before tasks fork):
+ *   gather argv/env/partition/ids, run the Python check under a C deadline,
+ *   apply the env edits with spank_unsetenv/spank_setenv (so every task and
+ *   slurmstepd's PATH lookup of argv[0] see them), print the user's lines,
+ *   and keep the verdict in C memory.
+ * task_init (per task, in the forked child, just before execve):
+ *   no Python; return -1 if the step was rejected, which stops the exec.
+ *
+ * Why the verdict waits for task_init: Slurm 22.05 does not pass an error
+ * from user_init on to srun (srun exits 0); an error from task_init makes the
+ * task exit 1 before exec, so srun fails and a batch job ends FAILED without
+ * draining the node (see docs/SPANK.md for what was observed).
+ *
+ * The C deadline: the Python core enforces deadline_ms itself, but an import
+ * hung on a dead NFS mount or a read of a FIFO it failed to avoid would hang
+ * slurmstepd. Signals (alarm) are not an option in slurmstepd: they belong to
+ * slurmstepd and its threads. So the check runs in its own thread and we
+ * wait for it with a timeout; if it does not come back we follow on_error
+ * and leave the thread behind (it owns its memory and is ended with the
+ * process). The tasks never call Python, so the stray thread cannot block
+ * them.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <slurm/slurm.h> /* SLURM_BATCH_SCRIPT */
+
+#include "grace.h"
+
+/* One check in flight. Shared by the waiting slurmstepd thread and the
+ * worker; whoever drops the last reference frees it. */
+struct grace_job {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	int refs;
+	int finished;
+	int rc;
+	const struct grace_context *ctx;
+	struct grace_step step;
+	struct grace_result result;
+	char partition[256];
+	char cwd[4096];
+	char node[256];
+	char err[512];
+};
+
+static void grace_strlist_free(struct grace_strlist *l)
+{
+	size_t i;
+
+	for (i = 0; i < l->n; i++)
+		free(l->items[i]);
+	free(l->items);
+	l->items = NULL;
+	l->n = l->cap = 0;
+}
+
+static int grace_strlist_add(struct grace_strlist *l, const char *s)
+{
+	char *copy;
+
+	if (l->n == l->cap) {
+		size_t cap = l->cap ? l->cap * 2 : 8;
+		char **items = realloc(l->items, cap * sizeof(*items));
+
+		if (items == NULL)
+			return -1;
+		l->items = items;
+		l->cap = cap;
+	}
+	copy = strdup(s);
+	if (copy == NULL)
+		return -1;
+	l->items[l->n++] = copy;
+	return 0;
+}
+
+void grace_emit(void *result, int kind, const char *text)
+{
+	struct grace_result *r = result;
+	struct grace_strlist *l = NULL;
+
+	if (r == NULL)
+		return;
+	switch (kind) {
+	case GRACE_EMIT_USER:
+		l = &r->user;
+		break;
+	case GRACE_EMIT_UNSET:
+		l = &r->unset;
+		break;
+	case GRACE_EMIT_SET:
+		l = &r->set;
+		break;
+	case GRACE_EMIT_LOG:
+		l = &r->log;
+		break;
+	case GRACE_EMIT_DONE:
+		r->done = 1;
+		return;
+	default:
+		return;
+	}
+	if (text == NULL || grace_strlist_add(l, text) < 0)
+		r->oom = 1;
+}
+
+static void grace_job_put(struct grace_job *job)
+{
+	int last;
+
+	pthread_mutex_lock(&job->lock);
+	last = --job->refs == 0;
+	pthread_mutex_unlock(&job->lock);
+	if (!last)
+		return;
+	grace_strlist_free(&job->result.user);
+	grace_strlist_free(&job->result.unset);
+	grace_strlist_free(&job->result.set);
+	grace_strlist_free(&job->result.log);
+	pthread_mutex_destroy(&job->lock);
+	pthread_cond_destroy(&job->cond);
+	free(job);
+}
+
+static void *grace_worker(void *arg)
+{
+	struct grace_job *job = arg;
+	int rc = grace_python_check(job->ctx, &job->step, job->err, sizeof(job->err));
+
+	pthread_mutex_lock(&job->lock);
+	job->rc = rc;
+	job->finished = 1;
+	pthread_cond_signal(&job->cond);
+	pthread_mutex_unlock(&job->lock);
+	grace_job_put(job);
+	return NULL;
+}
+
+/* Run the check in a thread: 0 if it finished in time, -1 if it did not (the
+ * worker still owns job->err then), -2 if no thread could be started (err set). */
+static int grace_run_with_deadline(struct grace_job *job, unsigned int timeout_ms)
+{
+	pthread_condattr_t attr;
+	pthread_attr_t tattr;
+	pthread_t tid;
+	struct timespec until;
+	int finished, rc;
+
+	pthread_condattr_init(&attr);
+	pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+	pthread_cond_init(&job->cond, &attr);
+	pthread_condattr_destroy(&attr);
+	pthread_mutex_init(&job->lock, NULL);
+	job->refs = 2;
+
+	pthread_attr_init(&tattr);
+	pthread_attr_setdetachstate(&tattr, PTHREAD_CREATE_DETACHED);
+	rc = pthread_create(&tid, &tattr, grace_worker, job);
+	pthread_attr_destroy(&tattr);
+	if (rc != 0) {
+		job->refs = 1;
+		snprintf(job->err, sizeof(job->err), "cannot start the check thread: %s",
+			 strerror(rc));
+		return -2;
+	}
+
+	clock_gettime(CLOCK_MONOTONIC, &until);
+	until.tv_sec += timeout_ms / 1000;
+	until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+	if (until.tv_nsec >= 1000000000L) {
+		until.tv_sec += 1;
+		until.tv_nsec -= 1000000000L;
+	}
+	pthread_mutex_lock(&job->lock);
+	while (!job->finished) {
+		if (pthread_cond_timedwait(&job->cond, &job->lock, &until) == ETIMEDOUT)
+			break;
+	}
+	finished = job->finished;
+	pthread_mutex_unlock(&job->lock);
+	return finished ? 0 : -1;
+}
+
+static void grace_copy_env(spank_t sp, const char *name, char *buf, size_t len)
+{
+	buf[0] = '\0';
+	if (spank_getenv(sp, name, buf, (int)len) != ESPANK_SUCCESS)
+		buf[0] = '\0';
+}
+
+static const char *grace_on_error_name(const struct grace_context *ctx)
+{
+	return ctx->on_error == GRACE_ON_ERROR_DENY ? "deny" : "allow";
+}
+
+/* The one slurmd-log line of a failed check, and what the user gets. */
+static void grace_fail(struct grace_context *ctx, uint32_t job_id, uint32_t step_id,
+		       const char *reason)
+{
+	int deny = ctx->on_error == GRACE_ON_ERROR_DENY;
+
+	slurm_info(GRACE_PREFIX "error: job %u step %u: check failed: %s; on_error=%s: step %s",
+		   job_id, step_id, reason, grace_on_error_name(ctx),
+		   deny ? "refused" : "allowed unchecked");
+	if (deny) {
+		slurm_spank_log(GRACE_PREFIX "this step was refused: the site's launch check "
+				"could not run and the site chose to refuse steps then "
+				"(on_error=deny). Your administrator can find the reason in "
+				"slurmd's log.");
+		ctx->reject = 1;
+	}
+}
+
+static void grace_apply_env(spank_t sp, const struct grace_result *r, uint32_t job_id,
+			    uint32_t step_id)
+{
+	size_t i;
+
+	for (i = 0; i < r->unset.n; i++) {
+		spank_err_t rc = spank_unsetenv(sp, r->unset.items[i]);
+
+		if (rc != ESPANK_SUCCESS)
+			slurm_info(GRACE_PREFIX "error: job %u step %u: cannot unset %s: %s",
+				   job_id, step_id, r->unset.items[i], spank_strerror(rc));
+	}
+	for (i = 0; i < r->set.n; i++) {
+		char *kv = r->set.items[i];
+		char *eq = strchr(kv, '=');
+		spank_err_t rc;
+
+		if (eq == NULL || eq == kv)
+			continue;
+		*eq = '\0';
+		rc = spank_setenv(sp, kv, eq + 1, 1);
+		if (rc != ESPANK_SUCCESS)
+			slurm_info(GRACE_PREFIX "error: job %u step %u: cannot set %s: %s",
+				   job_id, step_id, kv, spank_strerror(rc));
+		*eq = '=';
+	}
+}
+
+int grace_stepd_user_init(struct grace_context *ctx, spank_t sp)
+{
+	struct grace_job *job;
+	uint32_t job_id = 0, step_id = 0;
+	uid_t uid = (uid_t)-1;
+	char **argv = NULL, **env = NULL;
+	int argc = 0, envc = 0, rc;
+	size_t i;
+	const struct grace_result *r;
+
+	ctx->reject = 0;
+	spank_get_item(sp, S_JOB_ID, &job_id);
+	spank_get_item(sp, S_JOB_STEPID, &step_id);
+	spank_get_item(sp, S_JOB_UID, &uid);
+
+	if (ctx->args_error[0] != '\0') {
+		grace_fail(ctx, job_id, step_id, ctx->args_error);
+		return 0;
+	}
+	if (spank_get_item(sp, S_JOB_ARGV, &argc, &argv) != ESPANK_SUCCESS ||
+	    spank_get_item(sp, S_JOB_ENV, &env) != ESPANK_SUCCESS) {
+		grace_fail(ctx, job_id, step_id, "cannot read the step's argv or environment");
+		return 0;
+	}
+	for (envc = 0; env && env[envc]; envc++)
+		;
+
+	job = calloc(1, sizeof(*job));
+	if (job == NULL) {
+		grace_fail(ctx, job_id, step_id, "out of memory");
+		return 0;
+	}
+	job->ctx = ctx;
+	grace_copy_env(sp, "SLURM_JOB_PARTITION", job->partition, sizeof(job->partition));
+	/* 22.05 has no SPANK item for the cwd and slurmstepd changes into it only
+	 * in the task child; srun and sbatch export it as PWD. */
+	grace_copy_env(sp, "PWD", job->cwd, sizeof(job->cwd));
+	if (gethostname(job->node, sizeof(job->node) - 1) != 0)
+		job->node[0] = '\0';
+	job->step = (struct grace_step){
+		.config = ctx->config,
+		.on_error = grace_on_error_name(ctx),
+		.partition = job->partition[0] ? job->partition : NULL,
+		.cwd = job->cwd[0] ? job->cwd : NULL,
+		.user_mode = ctx->user_mode[0] ? ctx->user_mode : NULL,
+		.node = job->node,
+		.argv = argv,
+		.argc = argc,
+		.env = env,
+		.envc = envc,
+		.job_id = job_id,
+		.step_id = step_id,
+		.uid = (unsigned int)uid,
+		.batch = step_id == SLURM_BATCH_SCRIPT,
+		.result = &job->result,
+	};
+
+	rc = grace_run_with_deadline(job, ctx->timeout_ms);
+	if (rc < 0) {
+		char reason[600];
+
+		if (rc == -2)
+			snprintf(reason, sizeof(reason), "%s", job->err);
+		else
+			snprintf(reason, sizeof(reason), "no verdict within timeout_ms=%u; the "
+				 "check thread is left behind", ctx->timeout_ms);
+		grace_fail(ctx, job_id, step_id, reason);
+		grace_job_put(job);
+		return 0;
+	}
+
+	rc = job->rc;
+	r = &job->result;
+	if (rc < 0 && job->err[0]) {
+		grace_fail(ctx, job_id, step_id, job->err);
+		goto out;
+	}
+	if (rc == GRACE_RC_ERROR || r->oom || !r->done ||
+	    (rc != GRACE_RC_ALLOW && rc != GRACE_RC_WARN && rc != GRACE_RC_REJECT)) {
+		char reason[1024];
+		size_t used = 0;
+
+		reason[0] = '\0';
+		for (i = 0; i < r->log.n && used < sizeof(reason) - 1; i++)
+			used += (size_t)snprintf(reason + used, sizeof(reason) - used, "%s%s",
+						 i ? "; " : "", r->log.items[i]);
+		if (reason[0] == '\0')
+			snprintf(reason, sizeof(reason), "%s (code %d%s%s)",
+				 rc == 0 ? "the embedded check did not run"
+					 : "the embedded check gave no verdict",
+				 rc, r->done ? "" : ", incomplete", r->oom ? ", out of memory" : "");
+		grace_fail(ctx, job_id, step_id, reason);
+		goto out;
+	}
+
+	/* A verdict. Log lines now are non-fatal problems (e.g. the audit log). */
+	for (i = 0; i < r->log.n; i++)
+		slurm_info(GRACE_PREFIX "job %u step %u: %s", job_id, step_id, r->log.items[i]);
+	grace_apply_env(sp, r, job_id, step_id);
+	for (i = 0; i < r->user.n; i++)
+		slurm_spank_log("%s", r->user.items[i]);
+	if (rc == GRACE_RC_REJECT) {
+		if (r->user.n == 0)
+			slurm_spank_log(GRACE_PREFIX "this step was refused by the site's "
+					"launch check.");
+		ctx->reject = 1;
+	}
+out:
+	grace_job_put(job);
+	return 0;
+}
+
+int grace_stepd_task_init(struct grace_context *ctx, spank_t sp)
+{
+	(void)sp;
+	/* The user was told in user_init; failing here stops the exec. */
+	return ctx->reject ? -1 : 0;
+}

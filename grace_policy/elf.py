@@ -159,7 +159,15 @@ class _Reader:
 
 
 def open_regular(path: str) -> tuple[int, os.stat_result]:
-    """Open without blocking on FIFOs or devices; only regular files pass."""
+    """Open a regular file without blocking and without touching devices.
+
+    ``stat`` first, so FIFOs, sockets and device nodes are refused before any
+    ``open`` (opening some devices has side effects, e.g. a watchdog); then
+    ``O_NONBLOCK`` and an ``fstat`` of what was actually opened cover a swap
+    between the two calls. Only regular files pass; open errors stay ``OSError``.
+    """
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise ElfError("not a regular file", not_elf=True)
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     try:
         st = os.fstat(fd)
@@ -224,6 +232,7 @@ def _parse(r: _Reader, path: str) -> ElfInfo:
     loads: list[LoadSegment] = []
     interp_off = interp_len = None
     dyn_off = dyn_len = None
+    dyn_vaddr = 0
     relro: tuple[int, int] | None = None
     if e_phnum:
         table = r.read(e_phoff, e_phnum * e_phentsize, "program header table")
@@ -238,17 +247,26 @@ def _parse(r: _Reader, path: str) -> ElfInfo:
             if p_type == PT_LOAD:
                 loads.append(LoadSegment(p_offset, p_vaddr, p_filesz, p_memsz, p_flags, p_align))
             elif p_type == PT_INTERP and interp_off is None:
+                # The kernel honours the first PT_INTERP and ignores the rest.
                 interp_off, interp_len = p_offset, p_filesz
-            elif p_type == PT_DYNAMIC and dyn_off is None:
-                dyn_off, dyn_len = p_offset, p_filesz
-            elif p_type == PT_GNU_RELRO and relro is None:
-                relro = (p_vaddr, p_memsz)
+            elif p_type == PT_DYNAMIC:
+                # glibc keeps the last PT_DYNAMIC and reads it at its address.
+                dyn_off, dyn_len, dyn_vaddr = p_offset, p_filesz, p_vaddr
+            elif p_type == PT_GNU_RELRO:
+                relro = (p_vaddr, p_memsz)  # last one wins in glibc too
 
     interp = None
     if interp_off is not None:
         if not 0 < interp_len <= MAX_STRING:
             raise ElfError("PT_INTERP has an implausible size")
         interp = _cstr(r.read(interp_off, interp_len, "PT_INTERP"))
+
+    if dyn_off is not None:
+        # What the loader parses is the memory at p_vaddr, not the bytes at
+        # p_offset; they differ only in crafted files, and then glibc wins.
+        mapped = _vaddr_to_offset(loads, dyn_vaddr)
+        if mapped is not None:
+            dyn_off = mapped
 
     needed: list[str] = []
     soname = rpath = runpath = None
@@ -324,20 +342,28 @@ def _cstr(raw: bytes) -> str:
 
 
 class _Strings:
-    """The dynamic string table, read once in one bounded chunk."""
+    """The dynamic string table, read one bounded window per string.
+
+    Reading the whole table is wrong both ways: a window cut at a fixed size
+    misses names stored past it (GNU ld may put DT_NEEDED names after a
+    multi-megabyte symbol-name blob), and reading it all can exceed the read
+    budget on big libraries whose few names sit at the start."""
 
     def __init__(self, r: _Reader, offset: int, size: int) -> None:
         self.r = r
         self.offset = offset
         self.size = size
-        self.blob: bytes | None = None
 
     def get(self, index: int) -> str:
         if index < 0 or index >= self.size:
             raise ElfError("string offset outside the dynamic string table")
-        if self.blob is None:
-            self.blob = self.r.read(self.offset, min(self.size, 1 << 20), "dynamic string table")
-        end = self.blob.find(b"\0", index, index + MAX_STRING)
+        window = min(self.size - index, MAX_STRING)
+        first = min(window, 256)
+        raw = self.r.read(self.offset + index, first, "dynamic string")
+        end = raw.find(b"\0")
+        if end < 0 and window > first:
+            raw = self.r.read(self.offset + index, window, "dynamic string")
+            end = raw.find(b"\0")
         if end < 0:
             raise ElfError("unterminated string in the dynamic string table")
-        return self.blob[index:end].decode("utf-8", "surrogateescape")
+        return raw[:end].decode("utf-8", "surrogateescape")

@@ -25,6 +25,11 @@ lint:
 verify-loader:
 	GRACE_VERIFY_FULL=1 $(PYTHON) -m pytest -q tests/test_loader_oracle.py
 
+# Long fuzz of the ELF reader (hypothesis; failures are kept in its database
+# under ~/.cache/grace-policy-tests/hypothesis and replayed on the next run).
+fuzz:
+	GRACE_FUZZ_EXAMPLES=$${GRACE_FUZZ_EXAMPLES:-50000} $(PYTHON) -m pytest -q -p no:cacheprovider tests/test_elf_fuzz.py
+
 clean:
 	rm -rf $(BUILD) .pytest_cache .coverage
 

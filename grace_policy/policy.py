@@ -391,7 +391,7 @@ def _write_compiled(out: str, policy: Policy, toml_st: os.stat_result) -> None:
     }
     import tempfile  # writing happens once per config change, not per step
 
-    data = json.dumps(doc, indent=1, sort_keys=True).encode() + b"\n"
+    data = json.dumps(doc, indent=1).encode() + b"\n"
     directory = os.path.dirname(out) or "."
     fd, tmp = tempfile.mkstemp(prefix=".grace-policy-", suffix=".tmp", dir=directory)
     try:

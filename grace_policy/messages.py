@@ -155,10 +155,19 @@ def user_lines(
     if verdict.action == "reject":
         if shown:
             ids = ", ".join(dict.fromkeys(f.rule for f in shown))
+            errors = sum(1 for f in shown if f.severity == "error")
+            what = _plural(errors, "error") if errors else "the problems"
+            lines.extend(
+                _block(
+                    "",
+                    f"step not started: {what} above would make it fail on this node "
+                    f"({where}, mode {verdict.mode}).",
+                    indent="",
+                )
+            )
             text = (
-                f"step not started: {_plural(len(shown), 'problem')} above would make it fail "
-                f"on this node ({where}, mode {verdict.mode}). 'grace-policy explain RULE' "
-                f"tells more; if you think this is wrong, contact {who} and quote: {ids}."
+                f"More on a rule: 'grace-policy explain RULE'. If this is wrong, contact {who} "
+                f"quoting {ids}."
             )
         else:
             text = (

@@ -1,0 +1,199 @@
+"""The audit log: one JSON object per line per decision.
+
+Steps on a node write concurrently, so each line goes out in a single
+``os.write`` on an ``O_APPEND`` descriptor: the kernel appends it whole, and
+lines from different steps never interleave.
+
+Decisions with findings or errors go through structlog (its processors are
+the ones admins may want to extend). A clean allow is by far the most common
+decision and must not pay ~80-100 ms to import structlog, so it is written by
+:func:`_lean_line`, which produces the same keys in the same format; a test
+holds the two writers to that.
+
+Nothing is escaped beyond what ``json.dumps(ensure_ascii=True)`` does: that
+already turns control characters, newlines and undecodable bytes (surrogates)
+into ``\\uXXXX``, so every line stays one valid JSON line whatever the input.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+from .findings import Verdict
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # keep typing off the clean path; annotations are strings
+    from collections.abc import Mapping
+    from typing import Any
+
+#: Every line has exactly these keys (None where not applicable), so tools can
+#: rely on them; ``time`` and ``event`` are added by the writers.
+FIELDS = (
+    "job_id",
+    "step_id",
+    "uid",
+    "node",
+    "partition",
+    "mode",
+    "action",
+    "rules",
+    "paths",
+    "env_unset",
+    "env_set",
+    "elapsed_ms",
+    "error",
+    "skipped",
+)
+EVENT = "decision"
+
+#: Arguments shared by both writers so their output is byte-compatible.
+_DUMPS: dict[str, Any] = {"sort_keys": True, "ensure_ascii": True, "default": str}
+
+_OPEN_FLAGS = os.O_APPEND | os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC | os.O_NONBLOCK
+
+
+def record_fields(
+    verdict: Verdict,
+    *,
+    job_id: str | int | None = None,
+    step_id: str | int | None = None,
+    uid: int | None = None,
+    node: str | None = None,
+    elapsed_ms: float | None = None,
+) -> dict[str, Any]:
+    """The fields of one decision line (all of :data:`FIELDS`). Env changes are
+    logged by name only: values may hold secrets."""
+    if node is None:
+        node = os.uname().nodename
+    if uid is None:
+        uid = os.getuid()
+    paths = list(dict.fromkeys(f.path for f in verdict.findings))
+    return {
+        "job_id": None if job_id is None else str(job_id),
+        "step_id": None if step_id is None else str(step_id),
+        "uid": uid,
+        "node": node,
+        "partition": verdict.partition,
+        "mode": verdict.mode,
+        "action": verdict.action,
+        "rules": list(verdict.rule_ids),
+        "paths": paths,
+        "env_unset": list(verdict.env.unset),
+        "env_set": [k for k, _ in verdict.env.set],
+        "elapsed_ms": None if elapsed_ms is None else round(float(elapsed_ms), 3),
+        "error": verdict.error,
+        "skipped": verdict.skipped,
+    }
+
+
+def iso_utc(now: float | None = None) -> str:
+    """The timestamp exactly as structlog's ``TimeStamper(fmt="iso", utc=True)``
+    writes it (``datetime.isoformat`` with ``Z``: microseconds omitted when
+    zero), without importing datetime on the clean path."""
+    if now is None:
+        now = time.time()
+    seconds = int(now)
+    micros = round((now - seconds) * 1_000_000)
+    if micros >= 1_000_000:
+        seconds, micros = seconds + 1, micros - 1_000_000
+    base = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
+    return f"{base}.{micros:06d}Z" if micros else f"{base}Z"
+
+
+def _lean_line(fields: Mapping[str, Any], now: float | None = None) -> str:
+    event = dict(fields)
+    event["event"] = EVENT
+    event["time"] = iso_utc(now)
+    return json.dumps(event, **_DUMPS)
+
+
+class _FdLogger:
+    """A structlog logger writing each rendered line with one ``os.write``.
+
+    structlog's own WriteLogger writes through a buffered file object, which
+    may split a long line into several writes; on a shared O_APPEND file that
+    could interleave with another step's line."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def msg(self, message: str) -> None:
+        _write_all(self.fd, (message + "\n").encode("ascii"))
+
+    info = warning = error = msg
+
+
+def _structlog_line(fields: Mapping[str, Any], fd: int) -> None:
+    import structlog  # only decisions that explain something pay for this
+
+    logger = structlog.wrap_logger(
+        _FdLogger(fd),
+        processors=[
+            structlog.processors.TimeStamper(fmt="iso", utc=True, key="time"),
+            structlog.processors.JSONRenderer(**_DUMPS),
+        ],
+        wrapper_class=structlog.BoundLogger,
+        context_class=dict,
+    )
+    logger.info(EVENT, **fields)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    n = os.write(fd, data)
+    if n != len(data):
+        # A regular file only writes short when the disk fills up; the rest
+        # cannot be appended atomically any more, so say so instead of
+        # completing a line another step may already have interleaved with.
+        raise OSError(28, f"short write ({n} of {len(data)} bytes)")
+
+
+def needs_structlog(verdict: Verdict) -> bool:
+    """Clean decisions (nothing found, nothing failed) take the lean writer."""
+    return bool(verdict.findings or verdict.error)
+
+
+def write_decision(
+    path: str | None,
+    verdict: Verdict,
+    *,
+    job_id: str | int | None = None,
+    step_id: str | int | None = None,
+    uid: int | None = None,
+    node: str | None = None,
+    elapsed_ms: float | None = None,
+    mode: int = 0o640,
+) -> str | None:
+    """Append one line for ``verdict`` to ``path``.
+
+    Never raises: the audit log must not decide whether a step runs. Returns
+    None on success, else a one-line reason for the caller to log once. A
+    ``path`` of None (no ``[audit] path`` in the config) writes nothing.
+    """
+    if not path:
+        return None
+    try:
+        fields = record_fields(
+            verdict, job_id=job_id, step_id=step_id, uid=uid, node=node, elapsed_ms=elapsed_ms
+        )
+        fd = os.open(path, _OPEN_FLAGS, mode)
+    except OSError as exc:
+        return f"audit log {path}: cannot open: {exc.strerror or exc}"
+    except Exception as exc:  # a bug in building the record must not fail the step
+        return f"audit log {path}: {type(exc).__name__}: {exc}"
+    try:
+        if needs_structlog(verdict):
+            try:
+                _structlog_line(fields, fd)
+            except ImportError:
+                _write_all(fd, (_lean_line(fields) + "\n").encode("ascii"))
+        else:
+            _write_all(fd, (_lean_line(fields) + "\n").encode("ascii"))
+    except OSError as exc:
+        return f"audit log {path}: cannot write: {exc.strerror or exc}"
+    except Exception as exc:
+        return f"audit log {path}: {type(exc).__name__}: {exc}"
+    finally:
+        os.close(fd)
+    return None

@@ -1,0 +1,135 @@
+"""``grace-policy``: ask from any node what the plugin would do.
+
+One ``main_*.py`` module per subcommand, as in pypa/auditwheel; unlike there,
+only the subcommand being run is imported (the others get a stub parser for
+``--help``), so ``grace-policy check`` does not pay for pydantic or the
+catalogue unless it needs them.
+
+Exit codes: 0 allow, 1 warn, 2 reject (``check``; the others use 0 for
+success and 2 for a file they cannot read), 64 usage error, 70 internal
+error, 78 config error. No traceback reaches the user.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from importlib import import_module
+
+from .. import __version__
+from .common import EX_SOFTWARE, EX_USAGE, PROG, Parser, UsageError, err
+
+#: name → (module, one-line help), in the order ``--help`` lists them.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "check": ("main_check", "what the plugin would do for a job step (exit 0/1/2)"),
+    "inspect": ("main_inspect", "ELF facts and load tree of a file, as a node's loader sees it"),
+    "explain": ("main_explain", "what a rule checks and what users are told"),
+    "config": ("main_config", "validate (and compile) the site's config"),
+}
+
+
+def _chosen(argv: Sequence[str]) -> str | None:
+    """The subcommand: the first word that is not an option. Top-level options
+    take no values, so no option argument can be mistaken for it."""
+    for arg in argv:
+        if arg == "--":
+            return None
+        if not arg.startswith("-"):
+            return arg
+    return None
+
+
+def _parser(chosen: str | None) -> tuple[Parser, object | None]:
+    parser = Parser(
+        prog=PROG,
+        description="Check whether what a Slurm job step runs will load on the node "
+                    "(architecture, loader resolution, page size, leaked environments).",
+        epilog="Exit codes: 0 allow, 1 warn, 2 reject, 64 usage error, 70 internal error, "
+               "78 config error. 'grace-policy COMMAND --help' for each command.",
+    )
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    sub = parser.add_subparsers(dest="command_name", metavar="COMMAND")
+    module = None
+    for name, (module_name, help_text) in COMMANDS.items():
+        if name == chosen:
+            module = import_module(f"{__package__}.{module_name}")
+            module.configure_parser(sub, name, help_text)
+        else:
+            sub.add_parser(name, help=help_text, description=help_text)
+    return parser, module
+
+
+def _run(argv: list[str]) -> int:
+    # Everything after the first "--" is handed to the subcommand untouched:
+    # argparse's own "--" handling differs between Python versions, and a
+    # command line to check must reach the checker byte for byte.
+    rest: list[str] | None = None
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, rest = argv[:cut], argv[cut + 1:]
+    chosen = _chosen(argv)
+    parser, module = _parser(chosen)
+    args = parser.parse_args(argv)
+    if module is None or args.command_name is None:
+        parser.print_help(sys.stderr)
+        return EX_USAGE
+    return int(module.execute(args, rest))
+
+
+def _usage_error(exc: UsageError, argv: Sequence[str]) -> int:
+    from ..messages import escape
+
+    chosen = _chosen(argv)
+    where = f"{PROG} {chosen}" if chosen in COMMANDS else PROG
+    if exc.usage:
+        sys.stderr.write(exc.usage)
+    message = exc.message
+    if chosen == "check" and message.startswith("unrecognized arguments"):
+        message += " (put the step's command after '--': grace-policy check -- CMD ARGS...)"
+    err(f"{escape(chosen) if chosen in COMMANDS else 'usage'}: error: {message}")
+    err(f"see '{where} --help'")
+    return EX_USAGE
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run ``grace-policy`` with ``argv`` (default ``sys.argv[1:]``); return the
+    exit code instead of exiting, so tests and the console script share it."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _run(args)
+    except UsageError as exc:
+        return _usage_error(exc, args)
+    except SystemExit as exc:  # --help / --version
+        code = exc.code
+        if code is None:
+            return 0
+        if isinstance(code, int):
+            return code
+        err(str(code))
+        return EX_USAGE
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # `grace-policy inspect ... | head`: the reader left; say nothing more.
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError, AttributeError):
+            pass
+        return 141
+    except Exception as exc:  # the promise: no traceback, ever
+        from ..messages import escape
+
+        err(f"internal error: {type(exc).__name__}: {escape(str(exc))}")
+        if os.environ.get("GRACE_POLICY_DEBUG"):
+            import traceback
+
+            traceback.print_exc()
+        else:
+            err("(set GRACE_POLICY_DEBUG=1 to see where; please report it)")
+        return EX_SOFTWARE
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

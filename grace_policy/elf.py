@@ -16,6 +16,10 @@ import stat
 import struct
 from dataclasses import dataclass
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs ~4 ms to import; annotations are strings anyway
+    from .budget import Budget as Charge
+
 ELFCLASS32 = 1
 ELFCLASS64 = 2
 ELFDATA2LSB = 1
@@ -141,10 +145,12 @@ def machine_name(machine: int) -> str:
 class _Reader:
     """Bounded positional reads on an open fd."""
 
-    def __init__(self, fd: int, size: int, max_bytes: int) -> None:
+    def __init__(self, fd: int, size: int, max_bytes: int, charge: Charge | None = None
+                 ) -> None:
         self.fd = fd
         self.size = size
         self.budget = max_bytes
+        self.charge = charge
 
     def read(self, offset: int, length: int, what: str) -> bytes:
         if offset < 0 or length < 0 or offset + length > self.size:
@@ -152,6 +158,9 @@ class _Reader:
         if length > self.budget:
             raise ElfError(f"{what} is larger than the read limit")
         self.budget -= length
+        if self.charge is not None:
+            # The check's budget: may raise (deadline, byte cap) before the read.
+            self.charge.spend_bytes(length)
         data = os.pread(self.fd, length, offset)
         if len(data) != length:
             raise ElfError(f"{what} could not be read in full (file changed while read?)")
@@ -188,15 +197,19 @@ def read_head(path: str, length: int = 256) -> bytes:
         os.close(fd)
 
 
-def read_elf(path: str, *, max_bytes: int = DEFAULT_MAX_BYTES) -> ElfInfo:
+def read_elf(path: str, *, max_bytes: int = DEFAULT_MAX_BYTES,
+             budget: Charge | None = None) -> ElfInfo:
     """Read the loader-relevant facts of ``path``.
 
     Raises :class:`ElfError` for anything that is not a readable ELF object,
-    and ``OSError`` when the file cannot be opened.
+    and ``OSError`` when the file cannot be opened. ``budget`` (a
+    :class:`grace_policy.budget.Budget`) is charged every byte read, so a
+    whole check stays under its byte cap and deadline; whatever it raises
+    (``BudgetExceeded``) propagates.
     """
     fd, st = open_regular(path)
     try:
-        return _parse(_Reader(fd, st.st_size, max_bytes), path)
+        return _parse(_Reader(fd, st.st_size, max_bytes, budget), path)
     finally:
         os.close(fd)
 

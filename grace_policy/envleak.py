@@ -120,7 +120,8 @@ def plan(env: Mapping[str, str], node: NodeProfile, *, names: Sequence[str] = DE
                 f"programs that follow {', '.join(members)} (uv, pip, python, conda) would run "
                 f"what is at {target}: {reason}",
                 causes=("leaked-env",),
-                facts=(("vars", " ".join(members)), ("cleaned", "yes" if do_strip else "no"),
+                facts=(("vars", " ".join(members)), ("prefix", target),
+                       ("cleaned", "yes" if do_strip else "no"),
                        ("reason", reason), ("group", group)),
             ))
         if do_strip:

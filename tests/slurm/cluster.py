@@ -228,10 +228,12 @@ class Cluster:
         """Run a client command (srun, sbatch, ...) against this cluster, as
         ``user`` when given (through runuser, with our SLURM_CONF)."""
         full_env = self.env(env)
-        cmd = list(argv)
+        # Resolved with *our* PATH: a scenario may hand the step a PATH of its own.
+        cmd = [shutil.which(argv[0]) or argv[0], *argv[1:]]
         if user is not None and user != "root":
             keep = ",".join(sorted(full_env))
-            cmd = ["runuser", "-u", user, f"--whitelist-environment={keep}", "--", *cmd]
+            cmd = [shutil.which("runuser") or _sbin("runuser"), "-u", user,
+                   f"--whitelist-environment={keep}", "--", *cmd]
         return subprocess.run(cmd, env=full_env, text=True, capture_output=True,
                               timeout=timeout, cwd=cwd or str(self.shared), input=input,
                               check=False)

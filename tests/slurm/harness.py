@@ -1,12 +1,57 @@
-"""What the plugin scenarios get from the ``slurm`` fixture (kept out of
-conftest.py so test modules can import the type)."""
+"""The plugin scenarios' world: the installed plugin, configs, test programs and
+the running cluster. Shared by the ``slurm`` fixture (conftest.py) and the demo
+(``python3 -m tests.slurm.demo``); kept out of conftest.py so both can import it."""
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .cluster import Cluster
+from .cluster import Cluster, missing_binaries
+
+REPO = Path(__file__).resolve().parent.parent.parent
+
+#: The side-effect program: if it ever runs, it leaves a file behind.
+SIDE_EFFECT_C = r"""
+#include <stdio.h>
+int main(int argc, char **argv) {
+    FILE *f = fopen(argc > 1 ? argv[1] : "/dev/null", "a");
+    if (f) { fputs("executed\n", f); fclose(f); }
+    puts("side-effect program ran");
+    return 0;
+}
+"""
+
+BASE_CONFIG = """\
+# grace-policy config of the test cluster: one partition per mode.
+mode = "enforce"
+contact = "the test suite"
+deadline_ms = 5000
+{extra}
+[partitions.warnp]
+mode = "warn"
+
+[partitions.offp]
+mode = "off"
+
+[partitions.gb200sim]
+mode = "enforce"
+allow_user_lower = true
+
+[audit]
+path = "{audit}"
+"""
+
+
+def _compile(cc: str, src: Path, out: Path, *flags: str) -> None:
+    subprocess.run([cc, "-O1", "-o", str(out), str(src), *flags], check=True,
+                   capture_output=True, text=True)
+    out.chmod(0o755)
+
+
 
 
 @dataclass
@@ -41,3 +86,94 @@ class SlurmEnv:
         if path.exists():
             path.unlink()
         return path
+
+
+def skip_reason() -> str | None:
+    if os.geteuid() != 0:
+        return "the local Slurm cluster needs root (slurmd runs steps as other users)"
+    missing = missing_binaries()
+    if missing:
+        return f"not installed: {', '.join(missing)} (bash packaging/install-deps.sh)"
+    for tool in ("gcc", "aarch64-linux-gnu-gcc", "make"):
+        if shutil.which(tool) is None:
+            return f"{tool} not installed (bash packaging/install-deps.sh)"
+    if not Path("/usr/bin/python3").exists():
+        return "/usr/bin/python3 (the interpreter the plugin embeds) is missing"
+    return None
+
+
+class SetupError(RuntimeError):
+    """The plugin or the test files could not be built: a failure, not a skip."""
+
+
+def prepare(root: Path) -> SlurmEnv:
+    """Install the plugin under ``root`` (make install PREFIX=root/prefix), build
+    the test programs and configs, and start the cluster. The caller stops it
+    (``env.cluster.stop()``) whatever happens."""
+    root.mkdir(parents=True, exist_ok=True)
+    root.chmod(0o755)
+    prefix = root / "prefix"
+    build = subprocess.run(["make", "-C", str(REPO), "install", f"PREFIX={prefix}"],
+                           capture_output=True, text=True, check=False)
+    if build.returncode != 0:
+        raise SetupError(f"make install failed:\n{build.stdout[-3000:]}\n"
+                         f"{build.stderr[-3000:]}")
+
+    files = root / "files"
+    files.mkdir()
+    files.chmod(0o755)
+    src = files / "side_effect.c"
+    src.write_text(SIDE_EFFECT_C)
+    _compile("gcc", src, files / "native")
+    # 4 KiB-aligned segments: fine here, wrong on a 64 KiB-page Grace node.
+    _compile("gcc", src, files / "native-4k", "-Wl,-z,max-page-size=4096")
+    _compile("aarch64-linux-gnu-gcc", src, files / "foreign")
+    # A venv made on an aarch64 login node, and one made here.
+    for name, python in (("venv-foreign", files / "foreign"), ("venv-native", None)):
+        venv = files / name / "bin"
+        venv.mkdir(parents=True)
+        if python is None:
+            (venv / "python").symlink_to("/usr/bin/python3")
+        else:
+            shutil.copy2(python, venv / "python")
+        (files / name / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    # A batch-style script whose #! interpreter cannot run here.
+    foreign_script = files / "foreign-interp.sh"
+    foreign_script.write_text(f"#!{files / 'foreign'}\necho should not run\n")
+    foreign_script.chmod(0o755)
+
+    audit_dir = root / "audit"
+    audit_dir.mkdir()
+    audit_dir.chmod(0o755)
+    audit_log = audit_dir / "audit.log"
+    audit_log.touch()
+    audit_log.chmod(0o666)  # steps write it as the job's user (see docs/SPANK.md)
+
+    etc = root / "etc-grace"
+    etc.mkdir()
+    etc.chmod(0o755)
+    configs = {
+        "base": etc / "grace-policy.toml",
+        "grace64k": etc / "grace-64k.toml",
+        "broken": etc / "broken.toml",
+    }
+    configs["base"].write_text(BASE_CONFIG.format(extra="", audit=audit_log))
+    configs["grace64k"].write_text(BASE_CONFIG.format(
+        extra="[node]\npage_size = 65536\n", audit=audit_log))
+    configs["broken"].write_text('mode = "enforced"\n[partitions.warnp]\nmode = 3\n')
+    for cfg in configs.values():
+        cfg.chmod(0o644)
+    # What an admin does after editing the config (so steps, which run as the
+    # user and cannot write next to it, take the fast compiled path).
+    for name in ("base", "grace64k"):
+        subprocess.run(
+            ["/usr/bin/python3", "-I", "-c",
+             "import sys; sys.path.insert(0, sys.argv[1]); "
+             "from grace_policy.policy import compile_config; compile_config(sys.argv[2])",
+             str(prefix / "lib" / "grace-policy" / "python"), str(configs[name])],
+            check=True, capture_output=True, text=True)
+
+    cluster = Cluster(root / "cluster")
+    cluster.start()
+    return SlurmEnv(cluster=cluster, prefix=prefix, files=files, audit_log=audit_log,
+                    configs=configs)

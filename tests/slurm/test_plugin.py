@@ -119,6 +119,19 @@ def test_env_cannot_lower_the_mode(grace: SlurmEnv) -> None:
     assert "step not started" in res.stderr
 
 
+def test_user_option_lowers_only_where_the_partition_allows(grace: SlurmEnv) -> None:
+    help_text = grace.cluster.run(["srun", "--help"]).stdout
+    assert "--grace-policy" in help_text
+    res = grace.cluster.srun(["-p", "gb200sim", "--grace-policy=warn",
+                              str(grace.files / "foreign")])
+    assert "the step runs anyway" in res.stderr
+    assert _exec_attempts(res.stderr) == 1
+    # A value that is not a mode is refused by srun itself, before any launch.
+    res = grace.cluster.srun(["--grace-policy=lax", "/bin/true"])
+    assert res.returncode != 0
+    assert f"{PREFIX}--grace-policy takes warn, off or enforce" in res.stderr
+
+
 def test_leaked_foreign_venv_is_stripped_native_venv_stays(grace: SlurmEnv) -> None:
     foreign, native = grace.files / "venv-foreign", grace.files / "venv-native"
     path = f"{foreign}/bin:/usr/local/bin:/usr/bin:/bin"

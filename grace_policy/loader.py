@@ -23,7 +23,9 @@ reported, not only the first.
 
 from __future__ import annotations
 
+import functools
 import os
+import struct
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -79,6 +81,9 @@ class Missing:
     needed_by: str
     skipped: tuple[Candidate, ...]
     searched: tuple[str, ...]
+    #: ``"library"`` (a DT_NEEDED name) or ``"interp"`` (the PT_INTERP path,
+    #: which the kernel, not ld.so, fails on: ``ld.so --list`` does not show it).
+    kind: str = "library"
 
     @property
     def foreign(self) -> tuple[Candidate, ...]:
@@ -110,7 +115,8 @@ class LoadTree:
             if obj.found_via != "interp":
                 out.setdefault(obj.name, obj.path)
         for miss in self.missing:
-            out.setdefault(miss.name, None)
+            if miss.kind == "library":
+                out.setdefault(miss.name, None)
         return out
 
 
@@ -141,15 +147,21 @@ class _Searcher:
         self.budget = budget
         self._cache = cache
         self._hwcaps: tuple[str, ...] | None = None
-        self._dir_has_hwcaps: dict[str, bool] = {}
+        self._subdirs: dict[str, list[str]] = {}
         self._system_dirs = system_dirs(node)
+        self.platform = loader_platform(node)
+        self._legacy = legacy_hwcap_subdirs(node)
+        self._legacy_first = tuple(dict.fromkeys(c.split("/", 1)[0] for c in self._legacy))
 
     # -- the pieces of the search -------------------------------------------------
 
     @property
     def cache(self) -> ldcache.LdCache:
         if self._cache is None:
-            self._cache = ldcache.load(self.node.in_root("/etc/ld.so.cache"))
+            # Like every other path: the image's file first, then the host's
+            # (what qemu -L does); entries of another architecture are
+            # dropped by their flags.
+            self._cache = ldcache.load(self.to_host("/etc/ld.so.cache"))
         return self._cache
 
     def hwcaps(self) -> tuple[str, ...]:
@@ -170,7 +182,7 @@ class _Searcher:
                 out.append(ch)
                 i += 1
                 continue
-            for token, value in (("ORIGIN", origin), ("PLATFORM", self.node.platform),
+            for token, value in (("ORIGIN", origin), ("PLATFORM", self.platform),
                                  ("LIB", lib_token(self.node))):
                 length = _dst_len(text, i + 1, token)
                 if length:
@@ -199,17 +211,31 @@ class _Searcher:
         return dirs
 
     def subdirs(self, directory: str) -> list[str]:
-        """glibc-hwcaps subdirectories (best first), then the directory."""
+        """The prefixes glibc tries in ``directory``, best first: supported
+        ``glibc-hwcaps/<level>/``, then (glibc < 2.37) the legacy hwcap
+        combinations such as ``tls/haswell/x86_64/``, then the directory.
+
+        glibc opens every prefix blindly; we only offer those whose first
+        component exists (one stat each, cached per directory), which gives
+        the same answer with a few stats instead of ~20 failed opens.
+        """
         prefix = directory + "/" if directory and directory != "/" else directory
-        if self.node.machine != "x86_64":
-            return [prefix]
-        has = self._dir_has_hwcaps.get(directory)
-        if has is None:
-            has = os.path.isdir(self.to_host(prefix + "glibc-hwcaps"))
-            self._dir_has_hwcaps[directory] = has
-        if not has:
-            return [prefix]
-        return [f"{prefix}glibc-hwcaps/{sub}/" for sub in self.hwcaps()] + [prefix]
+        known = self._subdirs.get(prefix)
+        if known is not None:
+            return known
+        out: list[str] = []
+        levels = self.hwcaps()
+        if levels and os.path.isdir(self.to_host(prefix + "glibc-hwcaps")):
+            out += [f"{prefix}glibc-hwcaps/{sub}/" for sub in levels]
+        if self._legacy:
+            present = {first for first in self._legacy_first
+                       if os.path.isdir(self.to_host(prefix + first))}
+            if present:
+                out += [f"{prefix}{combo}/" for combo in self._legacy
+                        if combo.split("/", 1)[0] in present]
+        out.append(prefix)
+        self._subdirs[prefix] = out
+        return out
 
     def to_host(self, path: str) -> str:
         """A node path as a path on this host.
@@ -227,100 +253,132 @@ class _Searcher:
 
     # -- verifying one candidate (open_verify) -----------------------------------
 
-    def verify(self, path: str) -> tuple[str, ElfInfo | None, str]:
-        """``("ok", info, "")``, ``("skip", info, reason)``, ``("absent", None,
-        reason)`` or ``("fatal", None|info, reason)``."""
+    def verify(self, path: str) -> tuple[str, ElfInfo | None, str, str]:
+        """glibc's ``open_verify`` on one candidate.
+
+        Returns ``(status, info, reason, machine)``: ``ok``; ``skip`` (wrong
+        class or machine: glibc passes over it silently, ``machine`` names
+        what it is); ``absent`` (open failed: the search goes on); ``fatal``
+        (glibc stops loading with ``reason``, worded as glibc prints it).
+        """
         if self.budget is not None:
             self.budget.take_file()
         host_path = self.to_host(path)
         try:
-            info = read_elf(host_path)
+            info = read_elf(host_path, budget=self.budget)
         except FileNotFoundError:
-            return "absent", None, "no such file"
+            return "absent", None, "no such file", ""
         except NotADirectoryError:
-            return "absent", None, "not a directory"
+            return "absent", None, "not a directory", ""
         except PermissionError:
-            return "absent", None, "permission denied"
+            return "absent", None, "permission denied", ""
         except IsADirectoryError:
-            return "fatal", None, "cannot read file data: Is a directory"
+            return "fatal", None, _EISDIR, ""
         except OSError as exc:
-            return "absent", None, exc.strerror or "cannot open"
+            return "absent", None, exc.strerror or "cannot open", ""
         except ElfError as exc:
             if exc.reason == "not a regular file":
                 if os.path.isdir(host_path):
-                    return "fatal", None, "cannot read file data: Is a directory"
-                return "fatal", None, "not a regular file"
-            if exc.reason in ("file too short", "not an ELF file"):
-                return "fatal", None, exc.reason if exc.reason == "file too short" else (
-                    "invalid ELF header")
-            return "fatal", None, f"invalid ELF file: {exc.reason}"
+                    # open(2) succeeds on a directory, read(2) fails: fatal.
+                    return "fatal", None, _EISDIR, ""
+                return "fatal", None, "not a regular file", ""
+            if exc.reason == "file too short":
+                return "fatal", None, "file too short", ""
+            if exc.reason == "not an ELF file":
+                return "fatal", None, "invalid ELF header", ""
+            # glibc decides from the first 64 bytes; a file of another
+            # class or machine is skipped even if the rest is unreadable.
+            return self._verify_ident(host_path, f"invalid ELF file: {exc.reason}")
         node = self.node
         if info.elf_class != node.elf_class:
-            return "skip", info, f"wrong ELF class: ELFCLASS{info.bits}"
+            return "skip", info, f"wrong ELF class: ELFCLASS{info.bits}", info.machine_name
         if info.data != node.data:
-            return "fatal", info, "ELF file data encoding does not match the node"
+            return "fatal", info, _encoding_error(node), info.machine_name
         if info.osabi not in (0, 3):
-            return "fatal", info, "ELF file OS ABI invalid"
+            return "fatal", info, "ELF file OS ABI invalid", info.machine_name
         if info.machine != node.machine_number:
-            return "skip", info, f"wrong machine: {info.machine_name}"
+            return "skip", info, f"wrong machine: {info.machine_name}", info.machine_name
         if info.e_type not in (ET_DYN, ET_EXEC):
-            return "fatal", info, "only ET_DYN and ET_EXEC can be loaded"
+            return "fatal", info, "only ET_DYN and ET_EXEC can be loaded", info.machine_name
         expected = 32 if info.elf_class == ELFCLASS32 else 56
         if info.phentsize != expected:
-            return "fatal", info, "ELF file's phentsize not the expected size"
-        return "ok", info, ""
+            return ("fatal", info, "ELF file's phentsize not the expected size",
+                    info.machine_name)
+        return "ok", info, "", info.machine_name
+
+    def _verify_ident(self, host_path: str,
+                      otherwise: str) -> tuple[str, ElfInfo | None, str, str]:
+        """open_verify's header tests alone, for a file our reader rejected."""
+        try:
+            with open(host_path, "rb") as fh:
+                ident = fh.read(20)
+        except OSError:
+            return "fatal", None, otherwise, ""
+        node = self.node
+        if len(ident) < 20:
+            return "fatal", None, otherwise, ""
+        elf_class, data = ident[4], ident[5]
+        if elf_class != node.elf_class:
+            return "skip", None, f"wrong ELF class: {elf_class}", f"class-{elf_class}"
+        if data != node.data:
+            return "fatal", None, _encoding_error(node), ""
+        (machine,) = struct.unpack_from("<H" if data == 1 else ">H", ident, 18)
+        if machine != node.machine_number:
+            name = machine_name(machine)
+            return "skip", None, f"wrong machine: {name}", name
+        return "fatal", None, otherwise, machine_name(machine)
 
     # -- one name (_dl_map_object) ---------------------------------------------
 
     def search(self, name: str, loader: _Map) -> tuple[str, str | None, ElfInfo | None,
                                                         list[Candidate], list[str], str]:
-        """Returns (outcome, path, info, skipped, searched, via) where outcome is
-        ``found``, ``missing`` or ``fatal`` (then ``via`` holds the reason)."""
+        """Where ``name`` (already DST-expanded) comes from, for ``loader``.
+
+        Returns (outcome, path, info, skipped, searched, via) where outcome is
+        ``found``, ``missing`` or ``fatal`` (then ``via`` holds the reason).
+        """
         skipped: list[Candidate] = []
         searched: list[str] = []
+
+        def attempt(path: str) -> tuple[str, ElfInfo | None, str] | None:
+            searched.append(path)
+            status, info, reason, machine = self.verify(path)
+            if status == "ok":
+                return "found", info, ""
+            if status == "fatal":
+                return "fatal", info, reason
+            if status == "skip":
+                skipped.append(Candidate(path, reason, machine))
+            return None
 
         def try_dirs(dirs: list[str], via: str):
             for directory in dirs:
                 for prefix in self.subdirs(directory):
                     path = prefix + name
-                    searched.append(path)
-                    status, info, reason = self.verify(path)
-                    if status == "ok":
-                        return "found", path, info, via
-                    if status == "skip":
-                        assert info is not None
-                        skipped.append(Candidate(path, reason, info.machine_name))
-                    elif status == "fatal":
-                        return "fatal", path, info, reason
+                    hit = attempt(path)
+                    if hit is not None:
+                        outcome, info, reason = hit
+                        return outcome, path, info, skipped, searched, reason or via
             return None
 
         if "/" in name:
-            path = self.expand(name, loader.origin)
-            if path is None:
-                return "missing", None, None, skipped, searched, "path"
-            status, info, reason = self.verify(path)
-            searched.append(path)
-            if status == "ok":
-                return "found", path, info, skipped, searched, "path"
-            if status == "fatal":
-                return "fatal", path, info, skipped, searched, reason
-            if status == "skip":
-                assert info is not None
-                skipped.append(Candidate(path, reason, info.machine_name))
+            hit = attempt(name)
+            if hit is not None:
+                outcome, info, reason = hit
+                return outcome, name, info, skipped, searched, reason or "path"
             return "missing", None, None, skipped, searched, "path"
 
-        info_runpath = loader.info.runpath
-        if info_runpath is None:
-            seen_main = False
+        runpath = loader.info.runpath
+        if runpath is None:
+            # DT_RPATH of the loading object, then of its loaders up to the
+            # executable. An object that has DT_RUNPATH too has its DT_RPATH
+            # ignored by glibc (get-dynamic-info.h), also as a link in the chain.
             chain: _Map | None = loader
             while chain is not None:
-                if chain.info.rpath is not None:
-                    hit = try_dirs(self.path_list(chain.info.rpath, chain.origin), "rpath")
-                    if hit:
-                        return hit[0], hit[1], hit[2], skipped, searched, hit[3]
-                    seen_main |= chain.loader is None
-                if chain.loader is None:
-                    break
+                if chain.info.rpath is not None and chain.info.runpath is None:
+                    found = try_dirs(self.path_list(chain.info.rpath, chain.origin), "rpath")
+                    if found:
+                        return found
                 chain = chain.loader
 
         llp = self.env.get("LD_LIBRARY_PATH")
@@ -328,14 +386,14 @@ class _Searcher:
             main = loader
             while main.loader is not None:
                 main = main.loader
-            hit = try_dirs(self.path_list(llp, main.origin, ":;"), "LD_LIBRARY_PATH")
-            if hit:
-                return hit[0], hit[1], hit[2], skipped, searched, hit[3]
+            found = try_dirs(self.path_list(llp, main.origin, ":;"), "LD_LIBRARY_PATH")
+            if found:
+                return found
 
-        if info_runpath is not None:
-            hit = try_dirs(self.path_list(info_runpath, loader.origin), "runpath")
-            if hit:
-                return hit[0], hit[1], hit[2], skipped, searched, hit[3]
+        if runpath is not None:
+            found = try_dirs(self.path_list(runpath, loader.origin), "runpath")
+            if found:
+                return found
 
         nodeflib = loader.info.nodeflib
         if self.node.root_is_native:
@@ -343,20 +401,18 @@ class _Searcher:
         else:
             cached = self.cache.lookup(name, None)
         if cached is not None and nodeflib:
-            if any(cached.startswith(d + "/") for d in self._system_dirs):
+            # glibc compares the entry with each system dir *with* its
+            # trailing slash, so /usr/lib/ also drops /usr/lib/foo/libx.so.
+            if any(cached.startswith(d.rstrip("/") + "/") for d in self._system_dirs):
                 cached = None
         if cached is not None:
-            searched.append(cached)
             if not self.node.root_is_native:
+                searched.append(cached)
                 return "found", cached, None, skipped, searched, "ld.so.cache (by name)"
-            status, info, reason = self.verify(cached)
-            if status == "ok":
-                return "found", cached, info, skipped, searched, "ld.so.cache"
-            if status == "fatal":
-                return "fatal", cached, info, skipped, searched, reason
-            if status == "skip":
-                assert info is not None
-                skipped.append(Candidate(cached, reason, info.machine_name))
+            hit = attempt(cached)
+            if hit is not None:
+                outcome, info, reason = hit
+                return outcome, cached, info, skipped, searched, reason or "ld.so.cache"
 
         if not nodeflib:
             if not self.node.root_is_native:
@@ -366,9 +422,9 @@ class _Searcher:
                     if os.path.exists(path):
                         return "found", path, None, skipped, searched, "system dir (by name)"
             else:
-                hit = try_dirs(list(self._system_dirs), "system dir")
-                if hit:
-                    return hit[0], hit[1], hit[2], skipped, searched, hit[3]
+                found = try_dirs(list(self._system_dirs), "system dir")
+                if found:
+                    return found
         return "missing", None, None, skipped, searched, ""
 
 
@@ -378,18 +434,33 @@ def _dst_len(text: str, start: int, token: str) -> int:
         return len(token) + 2
     if text.startswith(token, start):
         end = start + len(token)
-        if end == len(text) or not (text[end].isalnum() or text[end] == "_"):
+        if end == len(text) or text[end] not in _IDENT_CHARS:
             return len(token)
     return 0
 
 
+#: glibc's ``is_dst`` ends a token at anything but ASCII ``[A-Za-z0-9_]``.
+_IDENT_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
+
+#: What glibc prints when a candidate is a directory: open(2) works, read(2)
+#: fails with EISDIR, and ld.so has no strerror table, hence "Error 21".
+_EISDIR = "cannot read file data: Error 21"
+
+
+def _encoding_error(node: NodeProfile) -> str:
+    """glibc's wording, which names the loader's own byte order."""
+    order = "little-endian" if node.data == 1 else "big-endian"
+    return f"ELF file data encoding not {order}"
+
+
 def lib_token(node: NodeProfile) -> str:
-    """``$LIB``: Debian-style glibc expands it to ``lib/<triplet>``."""
-    if os.path.isdir(node.in_root(f"/lib/{node.multiarch}")) or os.path.isdir(
-        node.in_root(f"/usr/lib/{node.multiarch}")
-    ):
-        return f"lib/{node.multiarch}"
-    return node.lib
+    """``$LIB``: compiled into ld.so from the same ``slibdir`` as its system
+    directories, so it follows them: ``lib/<triplet>`` for Debian-style glibc
+    (also the cross glibc in /usr/aarch64-linux-gnu, whose files sit in a
+    plain ``lib/``: qemu shows ``lib/aarch64-linux-gnu``), ``lib64`` for Red
+    Hat-style."""
+    first = system_dirs(node)[0]
+    return first.lstrip("/") if first.startswith("/lib/") else node.lib
 
 
 def system_dirs(node: NodeProfile) -> tuple[str, ...]:
@@ -420,6 +491,83 @@ def _host_machine() -> str:
     return host_machine()
 
 
+@functools.lru_cache(maxsize=1)
+def _host_cpu() -> tuple[str, frozenset[str]]:
+    """(vendor, feature flags) of this host's first CPU, from /proc/cpuinfo
+    (``flags`` on x86, ``Features`` on Arm); read once per process."""
+    vendor, flags = "", frozenset()
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "vendor_id" and not vendor:
+                    vendor = value.strip()
+                elif key in ("flags", "Features"):
+                    flags = frozenset(value.split())
+                    break
+    except OSError:
+        pass
+    return vendor, flags
+
+
+def _cpu_of(node: NodeProfile) -> tuple[str, frozenset[str]] | None:
+    """The node's CPU when it is this host's; None for a simulated node or an
+    image (then the callers assume a current CPU of the node's architecture)."""
+    if node.root not in ("", "/") or node.machine != _host_machine():
+        return None
+    return _host_cpu()
+
+
+def loader_platform(node: NodeProfile) -> str:
+    """What ``$PLATFORM`` expands to (glibc's ``dl_platform``).
+
+    The kernel's AT_PLATFORM, except that glibc on Intel x86_64 replaces it
+    with ``haswell`` (AVX2, FMA, BMI1/2, LZCNT, MOVBE, POPCNT) or ``xeon_phi``
+    (AVX512ER/PF) in ``init_cpu_features``: seen here, where ld.so --help
+    lists ``haswell (AT_PLATFORM)``.
+    """
+    cpu = _cpu_of(node)
+    if node.machine != "x86_64" or cpu is None or cpu[0] != "GenuineIntel":
+        return node.platform
+    flags = cpu[1]
+    if {"avx512cd", "avx512er", "avx512pf"} <= flags:
+        return "xeon_phi"
+    if {"avx2", "fma", "bmi1", "bmi2", "abm", "movbe", "popcnt"} <= flags:
+        return "haswell"
+    return node.platform
+
+
+def legacy_hwcap_subdirs(node: NodeProfile) -> tuple[str, ...]:
+    """Legacy hwcap subdirectories (glibc < 2.37) in the order glibc tries them.
+
+    glibc 2.36 still tries, in *every* search directory, all combinations of
+    ``tls``, the platform and the hwcap names it deems important, most
+    specific first (``tls/haswell/avx512_1/x86_64`` ... ``x86_64``); glibc
+    2.37 removed them. Checked against ``LD_DEBUG=libs`` on x86_64 and under
+    qemu-aarch64 (``tls``, ``aarch64``, ``atomics``). The empty combination
+    (the directory itself) is not included.
+    """
+    if node.glibc is None or node.glibc >= (2, 37):
+        return ()
+    cpu = _cpu_of(node)
+    names = ["tls", loader_platform(node)]
+    if node.machine == "x86_64":
+        # HWCAP_X86_AVX512_1 (bit 2) before HWCAP_X86_64 (bit 1): highest first.
+        if cpu is not None and cpu[0] == "GenuineIntel" and (
+                {"avx512cd", "avx512bw", "avx512dq", "avx512vl"} <= cpu[1]
+                and "avx512er" not in cpu[1]):
+            names.append("avx512_1")
+        names.append("x86_64")
+    elif node.machine == "aarch64" and (cpu is None or "atomics" in cpu[1]):
+        names.append("atomics")
+    count = len(names)
+    out = []
+    for mask in range((1 << count) - 1, 0, -1):
+        out.append("/".join(names[i] for i in range(count) if mask >> (count - 1 - i) & 1))
+    return tuple(out)
+
+
 def supported_hwcaps(node: NodeProfile) -> tuple[str, ...]:
     """glibc-hwcaps subdirectories the node's loader searches, best first.
 
@@ -428,18 +576,10 @@ def supported_hwcaps(node: NodeProfile) -> tuple[str, ...]:
     """
     if node.machine != "x86_64":
         return ()
-    if not node.root_is_native or node.root not in ("", "/"):
+    cpu = _cpu_of(node)
+    if cpu is None:
         return tuple(name for name, _ in _X86_64_HWCAPS)
-    try:
-        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as fh:
-            for line in fh:
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    break
-            else:
-                flags = set()
-    except OSError:
-        flags = set()
+    flags = cpu[1]
     out = []
     for name, needs in reversed(_X86_64_HWCAPS):
         if not all(f in flags for f in needs):
@@ -498,7 +638,7 @@ def resolve(
         interp = next((p for p in CANONICAL_INTERP.get(node.machine, ())
                        if os.path.exists(searcher.to_host(p))), None)
     if interp:
-        status, info, reason = searcher.verify(interp)
+        status, info, reason, _machine = searcher.verify(interp)
         if status == "ok" and info is not None:
             rtld = _Map(interp, interp, info, None, os.path.dirname(interp),
                         _file_id(searcher.to_host(interp)))
@@ -508,14 +648,21 @@ def resolve(
         elif status == "fatal" or status == "skip":
             fatal.append(Fatal(interp, interp, exe_path, reason or "cannot run the interpreter"))
         else:
-            missing.append(Missing(interp, exe_path, (), (interp,)))
+            missing.append(Missing(interp, exe_path, (), (interp,), kind="interp"))
 
     queue: deque[_Map] = deque([main])
     while queue:
         loader = queue.popleft()
         if budget is not None:
             budget.tick()
-        for name in loader.info.needed:
+        for needed in loader.info.needed:
+            # dl-deps.c expands $ORIGIN/$LIB/$PLATFORM in DT_NEEDED first; the
+            # expanded text is what is matched, searched and printed.
+            name = searcher.expand(needed, loader.origin) if "$" in needed else needed
+            if not name:
+                fatal.append(Fatal(needed, needed, loader.path,
+                                   "empty dynamic string token substitution"))
+                continue
             known = _find_loaded(maps, name)
             if known is not None:
                 edges.append((loader.path, known.path))

@@ -317,9 +317,11 @@ def _tree(root: str, libraries: list[dict[str, Any]]) -> list[str]:
                     lines.append(f"{pad}    searched: "
                                  + ", ".join(escape(str(s)) for s in searched))
             else:
-                via = lib["found_via"]
-                extra = "" if lib.get("judged", True) else \
-                    ", present on the node by name: not judged from this host"
+                via = str(lib["found_via"])
+                extra = ""
+                if not lib.get("judged", True):
+                    via = via.replace(" (by name)", "")
+                    extra = ", by name: this host's copy stands for the node's, not judged"
                 problems = lib.get("issues") or []
                 if problems:
                     extra += "; " + ", ".join(str(p) for p in problems)

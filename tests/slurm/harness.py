@@ -165,13 +165,14 @@ def prepare(root: Path) -> SlurmEnv:
         cfg.chmod(0o644)
     # What an admin does after editing the config (so steps, which run as the
     # user and cannot write next to it, take the fast compiled path).
+    # The installed launcher, with an empty environment: it must need none.
     for name in ("base", "grace64k"):
-        subprocess.run(
-            ["/usr/bin/python3", "-I", "-c",
-             "import sys; sys.path.insert(0, sys.argv[1]); "
-             "from grace_policy.policy import compile_config; compile_config(sys.argv[2])",
-             str(prefix / "lib" / "grace-policy" / "python"), str(configs[name])],
-            check=True, capture_output=True, text=True)
+        done = subprocess.run([str(prefix / "bin" / "grace-policy"), "config", "check",
+                               "--compile", str(configs[name])],
+                              env={}, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise SetupError(f"grace-policy config check --compile {configs[name]}: "
+                             f"{done.stdout}{done.stderr}")
 
     cluster = Cluster(root / "cluster")
     cluster.start()

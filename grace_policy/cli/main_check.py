@@ -86,22 +86,23 @@ def execute(args: argparse.Namespace, rest: list[str] | None) -> int:
     note_unknown_partition(args, policy)
     verdict = decide(policy, partition=args.partition, argv=command, env=env, cwd=cwd,
                      node=node)
-    if verdict.error and verdict.error.startswith("internal error"):
-        # decide() turned a crash into the site's on_error action, which is right
-        # for slurmstepd; a person asking wants to know the check did not run.
-        from ..messages import escape
-
-        err(escape(verdict.error))
-        err(f"(the plugin would {verdict.action} this step: on_error={policy.on_error})")
-        return EX_SOFTWARE
+    crashed = bool(verdict.error and verdict.error.startswith("internal error"))
     if args.json:
         out = verdict.to_json()
         out["node"] = node_json(node)
         out["command"] = command
         print(json.dumps(out, indent=2))
-    else:
+    elif not crashed:
         for line in _human(verdict, policy, node, command):
             print(line)
+    if crashed:
+        # decide() turned a crash into the site's on_error action, which is right
+        # for slurmstepd; a person asking wants to know the check did not run.
+        from ..messages import escape
+
+        err(escape(str(verdict.error)))
+        err(f"(the plugin would {verdict.action} this step: on_error={policy.on_error})")
+        return EX_SOFTWARE
     return EXIT_FOR_ACTION.get(verdict.action, EX_SOFTWARE)
 
 

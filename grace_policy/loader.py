@@ -637,18 +637,32 @@ def resolve(
         # library listed on its own, or dlopened): its soname is taken.
         interp = next((p for p in CANONICAL_INTERP.get(node.machine, ())
                        if os.path.exists(searcher.to_host(p))), None)
+    rtld_loaded = False
     if interp:
         status, info, reason, _machine = searcher.verify(interp)
         if status == "ok" and info is not None:
             rtld = _Map(interp, interp, info, None, os.path.dirname(interp),
                         _file_id(searcher.to_host(interp)))
             maps.append(rtld)
+            rtld_loaded = True
         elif not node.root_is_native and interp in CANONICAL_INTERP.get(node.machine, ()):
             pass  # the node's own loader; this host cannot hold it
         elif status == "fatal" or status == "skip":
             fatal.append(Fatal(interp, interp, exe_path, reason or "cannot run the interpreter"))
         else:
             missing.append(Missing(interp, exe_path, (), (interp,), kind="interp"))
+    if not rtld_loaded and exe_info.needed:
+        # Whatever loader ends up running the object (``ld.so FILE``, or the
+        # one a fixed PT_INTERP would name) answers to its soname, so
+        # libc's DT_NEEDED on it is never searched.
+        for path in CANONICAL_INTERP.get(node.machine, ()):
+            status, info, _reason, _machine = searcher.verify(path)
+            if status == "ok" and info is not None:
+                rtld = _Map(path, path, info, None, os.path.dirname(path),
+                            _file_id(searcher.to_host(path)))
+                rtld.names.discard(path)
+                maps.append(rtld)
+                break
 
     queue: deque[_Map] = deque([main])
     while queue:

@@ -4,8 +4,19 @@ slurmstepd (``_build_path`` in ``src/slurmd/slurmstepd/task.c``) resolves
 argv[0] after ``task_init``: a leading ``/`` is absolute, a leading ``.`` is
 relative to the cwd, anything else is searched in the job's PATH with
 ``stat()`` and "not a directory" (no exec-bit test, empty PATH elements are
-skipped by ``strtok``); a name not found is passed to execve as it is. The
-kernel then follows ``#!`` lines, here at most :data:`MAX_DEPTH` deep.
+skipped by ``strtok``). Every candidate is built in a ``PATH_MAX`` buffer
+(``strlcpy``/``snprintf``), so longer names are cut, not refused. A name not
+found is passed to execve as it is, and execve resolves any relative path —
+with or without a ``/`` — against the cwd.
+
+The kernel then follows ``#!`` lines (``fs/binfmt_script.c``): it reads 256
+bytes, splits on spaces and tabs only (a ``\\r`` stays in the name), refuses
+an interpreter name cut off by the buffer, and gives up with ELOOP after
+:data:`MAX_DEPTH` scripts. ``/usr/bin/env`` is a separate execve that
+searches PATH like ``execvp``.
+
+Every loop here runs over user-sized input (PATH, ``#!`` chains), so each
+step looks at the check's :class:`~grace_policy.budget.Budget`.
 """
 
 from __future__ import annotations
@@ -17,9 +28,23 @@ from dataclasses import dataclass
 
 from .elf import open_regular
 
-MAX_DEPTH = 4
-#: The kernel reads this much of a script to find its interpreter line.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .budget import Budget
+
+#: ``#!`` scripts the kernel follows in one execve. Measured on Linux 6.x:
+#: five nested scripts ending in an ELF run, a sixth fails with ELOOP
+#: (``exec_binprm``: ``if (depth > 5) return -ELOOP``).
+MAX_DEPTH = 5
+#: The kernel reads this much of a script to find its interpreter line
+#: (BINPRM_BUF_SIZE).
 SHEBANG_BYTES = 256
+#: slurmstepd's path buffer; names are cut to PATH_MAX - 1 bytes.
+PATH_MAX = 4096
+#: glibc's execvp search path when PATH is unset (``_CS_PATH``).
+EXECVP_DEFAULT_PATH = "/bin:/usr/bin"
+#: More hops than any real chain has: a backstop, the budget stops earlier.
+_MAX_HOPS = 64
 
 
 @dataclass(frozen=True)
@@ -28,7 +53,7 @@ class Hop:
 
     path: str
     #: "elf", "script", "missing", "unreadable", "format", "not-executable",
-    #: "loop" (too many #! levels)
+    #: "loop" (too many #! levels, or a cycle)
     kind: str
     #: For scripts: the interpreter path and optional argument from ``#!``.
     interp: str | None = None
@@ -36,129 +61,273 @@ class Hop:
     detail: str = ""
 
 
-def build_path(name: str, env: Mapping[str, str], cwd: str) -> str | None:
-    """slurmstepd's ``_build_path``; None when nothing in PATH matched."""
+def c_string(text: str) -> str:
+    """``text`` as C sees it: cut at the first NUL, and encodable.
+
+    Values reach us from C decoded with surrogateescape, so they never hold
+    a NUL or a lone surrogate; other callers (tests, the CLI) might, and
+    ``os.stat`` would raise ValueError on them. A lone surrogate becomes the
+    escaped form of its bytes, so it still names no real file.
+    """
+    if "\0" in text:
+        text = text.split("\0", 1)[0]
+    try:
+        os.fsencode(text)
+    except UnicodeError:
+        text = text.encode("utf-8", "surrogatepass").decode("utf-8", "surrogateescape")
+    return text
+
+
+def _c_cut(text: str, limit: int = PATH_MAX - 1) -> str:
+    """What fits in slurmstepd's PATH_MAX buffer (it truncates silently)."""
+    raw = os.fsencode(text)
+    if len(raw) <= limit:
+        return text
+    return os.fsdecode(raw[:limit])
+
+
+def build_path(name: str, env: Mapping[str, str], cwd: str,
+               budget: Budget | None = None) -> str | None:
+    """The file slurmstepd's ``_build_path`` + execve will run, as a path on
+    this host (relative results joined to ``cwd``); None only for an empty
+    name. The file need not exist: a name not found in PATH is what execve
+    gets, relative to the cwd."""
     if not name:
         return None
     if name.startswith("/"):
-        return name
+        return _c_cut(name)
     if name.startswith("."):
-        return os.path.join(cwd, name)
+        return _c_cut(os.path.join(cwd, name))
     path_env = env.get("PATH")
-    if path_env is None:
-        return _relative(name, cwd)
-    for directory in path_env.split(":"):
-        if not directory:
-            continue
-        candidate = f"{directory}/{name}"
-        host = candidate if candidate.startswith("/") else os.path.join(cwd, candidate)
-        try:
-            st = os.stat(host)
-        except (OSError, ValueError):
-            continue
-        if not stat.S_ISDIR(st.st_mode):
-            return host
-    return _relative(name, cwd)
+    if path_env:
+        for directory in path_env.split(":"):
+            if budget is not None:
+                budget.tick()
+            if not directory:
+                continue
+            candidate = _c_cut(f"{directory}/{name}")
+            host = candidate if candidate.startswith("/") else os.path.join(cwd, candidate)
+            try:
+                st = os.stat(host)
+            except (OSError, ValueError):
+                continue
+            if not stat.S_ISDIR(st.st_mode):
+                return host
+    # Not found: execve gets the (cut) name and resolves it against the cwd,
+    # also when it has no "/" at all.
+    return os.path.join(cwd, _c_cut(name))
 
 
-def _relative(name: str, cwd: str) -> str | None:
-    """Not found in PATH: execve gets the bare name, which only works with a /."""
-    if "/" in name:
-        return os.path.join(cwd, name)
-    return None
-
-
-def which(name: str, env: Mapping[str, str], cwd: str) -> str | None:
-    """``execvp`` semantics for ``/usr/bin/env NAME``: needs the exec bit."""
+def which(name: str, path: str | None, cwd: str, budget: Budget | None = None) -> str | None:
+    """``execvp`` as ``/usr/bin/env`` uses it: a name with ``/`` as is, else
+    the first PATH entry holding an executable regular file (entries that
+    fail with EACCES are passed over); empty entries mean the cwd."""
+    if not name:
+        return None
     if "/" in name:
         return name if name.startswith("/") else os.path.join(cwd, name)
-    for directory in env.get("PATH", "/usr/local/bin:/usr/bin:/bin").split(":"):
+    for directory in (EXECVP_DEFAULT_PATH if path is None else path).split(":"):
+        if budget is not None:
+            budget.tick()
         candidate = os.path.join(directory or cwd, name)
         if not candidate.startswith("/"):
             candidate = os.path.join(cwd, candidate)
-        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-            return candidate
+        try:
+            if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+                return candidate
+        except ValueError:
+            continue
+    return None
+
+
+def _spacetab(byte: int) -> bool:
+    return byte in (0x20, 0x09)
+
+
+def _next_non_spacetab(buf: bytes, start: int, end: int) -> int | None:
+    for i in range(start, end):
+        if not _spacetab(buf[i]):
+            return i
+    return None
+
+
+def _next_terminator(buf: bytes, start: int, end: int) -> int | None:
+    for i in range(start, end):
+        if _spacetab(buf[i]) or buf[i] == 0:
+            return i
     return None
 
 
 def parse_shebang(head: bytes) -> tuple[str, str | None] | None:
-    """Interpreter and optional argument, split like ``binfmt_script``."""
+    """Interpreter and optional argument, exactly as ``load_script`` splits
+    them; None when the kernel would refuse the line (ENOEXEC).
+
+    Only spaces and tabs separate (a CRLF script asks for ``/bin/sh\\r``);
+    a NUL ends the name; the argument is the rest of the line, one word;
+    with no newline in the first 256 bytes the interpreter name must end
+    before the buffer does, else it would be cut and the kernel refuses.
+    """
     if not head.startswith(b"#!"):
         return None
-    line = head[2:SHEBANG_BYTES].split(b"\n", 1)[0]
-    line = line.strip(b" \t")
-    if not line:
+    buf = head[:SHEBANG_BYTES].ljust(SHEBANG_BYTES, b"\0")
+    buf_end = SHEBANG_BYTES - 1
+    i_end = buf.find(b"\n")
+    if i_end < 0:
+        start = _next_non_spacetab(buf, 2, buf_end)
+        if start is None or _next_terminator(buf, start, buf_end) is None:
+            return None
+        i_end = buf_end
+    while i_end > 2 and _spacetab(buf[i_end - 1]):
+        i_end -= 1
+    i_name = _next_non_spacetab(buf, 2, i_end)
+    if i_name is None:
         return None
-    parts = line.split(None, 1)
-    interp = parts[0].decode("utf-8", "surrogateescape")
-    arg = parts[1].strip(b" \t").decode("utf-8", "surrogateescape") if len(parts) > 1 else None
-    return interp, arg or None
+    i_sep = _next_terminator(buf, i_name, i_end)
+    name = buf[i_name:i_sep if i_sep is not None else i_end]
+    arg: bytes | None = None
+    if i_sep is not None and buf[i_sep] != 0:
+        i_arg = _next_non_spacetab(buf, i_sep, i_end)
+        if i_arg is not None:
+            arg = buf[i_arg:i_end].split(b"\0", 1)[0]
+    interp = name.decode("utf-8", "surrogateescape")
+    return interp, (arg.decode("utf-8", "surrogateescape") if arg is not None else None)
+
+
+def _split_string(text: str, env: Mapping[str, str]) -> list[str]:
+    """``env -S``: split like coreutils (quotes, backslashes, ``#`` comments,
+    ``${VAR}``); on a syntax error env fails, here: plain whitespace split."""
+    import re
+    import shlex
+
+    text = re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", lambda m: env.get(m.group(1), ""), text)
+    try:
+        return shlex.split(text, comments=True)
+    except ValueError:
+        return text.split()
+
+
+def env_command(arg: str | None, script: str, env: Mapping[str, str]
+                ) -> tuple[str | None, str | None]:
+    """What ``/usr/bin/env`` started from ``#!/usr/bin/env [ARG]`` runs.
+
+    The kernel passes ``ARG`` as one word and the script's path after it, so
+    ``#!/usr/bin/env VAR=1 prog`` sets ``VAR`` to ``"1 prog"`` and runs the
+    script itself again (only ``-S`` splits). Returns ``(command, PATH)``:
+    the command word (None: env would only print the environment) and the
+    PATH its execvp searches (None when unset by ``-i``/``-u PATH``).
+    """
+    args = ([arg] if arg is not None else []) + [script]
+    path = env.get("PATH")
+    i = 0
+    while i < len(args):
+        word = args[i]
+        if word == "--":
+            i += 1
+            break
+        if word == "-":
+            path = None
+            i += 1
+            continue
+        if word.startswith("--"):
+            name, eq, value = word[2:].partition("=")
+            takes = name in ("unset", "chdir", "split-string")
+            if takes and not eq:
+                value = args[i + 1] if i + 1 < len(args) else ""
+                i += 1
+            i += 1
+            if name == "ignore-environment":
+                path = None
+            elif name == "unset" and value == "PATH":
+                path = None
+            elif name == "split-string":
+                args[i:i] = _split_string(value, env)
+            continue
+        if word.startswith("-") and len(word) > 1:
+            inserted: list[str] = []
+            j = 1
+            step = 1
+            while j < len(word):
+                flag = word[j]
+                if flag in "CSu":
+                    value = word[j + 1:]
+                    if not value:
+                        value = args[i + 1] if i + 1 < len(args) else ""
+                        step = 2
+                    if flag == "u" and value == "PATH":
+                        path = None
+                    elif flag == "S":
+                        inserted = _split_string(value, env)
+                    break
+                if flag == "i":
+                    path = None
+                j += 1
+            i += step
+            args[i:i] = inserted
+            continue
+        break
+    while i < len(args) and "=" in args[i]:
+        key, _, value = args[i].partition("=")
+        if key == "PATH":
+            path = value
+        i += 1
+    return (args[i] if i < len(args) else None), path
 
 
 def env_target(arg: str | None, rest: list[str]) -> str | None:
-    """The command ``/usr/bin/env`` would run, from its ``#!`` argument (which
-    the kernel passes as one word) or, without one, the script's own argv."""
-    words: list[str] = []
-    if arg is not None:
-        words = arg.split() if arg.startswith("-S") or " " in arg else [arg]
-    words += rest
-    i = 0
-    while i < len(words):
-        word = words[i]
-        if word in ("-S", "--split-string"):
-            i += 1
-            continue
-        if word.startswith("-S") and len(word) > 2:
-            words[i:i + 1] = word[2:].split()
-            continue
-        if word in ("-u", "--unset", "-C", "--chdir"):
-            i += 2
-            continue
-        if word.startswith("-") or ("=" in word and not word.startswith("/")):
-            i += 1
-            continue
-        return word
-    return None
+    """The command word alone (kept for callers that know no script path)."""
+    command, _ = env_command(arg, rest[0] if rest else "", {})
+    return command or None
 
 
-def follow(path: str, env: Mapping[str, str], cwd: str) -> list[Hop]:
-    """The chain of files execve opens for ``path``: scripts, then the ELF."""
+def follow(path: str, env: Mapping[str, str], cwd: str,
+           budget: Budget | None = None) -> list[Hop]:
+    """The chain of files execve opens for ``path``: scripts, then the ELF
+    (or the hop that ends it: missing, unreadable, format, loop)."""
     hops: list[Hop] = []
     seen: set[str] = set()
     current = path
-    for _ in range(MAX_DEPTH + 1):
-        hop = _classify(current)
+    depth = 0
+    while len(hops) < _MAX_HOPS:
+        if budget is not None:
+            budget.tick()
+        hop = _classify(current, budget)
+        hops.append(hop)
         if hop.kind != "script":
-            hops.append(hop)
             return hops
-        assert hop.interp is not None
-        target = hop.interp
-        if os.path.basename(target) == "env":
-            named = env_target(hop.interp_arg, [])
-            if named is not None:
-                found = which(named, env, cwd)
-                hops.append(hop)
-                if found is None:
-                    hops.append(Hop(named, "missing", detail="not found in PATH by env"))
-                    return hops
-                # env itself must run; we judge the program it starts.
-                target = found
-            else:
-                hops.append(hop)
-        else:
-            hops.append(hop)
-        if not target.startswith("/"):
-            target = os.path.join(cwd, target)
-        if target in seen:
-            hops.append(Hop(target, "loop", detail="#! interpreters form a loop"))
+        if current in seen:
+            hops.append(Hop(current, "loop", detail="#! interpreters form a loop"))
             return hops
         seen.add(current)
+        depth += 1
+        target = hop.interp or ""
+        if not target:
+            hops.append(Hop("", "missing", detail="empty interpreter name"))
+            return hops
+        if not target.startswith("/"):
+            target = os.path.join(cwd, target)
+        if os.path.basename(target) == "env":
+            command, lookup_path = env_command(hop.interp_arg, current, env)
+            if command is not None:
+                found = which(command, lookup_path, cwd, budget)
+                if found is None:
+                    hops.append(Hop(command, "missing", detail="not found in PATH by env"))
+                    return hops
+                # env itself must run; we judge the program it starts, which
+                # env starts with an execve of its own: the #! count restarts.
+                target = found
+                depth = 0
+        if depth > MAX_DEPTH:
+            hops.append(Hop(target, "loop",
+                            detail=f"more than {MAX_DEPTH} levels of #! interpreters"))
+            return hops
         current = target
-    hops.append(Hop(current, "loop", detail=f"more than {MAX_DEPTH} levels of #! interpreters"))
+    hops.append(Hop(current, "loop", detail="#! chain too long"))
     return hops
 
 
-def _classify(path: str) -> Hop:
+def _classify(path: str, budget: Budget | None = None) -> Hop:
+    if budget is not None:
+        budget.take_file()
     try:
         fd, st = open_regular(path)
     except FileNotFoundError:
@@ -171,15 +340,17 @@ def _classify(path: str) -> Hop:
         if exc.errno is not None and os.path.isdir(path):
             return Hop(path, "unreadable", detail="Is a directory")
         return Hop(path, "unreadable", detail=exc.strerror or "cannot open")
-    except Exception:  # ElfError: FIFO, device, directory...
+    except Exception:  # ElfError: FIFO, device, directory; ValueError: NUL in path
         return Hop(path, "unreadable", detail="not a regular file")
     try:
+        if budget is not None:
+            budget.spend_bytes(SHEBANG_BYTES)
         head = os.pread(fd, SHEBANG_BYTES, 0)
     except OSError as exc:
         return Hop(path, "unreadable", detail=exc.strerror or "cannot read")
     finally:
         os.close(fd)
-    if not os.access(path, os.X_OK) or not st.st_mode & 0o111:
+    if not st.st_mode & 0o111 or not os.access(path, os.X_OK):
         return Hop(path, "not-executable", detail="Permission denied")
     if head.startswith(b"\x7fELF"):
         return Hop(path, "elf")
@@ -187,5 +358,7 @@ def _classify(path: str) -> Hop:
     if shebang is not None:
         return Hop(path, "script", interp=shebang[0], interp_arg=shebang[1])
     if head.startswith(b"#!"):
-        return Hop(path, "format", detail="#! line names no interpreter")
+        return Hop(path, "format",
+                   detail="#! line names no interpreter the kernel accepts "
+                          "(none, or cut off at 255 bytes)")
     return Hop(path, "format", detail="neither an ELF file nor a #! script")

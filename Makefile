@@ -33,5 +33,10 @@ fuzz:
 clean:
 	rm -rf $(BUILD) .pytest_cache .coverage
 
+# Step-launch overhead with and without the plugin (issue 4): prints the table
+# and writes docs/PERFORMANCE.md. Starts the tests' local Slurm when it can.
+bench: plugin
+	$(PLUGIN_PYTHON) -m bench
+
 # plugin, install, demo: the SPANK plugin (owned with spank/ and tests/slurm/).
 include packaging/plugin.mk

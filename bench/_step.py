@@ -1,0 +1,25 @@
+"""One clean step's Python side in a fresh interpreter, as slurmstepd runs it.
+
+Run as ``/usr/bin/python3 -I -S bench/_step.py PKGDIR CONFIG ARGV...``: the
+same isolated, site-less start as the plugin (spank/grace_python.c), the
+same imports (``_cffi_backend``, then the bridge), then
+``slurm_bridge.run_step`` on the given argv with this process's PATH. The
+bench times this process against ``-c pass`` to get the Python-side cost of a
+step without Slurm's noise. Kept free of imports of its own for that reason.
+"""
+
+import sys
+
+sys.path[:0] = sys.argv[1].split(":")
+import _cffi_backend  # noqa: E402,F401  (the plugin imports it before anything)
+
+from grace_policy import slurm_bridge  # noqa: E402
+
+_env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/nonexistent"}
+_out = slurm_bridge.run_step(slurm_bridge.StepInput(
+    config=sys.argv[2], on_error="allow", partition="enforce", cwd="/", user_mode=None,
+    node="bench", argv=tuple(sys.argv[3:]), env=_env, job_id=1, step_id=0, uid=0,
+    batch=False))
+if _out.action != "allow" or _out.user or _out.log:
+    print(f"not a clean step: {_out}", file=sys.stderr)
+    sys.exit(1)

@@ -1,0 +1,158 @@
+"""The policy core alone, in-process and in fresh isolated interpreters.
+
+Figures: ELF files/s of :func:`grace_policy.elf.read_elf` over the system
+library directory; a full check of the 500-file tree and of the 100-library
+executable (medians of repeated ``check_step`` calls, and the first call of
+a process, which parses ld.so.cache too); the wall time of a clean step's
+Python side in a fresh ``-I -S`` interpreter next to ``-c pass``; and the
+profiles (``-X importtime``, cProfile of one ``decide``).
+"""
+
+from __future__ import annotations
+
+import cProfile
+import io
+import os
+import pstats
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+STEP_SCRIPT = Path(__file__).resolve().parent / "_step.py"
+PY = "/usr/bin/python3"
+
+
+def elf_files(directory: str) -> list[str]:
+    """Regular files starting with the ELF magic (symlinks skipped: each file once)."""
+    out = []
+    for entry in os.scandir(directory):
+        if entry.is_symlink() or not entry.is_file():
+            continue
+        try:
+            with open(entry.path, "rb") as f:
+                if f.read(4) == b"\x7fELF":
+                    out.append(entry.path)
+        except OSError:
+            pass
+    return sorted(out)
+
+
+def read_elf_rate(files: list[str], rounds: int = 5) -> tuple[float, int]:
+    """Median files/s over ``rounds`` passes (page cache warm after the first
+    pass, which is what a node running many steps sees), and the error count."""
+    from grace_policy.elf import ElfError, read_elf
+
+    rates, errors = [], 0
+    for _ in range(rounds):
+        errors = 0
+        t0 = time.perf_counter()
+        for path in files:
+            try:
+                read_elf(path)
+            except (ElfError, OSError):
+                errors += 1
+        rates.append(len(files) / (time.perf_counter() - t0))
+    return statistics.median(rates), errors
+
+
+def _check(exe: str) -> object:
+    from grace_policy.budget import Budget
+    from grace_policy.check import check_step
+    from grace_policy.node import detect
+
+    env = {"PATH": "/usr/bin:/bin"}
+    budget = Budget(deadline_ms=60_000, max_files=100_000, max_bytes=1 << 34)
+    return check_step([exe], env, "/", detect(), budget=budget)
+
+
+def check_times(exe: str, runs: int = 15) -> tuple[float, float, int]:
+    """(first call in a fresh interpreter ms (imports done before the clock
+    starts: they are the importtime figure's), median of ``runs`` in-process ms,
+    objects in the tree)."""
+    exe = os.path.abspath(exe)
+    code = ("import sys, time; sys.path.insert(0, sys.argv[1]);"
+            "from bench.core import _check; import grace_policy.check, grace_policy.node;"
+            "t0 = time.perf_counter(); r = _check(sys.argv[2]);"
+            "print((time.perf_counter() - t0) * 1000, len(r.tree.objects), len(r.issues))")
+    res = subprocess.run([PY, "-I", "-S", "-c", code, str(REPO), exe], check=True,
+                         capture_output=True, text=True)
+    first, _n, issues = res.stdout.split()
+    if int(issues):
+        raise RuntimeError(f"{exe}: the bench fixture is not clean ({issues} issues)")
+    times, report = [], None
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        report = _check(exe)
+        times.append((time.perf_counter() - t0) * 1000)
+    return float(first), statistics.median(times), len(report.tree.objects)  # type: ignore[union-attr]
+
+
+def fresh_step_ms(pkgdir: str, config: str, argv: list[str], runs: int = 21
+                  ) -> tuple[float, float]:
+    """Median wall ms of a fresh isolated interpreter running one clean step's
+    Python side, and of ``-I -S -c pass``, alternated."""
+    step_cmd = [PY, "-I", "-S", str(STEP_SCRIPT), pkgdir, config, *argv]
+    bare_cmd = [PY, "-I", "-S", "-c", "pass"]
+    subprocess.run(step_cmd, check=True)  # warm the page cache; fail loudly if not clean
+    with_t, bare_t = [], []
+    for _ in range(runs):
+        for cmd, into in ((step_cmd, with_t), (bare_cmd, bare_t)):
+            t0 = time.perf_counter()
+            subprocess.run(cmd, check=True)
+            into.append((time.perf_counter() - t0) * 1000)
+    return statistics.median(with_t), statistics.median(bare_t)
+
+
+def importtime(pkgdir: str, config: str, argv: list[str], top: int = 25) -> str:
+    """``-X importtime`` of a clean step in the isolated config: the modules
+    the bare interpreter does not already have, by cumulative time."""
+    bare = subprocess.run([PY, "-I", "-S", "-c", "import sys; print(' '.join(sys.modules))"],
+                          check=True, capture_output=True, text=True).stdout.split()
+    res = subprocess.run([PY, "-I", "-S", "-X", "importtime", str(STEP_SCRIPT), pkgdir, config,
+                          *argv], check=True, capture_output=True, text=True)
+    rows = []
+    for line in res.stderr.splitlines():
+        if not line.startswith("import time:") or "cumulative" in line:
+            continue
+        self_us, cum_us, name = line[len("import time:"):].split("|")
+        rows.append((int(cum_us), int(self_us), name[1:].rstrip()))
+    depth0 = [r for r in rows if not r[2].startswith(" ")]
+    total = sum(r[0] for r in depth0 if r[2].strip() not in bare)
+    lines = [f"modules imported by a clean step beyond the bare interpreter's "
+             f"{len(bare)}: {sum(1 for r in rows if r[2].strip() not in bare)}, "
+             f"{total / 1000:.1f} ms at top level (one run, `-X importtime`)",
+             f"{'cumulative us':>14} {'self us':>8}  module"]
+    for cum, self_us, name in sorted(rows, reverse=True)[:top]:
+        lines.append(f"{cum:>14} {self_us:>8}  {name}")
+    return "\n".join(lines)
+
+
+def profile_decide(config: str, argv: list[str], top: int = 18) -> str:
+    """cProfile of one clean ``decide`` (the second call of the process: the
+    imports are the importtime figure's business)."""
+    from grace_policy.decide import decide
+    from grace_policy.policy import load_policy
+
+    policy = load_policy(config)
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
+    decide(policy, partition="enforce", argv=argv, env=env, cwd="/")
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.enable()
+    verdict = decide(policy, partition="enforce", argv=argv, env=env, cwd="/")
+    prof.disable()
+    ms = (time.perf_counter() - t0) * 1000
+    out = io.StringIO()
+    stats = pstats.Stats(prof, stream=out)
+    stats.sort_stats("cumulative").print_stats(top)
+    body = "\n".join(line for line in out.getvalue().splitlines()
+                     if line.strip() and not line.startswith(("   Ordered", "         ")))
+    return (f"decide({argv}) -> {verdict.action}, {ms:.2f} ms under cProfile\n"
+            + body.replace(str(REPO) + "/", ""))
+
+
+if __name__ == "__main__":
+    sys.exit("run: make bench")

@@ -1,0 +1,230 @@
+"""``make bench``: every figure of issue 4, with and without the plugin.
+
+Order: machine facts; the fixtures (gcc); the core alone (read_elf files/s,
+the 500-file tree, the 100-library executable); the Python side of a clean
+step in a fresh isolated interpreter and its profiles; then, when this
+machine can run the tests' local Slurm (root, daemons installed), srun with
+and without the plugin, alternating on the same cluster. Prints the table
+and writes it to docs/PERFORMANCE.md; the hand-written notes after the
+``NOTES_MARK`` line of that file are kept.
+
+Medians everywhere; nothing asserts (benchmarks are not tests). Runs per
+figure: ``GRACE_BENCH_RUNS`` (default 30).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from . import core, fixtures
+from . import slurm as sl
+
+REPO = Path(__file__).resolve().parent.parent
+DOC = REPO / "docs" / "PERFORMANCE.md"
+NOTES_MARK = "<!-- notes below are written by hand and kept by `make bench` -->"
+RUNS = int(os.environ.get("GRACE_BENCH_RUNS", "30"))
+
+
+def machine() -> dict[str, str]:
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:  # the package's version: srun --version wants a reachable slurm.conf
+        slurm = subprocess.run(["dpkg-query", "-W", "-f", "${Version}", "slurm-client"],
+                               capture_output=True, text=True, check=False).stdout.strip()
+        slurm = f"slurm-client {slurm}" if slurm else "not installed"
+    except OSError:
+        slurm = "unknown (no dpkg-query)"
+    py = subprocess.run([core.PY, "-c", "import sys; print(sys.version.split()[0])"],
+                        capture_output=True, text=True, check=False).stdout.strip()
+    load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "nproc": str(os.cpu_count()),
+        "cpu": cpu,
+        "kernel": f"{platform.system()} {platform.release()} {platform.machine()}",
+        "python": f"{core.PY} {py} (the embedded one)",
+        "slurm": slurm,
+        "load average at start": load,
+    }
+
+
+def _install(root: Path) -> Path:
+    """Without a cluster: the same ``make install`` the cluster path does."""
+    prefix = root / "prefix"
+    subprocess.run(["make", "-C", str(REPO), "install", f"PREFIX={prefix}"], check=True,
+                   capture_output=True, text=True)
+    return prefix
+
+
+def _config(root: Path, audit: Path) -> Path:
+    from tests.slurm.harness import BASE_CONFIG
+
+    cfg = root / "grace-policy.toml"
+    cfg.write_text(BASE_CONFIG.format(extra="", audit=audit))
+    audit.touch()
+    audit.chmod(0o666)
+    return cfg
+
+
+def _compile(pkgdir: Path, cfg: Path) -> None:
+    subprocess.run([core.PY, "-I", "-c",
+                    "import sys; sys.path.insert(0, sys.argv[1]); "
+                    "from grace_policy.policy import compile_config; compile_config(sys.argv[2])",
+                    str(pkgdir), str(cfg)], check=True, capture_output=True, text=True)
+
+
+def _row(name: str, target: str, without: str, with_: str, added: str, ratio: str,
+         verdict: str) -> str:
+    return f"| {name} | {target} | {without} | {with_} | {added} | {ratio} | {verdict} |"
+
+
+def main() -> int:
+    rows: list[str] = []
+    info = machine()
+    print("machine:", *(f"  {k}: {v}" for k, v in info.items()), sep="\n", flush=True)
+    root = Path(tempfile.mkdtemp(prefix="grace-bench-"))
+    root.chmod(0o755)
+    env = None
+    try:
+        print("building fixtures (gcc) ...", flush=True)
+        built = fixtures.build_all(REPO / "build" / "bench")
+        fix_root = root / "fixtures"
+        for name, exe in built.items():
+            shutil.copytree(exe.parent, fix_root / name, symlinks=True)
+        fix_root.chmod(0o755)
+        exes = {name: fix_root / name / "app" for name in built}
+
+        from tests.slurm.harness import SetupError, prepare, skip_reason
+
+        reason = skip_reason()
+        if reason is None:
+            print("installing the plugin and starting the local Slurm ...", flush=True)
+            try:
+                env = prepare(root / "slurm")
+            except SetupError as exc:
+                print(f"cannot set up the cluster: {exc}", file=sys.stderr)
+                return 1
+            prefix, cfg = env.prefix, env.configs["base"]
+        else:
+            print(f"no cluster: {reason}; core figures only", flush=True)
+            prefix = _install(root)
+            cfg = _config(root, root / "audit.log")
+            _compile(prefix / "lib" / "grace-policy" / "python", cfg)
+        pkgdir = str(prefix / "lib" / "grace-policy" / "python")
+
+        # ---- the core alone ------------------------------------------------
+        files = core.elf_files("/usr/lib/x86_64-linux-gnu")
+        rate, errors = core.read_elf_rate(files)
+        rows.append(_row(f"read_elf, {len(files)} ELF files of /usr/lib/x86_64-linux-gnu "
+                         f"({errors} errors)", "≥ 5,000 files/s", "", f"{rate:,.0f} files/s",
+                         "", "", "holds" if rate >= 5000 else "**misses**"))
+        for name, target in (("tree500", 100.0), ("lib100", None)):
+            first, med, nobj = core.check_times(str(exes[name]), runs=max(5, RUNS // 2))
+            rows.append(_row(
+                f"full check_step, {name} ({nobj} objects): first call of a process / median",
+                f"≤ {target:.0f} ms" if target else "(informational)", "",
+                f"{first:.1f} / {med:.1f} ms", "", "",
+                ("holds" if max(first, med) <= target else "**misses**") if target else ""))
+        print("\n".join(rows), flush=True)
+
+        # ---- a clean step's Python side, fresh interpreter -----------------
+        prof_argv = ["/bin/true"]
+        for argv in (["/bin/true"], ["python3", "-c", "pass"], [str(exes["lib100"])]):
+            step, bare = core.fresh_step_ms(pkgdir, str(cfg), argv, runs=max(11, RUNS // 2))
+            rows.append(_row(f"Python side of a clean step `{' '.join(argv)[-40:]}`, fresh "
+                             "`-I -S` process vs `-c pass` (no Slurm)", "(informational)",
+                             f"{bare:.1f} ms", f"{step:.1f} ms", f"+{step - bare:.1f} ms",
+                             f"{step / bare:.2f}×", ""))
+            print(rows[-1], flush=True)
+        imports = core.importtime(pkgdir, str(cfg), prof_argv)
+        profile = core.profile_decide(str(cfg), prof_argv)
+
+        # ---- the cluster ---------------------------------------------------
+        if env is not None:
+            cases = [
+                ("`srun /bin/true`", ["/bin/true"], (), "ratio ≤ 1.25"),
+                ("`srun python3 -c pass`", ["python3", "-c", "pass"], (), "ratio ≤ 1.25"),
+                ("`srun` first-seen executable, 100 own libraries", [str(exes["lib100"])],
+                 fixtures.tree_files(exes["lib100"]), "≤ 40 ms added"),
+            ]
+            for title, argv, first_seen, target in cases:
+                w, wo, _ = sl.alternate(env, argv, RUNS, first_seen=first_seen)
+                mw, mwo = sl.median(w), sl.median(wo)
+                ok = (mw / mwo <= 1.25) if "ratio" in target else (mw - mwo <= 40)
+                rows.append(_row(f"{title} (median of {RUNS})", target, f"{mwo:.1f} ms",
+                                 f"{mw:.1f} ms", f"+{mw - mwo:.1f} ms", f"{mw / mwo:.2f}×",
+                                 "holds" if ok else "**misses**"))
+                print(rows[-1], flush=True)
+            rw, rwo = sl.peak_rss(env, max(5, RUNS // 3))
+            mw, mwo = sl.median(rw) / 1024, sl.median(rwo) / 1024
+            rows.append(_row("slurmstepd peak RSS (VmHWM seen by the task)", "≤ 16 MiB added",
+                             f"{mwo:.1f} MiB", f"{mw:.1f} MiB", f"+{mw - mwo:.1f} MiB",
+                             f"{mw / mwo:.2f}×", "holds" if mw - mwo <= 16 else "**misses**"))
+            print(rows[-1], flush=True)
+        else:
+            rows.append(_row("srun figures", "", "", "", "", "", f"not run: {reason}"))
+    finally:
+        if env is not None:
+            env.cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+    write_doc(info, rows, imports, profile)
+    print(f"\n{imports}\n\n{profile}\n\nwritten to {DOC.relative_to(REPO)}")
+    return 0
+
+
+def write_doc(info: dict[str, str], rows: list[str], imports: str, profile: str) -> None:
+    notes = ""
+    if DOC.exists():
+        old = DOC.read_text()
+        if NOTES_MARK in old:
+            notes = old.split(NOTES_MARK, 1)[1].lstrip("\n")
+    head = [
+        "# Performance: what the plugin adds to a step launch",
+        "",
+        "Written by `make bench` (bench/run.py); rerun it to refresh the tables. "
+        "Medians; the srun figures alternate runs with and without the plugin line "
+        "in plugstack.conf on the same running one-node cluster (tests/slurm), steps "
+        "as `nobody`, partition `enforce` (enforce mode, audit on). Targets: issue 4.",
+        "",
+        "## Machine",
+        "",
+        *(f"- {k}: {v}" for k, v in info.items()),
+        "",
+        "## Figures",
+        "",
+        "| figure | target | without plugin | with plugin | added | ratio | target |",
+        "|---|---|---|---|---|---|---|",
+        *rows,
+        "",
+        "## Profile of a clean step (`srun /bin/true`)",
+        "",
+        "```",
+        imports,
+        "```",
+        "",
+        "```",
+        profile,
+        "```",
+        "",
+        NOTES_MARK,
+        "",
+    ]
+    DOC.write_text("\n".join(head) + notes)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""With and without the plugin on the tests' real one-node Slurm.
+
+The cluster, the installed plugin and its configs come from
+``tests.slurm.harness.prepare`` (the same code as the plugin scenarios and
+``make demo``). plugstack.conf is re-read by slurmstepd at every launch, so
+"with" and "without" alternate run by run on the same running cluster: the
+only difference between the two columns is the plugin line.
+
+Steps run as ``nobody`` (the plugin's real situation: a user, not root),
+through ``subprocess``'s own setuid rather than runuser, so no extra process
+sits in the measured time.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from tests.slurm.harness import SlurmEnv
+
+USER = "nobody"
+
+
+def _srun(env: SlurmEnv, argv: Sequence[str]) -> tuple[float, subprocess.CompletedProcess[str]]:
+    cmd = ["srun", "-N1", "-n1", "-p", "enforce", *argv]
+    t0 = time.perf_counter()
+    res = subprocess.run(cmd, env=env.cluster.env(), cwd=str(env.cluster.shared), user=USER,
+                         text=True, capture_output=True, timeout=120, check=False)
+    ms = (time.perf_counter() - t0) * 1000
+    if res.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({res.returncode}): {res.stderr[-2000:]}")
+    return ms, res
+
+
+def _touch_ctime(files: Sequence[Path]) -> None:
+    """Give every file a new ctime (chmod to the same mode): any cache keyed
+    by file identity sees a first-seen executable again. Not timed."""
+    for f in files:
+        os.chmod(f, os.stat(f).st_mode & 0o7777)
+
+
+def alternate(env: SlurmEnv, argv: Sequence[str], runs: int, *,
+              first_seen: Sequence[Path] = (), warmup: int = 3
+              ) -> tuple[list[float], list[float], str]:
+    """``runs`` timed sruns of ``argv`` each way, alternating which goes first
+    in each pair. Returns (with ms, without ms, stdout of the last with-run)."""
+    with_ms: list[float] = []
+    without_ms: list[float] = []
+    last = ""
+    for i in range(warmup + runs):
+        order = ("with", "without") if i % 2 == 0 else ("without", "with")
+        for side in order:
+            if side == "with":
+                env.use("base")
+                _touch_ctime(first_seen)
+            else:
+                env.cluster.set_plugstack(["# bench: no plugin"])
+            ms, res = _srun(env, argv)
+            if side == "with":
+                last = res.stdout + res.stderr
+                if "grace-policy" in last:
+                    raise RuntimeError(f"not a clean step: {last[-1000:]}")
+            if i >= warmup:
+                (with_ms if side == "with" else without_ms).append(ms)
+    env.cluster.set_plugstack(["# bench: no plugin"])
+    return with_ms, without_ms, last
+
+
+def peak_rss(env: SlurmEnv, runs: int) -> tuple[list[int], list[int]]:
+    """slurmstepd's VmHWM (KiB) as its task sees it: after user_init, so the
+    embedded interpreter and everything the check imported are in it."""
+    argv = ["sh", "-c", "grep VmHWM /proc/$PPID/status; cat /proc/$PPID/comm"]
+    with_kib: list[int] = []
+    without_kib: list[int] = []
+    for i in range(runs):
+        order = ("with", "without") if i % 2 == 0 else ("without", "with")
+        for side in order:
+            if side == "with":
+                env.use("base")
+            else:
+                env.cluster.set_plugstack(["# bench: no plugin"])
+            _, res = _srun(env, argv)
+            words = res.stdout.split()
+            if "slurmstepd" not in words or "VmHWM:" not in words:
+                raise RuntimeError(f"cannot read slurmstepd's VmHWM: {res.stdout!r}")
+            kib = int(words[words.index("VmHWM:") + 1])
+            (with_kib if side == "with" else without_kib).append(kib)
+    env.cluster.set_plugstack(["# bench: no plugin"])
+    return with_kib, without_kib
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values)

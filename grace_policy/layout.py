@@ -46,6 +46,14 @@ def page_issues(path: str, info: ElfInfo, node: NodeProfile, *, mapped_by_kernel
             ))
 
     bad = next((s for s in info.load_segments if (s.vaddr - s.offset) % page != 0), None)
+    if bad is None and old and not mapped_by_kernel:
+        # glibc <= 2.34 wants congruence modulo p_align itself
+        # ((p_vaddr - p_offset) & (p_align - 1), unsigned: p_align 0 means
+        # "equal"), which is stricter than modulo the page when p_align is
+        # a larger multiple of it.
+        bad = next((s for s in info.load_segments
+                    if s.align % page == 0
+                    and (s.vaddr - s.offset) & ((s.align - 1) % (1 << 64)) != 0), None)
     if bad is not None:
         if mapped_by_kernel:
             error = ("the kernel maps the program at the wrong file offsets: execve fails "

@@ -16,6 +16,14 @@ EXTENSION_MAGIC = 0xEAA42174
 EXT_TAG_HWCAPS = 1
 HWCAP_EXTENSION_BIT = 1 << 62
 MAX_CACHE_BYTES = 64 * 1024 * 1024
+#: Where architectures put platform bits in the legacy hwcap word (x86:
+#: ``_DL_FIRST_PLATFORM`` 48, i586/i686/haswell/xeon_phi); bits 32-62 as a
+#: whole so other layouts are covered too.
+_PLATFORM_BITS = ((1 << 31) - 1) << 32
+
+
+#: Legacy hwcap word bits shared by all architectures (``_DL_HWCAP_TLS_MASK``).
+LEGACY_TLS_BIT = 1 << 63
 
 
 @dataclass(frozen=True)
@@ -24,6 +32,9 @@ class CacheEntry:
     name: str
     path: str
     hwcap_subdir: str | None
+    #: The legacy hwcap word (ldconfig < 2.37 files libraries found in
+    #: ``tls/``, ``x86_64/``, ``haswell/`` ... under it); 0 for plain entries.
+    legacy_hwcap: int = 0
 
 
 class LdCache:
@@ -39,27 +50,44 @@ class LdCache:
         name: str,
         flags: int | None,
         hwcaps: tuple[str, ...] = (),
+        legacy: tuple[int, int] | None = None,
     ) -> str | None:
-        """The path glibc would take for ``name``.
+        """The path glibc's ``search_cache`` (2.33-2.36) would take for ``name``.
 
         ``flags`` None accepts any architecture (judging a foreign node from
         here by name only). Entries in a supported glibc-hwcaps subdirectory
         win by priority (earlier in ``hwcaps`` is better); otherwise the first
-        plain entry with matching flags.
+        other entry that fits, in file order. ``legacy`` is ``(allowed bits,
+        platform bit)`` for a glibc that still honours legacy hwcap entries
+        (< 2.37): an entry is taken when its bits are all allowed and its
+        platform bit, if any, is the node's (glibc's ``hwcap_exclude`` test;
+        seen here: ``tls/libx.so`` wins over ``libx.so``). With None, such
+        entries are passed over.
         """
         best: str | None = None
-        best_prio = len(hwcaps) + 1
+        best_prio = len(hwcaps)
         for entry in self.by_name.get(name, ()):
             if flags is not None and entry.flags != flags:
                 continue
             if entry.hwcap_subdir is not None:
-                if entry.hwcap_subdir not in hwcaps:
+                if entry.hwcap_subdir in hwcaps:
+                    prio = hwcaps.index(entry.hwcap_subdir)
+                    if best is None or prio < best_prio:
+                        best, best_prio = entry.path, prio
+                continue
+            if best is not None:
+                # glibc-hwcaps entries come first; a match among them wins.
+                break
+            if entry.legacy_hwcap:
+                if legacy is None:
                     continue
-                prio = hwcaps.index(entry.hwcap_subdir)
-            else:
-                prio = len(hwcaps)
-            if prio < best_prio:
-                best, best_prio = entry.path, prio
+                allowed, platform = legacy
+                if entry.legacy_hwcap & ~allowed:
+                    continue
+                plat = entry.legacy_hwcap & allowed & ~LEGACY_TLS_BIT & _PLATFORM_BITS
+                if plat and plat != platform:
+                    continue
+            return entry.path
         return best
 
     def __len__(self) -> int:
@@ -121,11 +149,8 @@ def parse(data: bytes) -> LdCache:
             if index >= len(hwcap_names):
                 continue
             subdir = hwcap_names[index]
-        elif hwcap:
-            # Legacy hwcap entries (pre-2.37 "tls", "haswell" ...): glibc only
-            # uses them when the CPU matches; we never prefer them.
-            continue
-        entries.append(CacheEntry(flags & 0xFFFF, name, path, subdir))
+        entries.append(CacheEntry(flags & 0xFFFF, name, path, subdir,
+                                  0 if subdir is not None else hwcap))
     return LdCache(entries)
 
 

@@ -152,6 +152,7 @@ class _Searcher:
         self.platform = loader_platform(node)
         self._legacy = legacy_hwcap_subdirs(node)
         self._legacy_first = tuple(dict.fromkeys(c.split("/", 1)[0] for c in self._legacy))
+        self._legacy_cache = legacy_cache_bits(node) if self._legacy else None
 
     # -- the pieces of the search -------------------------------------------------
 
@@ -397,7 +398,8 @@ class _Searcher:
 
         nodeflib = loader.info.nodeflib
         if self.node.root_is_native:
-            cached = self.cache.lookup(name, self.node.cache_flags, self.hwcaps())
+            cached = self.cache.lookup(name, self.node.cache_flags, self.hwcaps(),
+                                       self._legacy_cache)
         else:
             cached = self.cache.lookup(name, None)
         if cached is not None and nodeflib:
@@ -566,6 +568,27 @@ def legacy_hwcap_subdirs(node: NodeProfile) -> tuple[str, ...]:
     for mask in range((1 << count) - 1, 0, -1):
         out.append("/".join(names[i] for i in range(count) if mask >> (count - 1 - i) & 1))
     return tuple(out)
+
+
+#: Legacy hwcap word bits as ldconfig writes them (``dl-procinfo.h``).
+_LEGACY_BITS = {"x86_64": 1 << 1, "avx512_1": 1 << 2, "atomics": 1 << 8}
+_X86_PLATFORM_BITS = {"i586": 1 << 48, "i686": 1 << 49, "haswell": 1 << 50,
+                      "xeon_phi": 1 << 51}
+
+
+def legacy_cache_bits(node: NodeProfile) -> tuple[int, int]:
+    """``(allowed, platform)`` for :meth:`ldcache.LdCache.lookup`: the node's
+    important hwcap bits, any platform bit and TLS are allowed; a platform bit
+    must be the node's own (none when glibc knows no number for it)."""
+    names = {part for combo in legacy_hwcap_subdirs(node) for part in combo.split("/")}
+    allowed = ldcache.LEGACY_TLS_BIT
+    for name in names:
+        allowed |= _LEGACY_BITS.get(name, 0)
+    platform = 0
+    if node.machine == "x86_64":
+        allowed |= sum(_X86_PLATFORM_BITS.values())
+        platform = _X86_PLATFORM_BITS.get(loader_platform(node), 0)
+    return allowed, platform
 
 
 def supported_hwcaps(node: NodeProfile) -> tuple[str, ...]:

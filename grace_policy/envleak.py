@@ -17,6 +17,10 @@ from .findings import EnvChanges, Issue
 from .launch import follow
 from .node import NodeProfile
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .budget import Budget
+
 DEFAULT_VARS = (
     "CONDA_PREFIX", "CONDA_DEFAULT_ENV", "CONDA_EXE", "CONDA_PYTHON_EXE", "CONDA_SHLVL",
     "_CE_CONDA", "_CE_M", "VIRTUAL_ENV", "VIRTUAL_ENV_PROMPT",
@@ -48,22 +52,27 @@ def _prefixes(env: Mapping[str, str], names: Sequence[str]) -> dict[str, str]:
     return out
 
 
-def judge_prefix(prefix: str, node: NodeProfile, env: Mapping[str, str]) -> str | None:
-    """Why the environment at ``prefix`` cannot run here, or None if it can."""
+def judge_prefix(prefix: str, node: NodeProfile, env: Mapping[str, str],
+                 budget: Budget | None = None) -> str | None:
+    """Why the environment at ``prefix`` cannot run here, or None if it can.
+
+    Judged by its interpreter, followed like execve would (symlinks, ``#!``):
+    that is what uv, pip and ``python`` from PATH would start.
+    """
     if not os.path.isdir(prefix):
         return f"{prefix} does not exist on this node"
     for name in ("bin/python", "bin/python3"):
         candidate = os.path.join(prefix, name)
         if not os.path.lexists(candidate):
             continue
-        hops = follow(candidate, env, "/")
+        hops = follow(candidate, env, "/", budget)
         last = hops[-1]
         if last.kind == "missing":
             return f"its interpreter {candidate} points at {last.path}, which is missing here"
         if last.kind != "elf":
             return None
         try:
-            info = read_elf(last.path)
+            info = read_elf(last.path, budget=budget)
         except (ElfError, OSError):
             return None
         if info.machine != node.machine_number or info.elf_class != node.elf_class:
@@ -81,7 +90,7 @@ def _strip_paths(value: str, prefixes: Sequence[str]) -> str:
 
 
 def plan(env: Mapping[str, str], node: NodeProfile, *, names: Sequence[str] = DEFAULT_VARS,
-         strip: str = "foreign") -> EnvPlan:
+         strip: str = "foreign", budget: Budget | None = None) -> EnvPlan:
     """What to remove from the step environment. ``strip`` is ``foreign``
     (only environments that cannot run here), ``always`` or ``never``."""
     present = [n for n in names if n in env]
@@ -90,7 +99,7 @@ def plan(env: Mapping[str, str], node: NodeProfile, *, names: Sequence[str] = DE
     prefixes = _prefixes(env, names)
     foreign: dict[str, str] = {}
     for prefix in dict.fromkeys(prefixes.values()):
-        reason = judge_prefix(prefix, node, env)
+        reason = judge_prefix(prefix, node, env, budget)
         if reason is not None:
             foreign[prefix] = reason
 

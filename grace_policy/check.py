@@ -4,22 +4,32 @@ architecture and page layout on the node.
 
 The result is raw :class:`~grace_policy.findings.Issue` objects; the rule
 catalogue and the partition's mode turn them into a verdict elsewhere.
+
+A check that runs out of its :class:`~grace_policy.budget.Budget` does not
+throw away what it already knows: the report keeps the issues found so far
+and says why it stopped (``limit``), so a user cannot hide a foreign
+executable behind a huge ``LD_LIBRARY_PATH`` that exhausts the budget.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from . import envleak
-from .budget import Budget
+from .budget import Budget, BudgetExceeded
 from .causes import path_causes
-from .elf import ElfError, ElfInfo, read_elf
+from .elf import ET_DYN, ET_EXEC, ElfError, ElfInfo, read_elf
 from .findings import EnvChanges, Issue
-from .launch import Hop, build_path, follow
+from .launch import Hop, build_path, c_string, follow
 from .layout import page_issues
 from .loader import LoadTree, resolve
 from .node import NodeProfile
+
+#: Variables the check itself reads, besides the policy's env-leak names.
+_READ_VARS = ("PATH", "LD_LIBRARY_PATH", "HOME")
+
+Causes = Callable[[str], tuple[str, ...]]
 
 
 @dataclass(frozen=True)
@@ -30,6 +40,20 @@ class StepReport:
     exe: str | None
     hops: tuple[Hop, ...] = ()
     tree: LoadTree | None = None
+    #: Why the check stopped before the end (deadline or cap), else None.
+    #: ``issues`` then holds what was found until then.
+    limit: str | None = None
+
+
+def _c_env(env: Mapping[str, str], names: Sequence[str]) -> dict[str, str]:
+    """A copy of ``env`` whose values the check reads are C strings (see
+    :func:`~grace_policy.launch.c_string`); other values are left alone."""
+    out = dict(env)
+    for name in (*_READ_VARS, *names):
+        value = out.get(name)
+        if value is not None:
+            out[name] = c_string(value)
+    return out
 
 
 def check_step(
@@ -42,44 +66,61 @@ def check_step(
     env_strip: str = "foreign",
     budget: Budget | None = None,
 ) -> StepReport:
+    """Check one step. Raises nothing for bad input; a spent budget ends the
+    check early with ``StepReport.limit`` set."""
     budget = budget or Budget()
-    leak = envleak.plan(env, node, names=env_vars, strip=env_strip)
-    job_env = leak.changes.apply(dict(env))
-    issues: list[Issue] = list(leak.issues)
-    leaked = leak.foreign_prefixes
+    issues: list[Issue] = []
+    state: dict[str, object] = {}
+    changes = EnvChanges()
+    try:
+        env = _c_env(env, env_vars)
+        cwd = c_string(cwd) or "/"
+        leak = envleak.plan(env, node, names=env_vars, strip=env_strip, budget=budget)
+        changes = leak.changes
+        issues.extend(leak.issues)
+        _check(argv, leak.changes.apply(env), cwd, node, budget, issues, state,
+               leak.foreign_prefixes)
+    except BudgetExceeded as exc:
+        return StepReport(tuple(issues), changes, _opt_str(state.get("exe")),
+                          tuple(state.get("hops", ())),  # type: ignore[arg-type]
+                          None, limit=str(exc))
+    return StepReport(tuple(issues), changes, _opt_str(state.get("exe")),
+                      tuple(state.get("hops", ())),  # type: ignore[arg-type]
+                      state.get("tree"), limit=None)  # type: ignore[arg-type]
 
+
+def _opt_str(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _check(argv: Sequence[str], job_env: Mapping[str, str], cwd: str, node: NodeProfile,
+           budget: Budget, issues: list[Issue], state: dict[str, object],
+           leaked: tuple[str, ...]) -> None:
     def causes(path: str) -> tuple[str, ...]:
         return path_causes(path, job_env, leaked)
 
-    if not argv or not argv[0]:
+    name = c_string(argv[0]) if argv else ""
+    if not name:
         issues.append(Issue("exe-not-found", "", "execve(): empty command: No such file "
                             "or directory", facts=(("name", ""),)))
-        return StepReport(tuple(issues), leak.changes, None)
+        return
 
-    name = argv[0]
-    exe = build_path(name, job_env, cwd)
-    if exe is None:
-        issues.append(Issue(
-            "exe-not-found", name,
-            f"slurmstepd: error: execve(): {name}: No such file or directory",
-            causes=causes(name), facts=(("name", name), ("PATH", job_env.get("PATH", ""))),
-        ))
-        return StepReport(tuple(issues), leak.changes, None)
-
-    budget.take_file()
-    hops = follow(exe, job_env, cwd)
+    exe = build_path(name, job_env, cwd, budget)
+    if exe is None:  # only for an empty name, handled above; kept for safety
+        return
+    state["exe"] = exe
+    hops = follow(exe, job_env, cwd, budget)
+    state["hops"] = hops
     last = hops[-1]
     script = hops[0].path if len(hops) > 1 else None
-    tree: LoadTree | None = None
     if last.kind == "elf":
-        tree = _check_elf(last.path, job_env, cwd, node, budget, issues, causes,
-                          via_script=script)
+        state["tree"] = _check_elf(last.path, job_env, cwd, node, budget, issues, causes,
+                                   via_script=script)
     else:
-        issues.append(_hop_issue(hops, name, causes))
-    return StepReport(tuple(issues), leak.changes, exe, tuple(hops), tree)
+        issues.append(_hop_issue(hops, name, causes, job_env))
 
 
-def _hop_issue(hops: list[Hop], name: str, causes) -> Issue:
+def _hop_issue(hops: list[Hop], name: str, causes: Causes, env: Mapping[str, str]) -> Issue:
     last = hops[-1]
     first = hops[0].path
     if len(hops) > 1 and last.kind == "missing":
@@ -91,7 +132,8 @@ def _hop_issue(hops: list[Hop], name: str, causes) -> Issue:
     if last.kind == "missing":
         return Issue("exe-not-found", last.path,
                      f"slurmstepd: error: execve(): {name}: No such file or directory",
-                     causes=causes(last.path), facts=(("name", name),))
+                     causes=causes(last.path),
+                     facts=(("name", name), ("PATH", env.get("PATH", ""))))
     if last.kind in ("unreadable", "not-executable"):
         return Issue("exe-unreadable", last.path,
                      f"slurmstepd: error: execve(): {last.path}: {last.detail}",
@@ -106,35 +148,55 @@ def _hop_issue(hops: list[Hop], name: str, causes) -> Issue:
 
 
 def _check_elf(path: str, env: Mapping[str, str], cwd: str, node: NodeProfile, budget: Budget,
-               issues: list[Issue], causes, *, via_script: str | None) -> LoadTree | None:
+               issues: list[Issue], causes: Causes, *, via_script: str | None
+               ) -> LoadTree | None:
     try:
-        info = read_elf(path)
+        info = read_elf(path, budget=budget)
     except (ElfError, OSError) as exc:
         reason = exc.reason if isinstance(exc, ElfError) else (exc.strerror or str(exc))
         issues.append(Issue("elf-invalid", path,
                             f"slurmstepd: error: execve(): {path}: Exec format error ({reason})",
                             causes=causes(path), facts=(("detail", reason),)))
         return None
-    if info.machine != node.machine_number or info.elf_class != node.elf_class:
+    # The kernel reads e_machine in the node's byte order: a big-endian
+    # aarch64 file is as foreign to a little-endian Grace node as x86_64.
+    if (info.machine != node.machine_number or info.elf_class != node.elf_class
+            or info.data != node.data):
         shown = via_script or path
         error = (f"{via_script}: {path}: cannot execute binary file: Exec format error"
                  if via_script else
                  f"slurmstepd: error: execve(): {path}: Exec format error")
+        arch = info.machine_name + ("" if info.data == node.data else
+                                    (" (big-endian)" if info.data == 2 else " (little-endian)"))
         issues.append(Issue(
             "exe-arch-mismatch", path, error, causes=causes(path),
-            facts=(("file_arch", f"{info.machine_name}"), ("bits", str(info.bits)),
-                   ("script", shown)),
+            facts=(("file_arch", arch), ("bits", str(info.bits)), ("script", shown)),
+        ))
+        return None
+    if info.e_type not in (ET_EXEC, ET_DYN):
+        # load_elf_binary refuses relocatable objects and core files (ENOEXEC).
+        issues.append(Issue(
+            "exe-format", path, f"slurmstepd: error: execve(): {path}: Exec format error",
+            causes=causes(path),
+            facts=(("detail", f"ELF type {info.e_type} is not an executable"),),
         ))
         return None
 
+    # The executable's own layout first: it is known before the (possibly
+    # long) library search, and survives a budget that runs out there.
+    for issue in page_issues(path, info, node, mapped_by_kernel=True):
+        issues.append(_with_causes(issue, causes(path)))
+
     tree = resolve(path, info, node, env, cwd=cwd, budget=budget)
     for obj in tree.objects:
-        if obj.by_name_only:
+        if obj.by_name_only or obj.found_via == "exe":
             continue
-        kernel = obj.found_via in ("exe", "interp")
+        budget.tick()
+        kernel = obj.found_via == "interp"
         for issue in page_issues(obj.path, obj.info, node, mapped_by_kernel=kernel):
             issues.append(_with_causes(issue, causes(obj.path)))
     for miss in tree.missing:
+        budget.tick()
         if miss.name == info.interp:
             issues.append(Issue(
                 "interp-missing", path,
@@ -159,6 +221,7 @@ def _check_elf(path: str, env: Mapping[str, str], cwd: str, node: NodeProfile, b
                    ("candidates", ", ".join(f"{c.path} ({c.machine})" for c in foreign))),
         ))
     for fatal in tree.fatal:
+        budget.tick()
         issues.append(Issue(
             "elf-invalid", fatal.path,
             f"error while loading shared libraries: {fatal.name}: {fatal.reason}",

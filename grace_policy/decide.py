@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from .budget import Budget, BudgetExceeded
-from .findings import SEVERITY_RANK, EnvChanges, Finding, Verdict
+from .findings import ACTIONS, SEVERITY_RANK, EnvChanges, Finding, Verdict
 from .node import NodeProfile, detect
 from .policy import Policy
 
@@ -87,20 +87,26 @@ def decide(
 def _decide(policy: Policy, mode: str, partition: str | None, argv: Sequence[str],
             env: Mapping[str, str], cwd: str, node: NodeProfile | None) -> Verdict:
     from .check import check_step
-    from .rules import Catalogue
 
     node = node or node_for(policy, partition)
     budget = Budget(policy.limits.deadline_ms, policy.limits.max_files, policy.limits.max_bytes)
     report = check_step(argv, env, cwd, node, env_vars=policy.env.vars,
                         env_strip=policy.env.strip, budget=budget)
-    if not report.issues:
+    if not report.issues and report.limit is None:
         return Verdict(action="allow", mode=mode, partition=partition, env=report.env)
-    catalogue = Catalogue.for_policy(policy)
-    context = _context(node, partition)
-    findings = catalogue.findings(report.issues, context)
-    findings = tuple(_cap_cleaned(f, report.env) for f in findings)
-    return Verdict(action=action_for(mode, findings), mode=mode, partition=partition,
-                   findings=findings, env=report.env)
+    findings: tuple[Finding, ...] = ()
+    if report.issues:
+        from .rules import Catalogue
+
+        catalogue = Catalogue.for_policy(policy)
+        findings = catalogue.findings(report.issues, _context(node, partition))
+        findings = tuple(_cap_cleaned(f, report.env) for f in findings)
+    action = action_for(mode, findings)
+    if report.limit is not None:
+        return _limit_verdict(policy, mode, partition, report.limit, findings=findings,
+                              found_action=action, env=report.env)
+    return Verdict(action=action, mode=mode, partition=partition, findings=findings,
+                   env=report.env)
 
 
 def _cap_cleaned(finding: Finding, env: EnvChanges) -> Finding:
@@ -121,9 +127,19 @@ def _context(node: NodeProfile, partition: str | None) -> dict[str, str]:
     }
 
 
-def _limit_verdict(policy: Policy, mode: str, partition: str | None, reason: str) -> Verdict:
+def _limit_verdict(policy: Policy, mode: str, partition: str | None, reason: str, *,
+                   findings: tuple[Finding, ...] = (), found_action: str = "allow",
+                   env: EnvChanges | None = None) -> Verdict:
+    """The check stopped early: ``on_error`` decides what it could not see.
+
+    What it saw before stopping still counts (``found_action``), so a step
+    that is already known to fail is not let through because something
+    else in it was too big to finish; the stricter of the two wins. The
+    environment cleaning decided before the stop is kept.
+    """
     verdict = error_verdict(policy, mode, partition, reason)
-    finding = Finding(
+    action = max(verdict.action, found_action, key=ACTIONS.index)
+    limit = Finding(
         rule="check-limit",
         severity="error" if verdict.action == "reject" else "warning",
         path="",
@@ -131,5 +147,6 @@ def _limit_verdict(policy: Policy, mode: str, partition: str | None, reason: str
         remediation=(f"The check stopped early: {reason}. The site's setting on_error="
                      f"{policy.on_error} decided the step."),
     )
-    return Verdict(action=verdict.action, mode=mode, partition=partition, findings=(finding,),
-                   error=reason)
+    ordered = tuple(sorted((limit, *findings), key=lambda f: SEVERITY_RANK[f.severity]))
+    return Verdict(action=action, mode=mode, partition=partition, findings=ordered,
+                   env=env or EnvChanges(), error=reason)

@@ -14,7 +14,8 @@ from __future__ import annotations
 import os
 import stat
 import struct
-from dataclasses import dataclass
+
+from ._record import dataclass
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs ~4 ms to import; annotations are strings anyway

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
+from ._record import dataclass
 from .elf import ElfError, read_elf
 from .findings import EnvChanges, Issue
 from .launch import follow

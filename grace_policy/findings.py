@@ -6,7 +6,7 @@ all read the same facts, and so a verdict can be compared in tests.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from ._record import dataclass, field
 
 #: Severities, most important first. "off" findings are dropped before a verdict.
 SEVERITIES = ("error", "warning", "info", "off")

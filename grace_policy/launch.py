@@ -24,8 +24,8 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Mapping
-from dataclasses import dataclass
 
+from ._record import dataclass
 from .elf import open_regular
 
 TYPE_CHECKING = False

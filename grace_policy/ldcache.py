@@ -8,7 +8,8 @@ its architecture, and glibc-hwcaps subdirectories it supports.
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+
+from ._record import dataclass
 
 OLD_MAGIC = b"ld.so-1.7.0"
 NEW_MAGIC = b"glibc-ld.so.cache1.1"

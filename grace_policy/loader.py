@@ -28,9 +28,9 @@ import os
 import struct
 from collections import deque
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 
 from . import ldcache
+from ._record import dataclass, field
 from .budget import Budget
 from .elf import ELFCLASS32, ET_DYN, ET_EXEC, ElfError, ElfInfo, machine_name, read_elf
 from .node import NodeProfile

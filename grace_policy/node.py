@@ -8,8 +8,8 @@ simulate a 64 KiB-page node on a 4 KiB machine.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
 
+from ._record import dataclass, replace
 from .elf import ELFCLASS32, ELFCLASS64, ELFDATA2LSB, ELFDATA2MSB, MACHINE_NUMBERS
 
 #: uname machine strings that mean the same loader target.

@@ -16,9 +16,9 @@ from __future__ import annotations
 import json
 import os
 import stat
-from dataclasses import dataclass, field
 
 from . import __version__
+from ._record import dataclass, field
 from .findings import MODES
 
 TYPE_CHECKING = False

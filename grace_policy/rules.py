@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
 
+from ._record import dataclass
 from .findings import SEVERITIES, SEVERITY_RANK, Finding, Issue
 from .messages import escape
 

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import dataclass, field
+
+from ._record import dataclass, field
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # keep typing's import cost off the launch path

@@ -14,9 +14,9 @@ executable behind a huge ``LD_LIBRARY_PATH`` that exhausts the budget.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 
 from . import envleak
+from ._record import dataclass
 from .budget import Budget, BudgetExceeded
 from .causes import path_causes
 from .elf import ET_DYN, ET_EXEC, ElfError, ElfInfo, read_elf

@@ -13,11 +13,11 @@ imported only when no trustworthy compiled form exists.
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 
 from . import __version__
+from . import _json as json
 from ._record import dataclass, field
 from .findings import MODES
 

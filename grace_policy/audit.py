@@ -17,10 +17,10 @@ into ``\\uXXXX``, so every line stays one valid JSON line whatever the input.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 
+from . import _json as json
 from .findings import Verdict
 
 TYPE_CHECKING = False

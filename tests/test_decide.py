@@ -64,8 +64,11 @@ def test_user_cannot_raise_or_invent_a_mode(foreign_exe: Path) -> None:
 def test_container_steps_are_skipped(foreign_exe: Path) -> None:
     v = run(Policy(), [str(foreign_exe)], container="pyxis image ubuntu")
     assert (v.action, v.skipped) == ("allow", "pyxis image ubuntu")
-    env = {"PATH": "/usr/bin", "_SLURM_SPANK_OPTION_pyxis_container_image": "ubuntu"}
-    assert run(Policy(), [str(foreign_exe)], env=env).skipped
+    # The step environment is the user's: exporting a container variable
+    # must not switch the check off.
+    for var in ("_SLURM_SPANK_OPTION_pyxis_container_image", "SLURM_CONTAINER"):
+        v = run(Policy(), [str(foreign_exe)], env={"PATH": "/usr/bin", var: "ubuntu"})
+        assert v.skipped is None and v.action == "reject"
 
 
 @pytest.mark.parametrize(("on_error", "action"), [("allow", "allow"), ("deny", "reject")])

@@ -117,13 +117,15 @@ def main() -> int:
             except SetupError as exc:
                 print(f"cannot set up the cluster: {exc}", file=sys.stderr)
                 return 1
-            prefix, cfg = env.prefix, env.configs["base"]
+            prefix, cfg, audit = env.prefix, env.configs["base"], env.audit_log
         else:
             print(f"no cluster: {reason}; core figures only", flush=True)
             prefix = _install(root)
-            cfg = _config(root, root / "audit.log")
+            audit = root / "audit.log"
+            cfg = _config(root, audit)
             _compile(prefix / "lib" / "grace-policy" / "python", cfg)
         pkgdir = str(prefix / "lib" / "grace-policy" / "python")
+        os.environ["GRACE_BENCH_AUDIT"] = str(audit)  # bench/_step.py opens it like C does
 
         # ---- the core alone ------------------------------------------------
         files = core.elf_files("/usr/lib/x86_64-linux-gnu")

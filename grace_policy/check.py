@@ -158,6 +158,11 @@ def _check_elf(path: str, env: Mapping[str, str], cwd: str, node: NodeProfile, b
                             f"slurmstepd: error: execve(): {path}: Exec format error ({reason})",
                             causes=causes(path), facts=(("detail", reason),)))
         return None
+    if not node.root_is_native and _is_system_program(path):
+        # Judging another architecture's node from here: the node has its own
+        # build of system programs at the same path, as it has of system
+        # libraries (which the loader model counts as present by name).
+        return None
     # The kernel reads e_machine in the node's byte order: a big-endian
     # aarch64 file is as foreign to a little-endian Grace node as x86_64.
     if (info.machine != node.machine_number or info.elf_class != node.elf_class
@@ -230,6 +235,16 @@ def _check_elf(path: str, env: Mapping[str, str], cwd: str, node: NodeProfile, b
                    ("detail", fatal.reason)),
         ))
     return tree
+
+
+#: Where distributions install their programs and libraries; on a node of
+#: another architecture the same paths hold that architecture's builds.
+SYSTEM_PREFIXES = ("/usr/bin/", "/usr/sbin/", "/bin/", "/sbin/", "/usr/lib/", "/usr/lib64/",
+                   "/usr/libexec/", "/lib/", "/lib64/")
+
+
+def _is_system_program(path: str) -> bool:
+    return path.startswith(SYSTEM_PREFIXES) and not path.startswith("/usr/local/")
 
 
 def _with_causes(issue: Issue, causes: tuple[str, ...]) -> Issue:

@@ -140,3 +140,17 @@ def test_python_script_end_to_end(tmp_path: Path) -> None:
     env = {"PATH": f"{os.path.dirname(sys.executable)}:/usr/bin:/bin"}
     report = check_step(["./train.py"], env, str(tmp_path), HOST)
     assert report.issues == () and report.hops[-1].kind == "elf"
+
+
+def test_foreign_node_from_here_takes_system_programs_by_name(elf_builder: ElfBuilder) -> None:
+    """Asking about a Grace partition from this x86_64 host: /usr/bin/true
+    stands for the node's own aarch64 build, but a program the user built
+    here is judged and found foreign."""
+    grace = detect().with_overrides(machine="aarch64", page_size=65536)
+    assert not grace.root_is_native
+    env = {"PATH": "/usr/bin:/bin"}
+    system = check_step(["/usr/bin/true"], env, "/", grace)
+    assert [i.rule for i in system.issues] == []
+    own = elf_builder.compile(src("hello.c"), "home/bin/hello")
+    mine = check_step([str(own)], env, "/", grace)
+    assert [i.rule for i in mine.issues] == ["exe-arch-mismatch"]

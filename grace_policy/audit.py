@@ -164,20 +164,27 @@ def write_decision(
     node: str | None = None,
     elapsed_ms: float | None = None,
     mode: int = 0o640,
+    fd: int | None = None,
 ) -> str | None:
     """Append one line for ``verdict`` to ``path``.
 
     Never raises: the audit log must not decide whether a step runs. Returns
     None on success, else a one-line reason for the caller to log once. A
     ``path`` of None (no ``[audit] path`` in the config) writes nothing.
+
+    ``fd``: an O_APPEND descriptor of ``path`` opened by someone else (the
+    plugin opens it as root before the check runs as the user); it is
+    written to and left open, and ``path`` only names it in messages.
     """
     if not path:
         return None
+    given = fd
     try:
         fields = record_fields(
             verdict, job_id=job_id, step_id=step_id, uid=uid, node=node, elapsed_ms=elapsed_ms
         )
-        fd = os.open(path, _OPEN_FLAGS, mode)
+        if fd is None:
+            fd = os.open(path, _OPEN_FLAGS, mode)
     except OSError as exc:
         return f"audit log {path}: cannot open: {exc.strerror or exc}"
     except Exception as exc:  # a bug in building the record must not fail the step
@@ -195,5 +202,6 @@ def write_decision(
     except Exception as exc:
         return f"audit log {path}: {type(exc).__name__}: {exc}"
     finally:
-        os.close(fd)
+        if given is None:
+            os.close(fd)
     return None

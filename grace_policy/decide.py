@@ -15,10 +15,6 @@ from .findings import ACTIONS, SEVERITY_RANK, EnvChanges, Finding, Verdict
 from .node import NodeProfile, detect
 from .policy import Policy
 
-#: Container steps run argv inside an image, not on the host: nothing to judge.
-_CONTAINER_VARS = ("_SLURM_SPANK_OPTION_pyxis_container_image", "SLURM_CONTAINER",
-                   "SLURM_CONTAINER_ID")
-
 
 def node_for(policy: Policy, partition: str | None, *, base: NodeProfile | None = None,
              use_partition: bool = False) -> NodeProfile:
@@ -31,13 +27,6 @@ def node_for(policy: Policy, partition: str | None, *, base: NodeProfile | None 
     node = base or detect()
     overrides = policy.node_overrides_for(partition) if use_partition else policy.node
     return overrides.apply(node)
-
-
-def container_reason(env: Mapping[str, str]) -> str | None:
-    for var in _CONTAINER_VARS:
-        if env.get(var):
-            return f"container step ({var} is set): argv runs inside the image"
-    return None
 
 
 def action_for(mode: str, findings: Sequence[Finding]) -> str:
@@ -67,15 +56,20 @@ def decide(
     user_lowered_mode: str | None = None,
     container: str | None = None,
 ) -> Verdict:
-    """What the plugin does with this step. Never raises."""
+    """What the plugin does with this step. Never raises.
+
+    ``container``: why the step runs argv inside an image (nothing on the
+    host to judge), as the caller established it from what Slurm says. The
+    step environment is never asked: ``SLURM_CONTAINER`` and plugin option
+    variables can all be exported by the user (docs/SECURITY.md).
+    """
     mode = policy.mode
     try:
         mode = policy.mode_for(partition, user_lowered_mode)
         if mode == "off":
             return Verdict(action="allow", mode=mode, partition=partition, skipped="mode off")
-        skip = container or container_reason(env)
-        if skip:
-            return Verdict(action="allow", mode=mode, partition=partition, skipped=skip)
+        if container:
+            return Verdict(action="allow", mode=mode, partition=partition, skipped=container)
         return _decide(policy, mode, partition, argv, env, cwd, node)
     except BudgetExceeded as exc:
         return _limit_verdict(policy, mode, partition, str(exc))

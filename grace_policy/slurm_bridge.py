@@ -31,6 +31,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # keep typing's import cost off the launch path
     from typing import Any
 
+    from .findings import Verdict
+
 #: Slurm's reserved step ids (slurm.h), shown by name in logs and the audit.
 _STEP_NAMES = {0xFFFFFFFB: "batch", 0xFFFFFFFC: "extern", 0xFFFFFFFD: "interactive",
                0xFFFFFFFE: "pending"}
@@ -54,6 +56,13 @@ class StepInput:
     step_id: int
     uid: int
     batch: bool
+    #: Why this is a container step, as the C side established it from what
+    #: Slurm says (never from the user's environment alone), else None.
+    container: str | None = None
+    #: ``audit=PATH`` of plugstack.conf and its descriptor, opened by root in
+    #: slurm_spank_init (-1: not opened; C logged why).
+    audit_path: str | None = None
+    audit_fd: int = -1
 
     @property
     def step_name(self) -> str:
@@ -103,7 +112,6 @@ def run_step(step: StepInput) -> Outcome:
     except Exception as exc:
         return Outcome.failed(f"config {step.config}: {type(exc).__name__}: {_one_line(str(exc))}")
 
-    from .audit import write_decision
     from .decide import decide
     from .messages import user_lines
 
@@ -115,6 +123,7 @@ def run_step(step: StepInput) -> Outcome:
         cwd=step.cwd or "/",
         node=None,
         user_lowered_mode=step.user_mode,
+        container=step.container,
     )
     out = Outcome(action=verdict.action)
     if verdict.action not in ("allow", "warn", "reject"):
@@ -135,13 +144,40 @@ def run_step(step: StepInput) -> Outcome:
         out.log.append(f"check error ({verdict.action} per on_error={policy.on_error}): "
                        f"{_one_line(verdict.error)}")
     elapsed_ms = (time.monotonic() - started) * 1000.0
-    problem = write_decision(
-        policy.audit_path, verdict, job_id=step.job_id, step_id=step.step_name, uid=step.uid,
-        node=step.node or None, elapsed_ms=elapsed_ms,
-    )
+    problem = _audit(step, policy.audit_path, verdict, elapsed_ms)
     if problem:
         out.log.append(_one_line(problem))
     return out
+
+
+def _audit(step: StepInput, config_path: str | None, verdict: Verdict,
+           elapsed_ms: float) -> str | None:
+    """Write the decision to the descriptor root opened, never as the user.
+
+    The check runs as the job's user: opening ``[audit] path`` here would
+    need a file every user can write (and forge lines in). The plugin opens
+    plugstack's ``audit=PATH`` as root before privileges drop; the config's
+    path, if given, must name the same file.
+    """
+    from .audit import write_decision
+
+    if step.audit_path is None:
+        if config_path:
+            return (f"audit log {config_path}: not written: add audit={config_path} to the "
+                    "plugin's line in plugstack.conf (the plugin opens it as root)")
+        return None
+    if config_path and os.path.abspath(config_path) != os.path.abspath(step.audit_path):
+        problem = (f"audit log: the config names {config_path} but plugstack.conf has "
+                   f"audit={step.audit_path}; writing to the latter")
+    else:
+        problem = None
+    if step.audit_fd < 0:
+        return problem  # C logged why it could not open the file
+    failed = write_decision(
+        step.audit_path, verdict, job_id=step.job_id, step_id=step.step_name, uid=step.uid,
+        node=step.node or None, elapsed_ms=elapsed_ms, fd=step.audit_fd,
+    )
+    return failed or problem
 
 
 # --------------------------------------------------------------------------
@@ -179,6 +215,9 @@ def read_step(ffi: Any, c_step: Any) -> StepInput:
         step_id=int(c_step.step_id),
         uid=int(c_step.uid),
         batch=bool(c_step.batch),
+        container=_text(ffi, c_step.container),
+        audit_path=_text(ffi, c_step.audit_path),
+        audit_fd=int(c_step.audit_fd),
     )
 
 

@@ -51,6 +51,9 @@ struct grace_step {
     unsigned int uid;
     int batch;
     void *result;
+    const char *container;
+    const char *audit_path;
+    int audit_fd;
 };
 
 void grace_emit(void *result, int kind, const char *text);

@@ -52,6 +52,9 @@ struct grace_step {
 	unsigned int uid;
 	int batch;             /* 1: the batch step (argv[0] is the stored script) */
 	void *result;          /* opaque, handed back to grace_emit() */
+	const char *container; /* why this is a container step (decided in C), or NULL */
+	const char *audit_path; /* audit=PATH from plugstack.conf, or NULL */
+	int audit_fd;          /* that file, opened by root in slurm_spank_init, or -1 */
 };
 
 /* Implemented in Python (grace_policy/slurm_bridge.py) through cffi. */
@@ -84,6 +87,10 @@ struct grace_context {
 	enum grace_on_error on_error;
 	char *python_path; /* extra module dirs, ':'-separated, before the default */
 	unsigned int timeout_ms;
+	char *container_env; /* container_env=NAME: set by an earlier plugin, or NULL */
+	char *audit_path;  /* audit=PATH: opened as root in slurm_spank_init */
+	int audit_fd;      /* -1 if not opened */
+	char audit_error[512]; /* why audit_fd is -1 or unsafe (logged per step) */
 	char args_error[256]; /* non-empty: the arguments are unusable */
 	/* the user's --grace-policy option (remote side: from the option callback) */
 	char user_mode[16];

@@ -2,7 +2,17 @@
  * grace-policy SPANK plugin: entry points and plugstack.conf arguments.
  *
  *   required /usr/local/lib/slurm/spank_grace_policy.so config=FILE \
- *            [on_error=allow|deny] [python_path=DIR[:DIR]] [timeout_ms=N]
+ *            [on_error=allow|deny] [python_path=DIR[:DIR]] [timeout_ms=N] \
+ *            [audit=FILE] [container_env=NAME]
+ *
+ * audit=FILE is opened here, as root, in slurm_spank_init (remote context),
+ * and the descriptor is handed to Python, which runs as the job's user: the
+ * file can be root-owned 0640 and users can neither write nor forge lines.
+ * container_env=NAME: the step-env variable that marks a container step. Off
+ * by default: 22.05 has no SPANK item for it and the user can export any
+ * variable, so the admin names one only if a plugin listed *before* this one
+ * sets it in slurmstepd for container steps and removes it otherwise
+ * (docs/SECURITY.md). Nothing from the user's environment alone skips a check.
  *
  * Only the remote context (slurmstepd) does any work, and only from
  * user_init on. srun, sbatch and salloc load this file to register the
@@ -17,10 +27,13 @@
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "grace.h"
 
@@ -33,6 +46,7 @@ SPANK_PLUGIN(grace_policy, 1);
 static struct grace_context context = {
 	.on_error = GRACE_ON_ERROR_ALLOW,
 	.timeout_ms = GRACE_DEFAULT_TIMEOUT_MS,
+	.audit_fd = -1,
 };
 
 static int grace_option_cb(int val, const char *optarg, int remote);
@@ -102,9 +116,16 @@ static void grace_parse_args(int ac, char **av)
 				grace_set_args_error("timeout_ms must be 10..600000, not '%s'", val);
 			else
 				context.timeout_ms = (unsigned int)ms;
+		} else if (keylen == 5 && strncmp(arg, "audit", 5) == 0) {
+			free(context.audit_path);
+			context.audit_path = val[0] ? strdup(val) : NULL;
+		} else if (keylen == 13 && strncmp(arg, "container_env", 13) == 0) {
+			free(context.container_env);
+			context.container_env = val[0] ? strdup(val) : NULL;
 		} else {
 			grace_set_args_error("unknown plugstack argument '%s' (known: config, "
-					     "on_error, python_path, timeout_ms)", arg);
+					     "on_error, python_path, timeout_ms, audit, container_env)",
+					     arg);
 		}
 	}
 	if (context.config == NULL || context.config[0] == '\0')
@@ -126,6 +147,42 @@ static void grace_find_plugin_dir(void)
 	snprintf(context.plugin_dir, sizeof(context.plugin_dir), "%s", dirname(buf));
 }
 
+/*
+ * Open audit=FILE as root (remote init runs before slurmstepd drops
+ * privileges). O_NOFOLLOW and the regular-file test keep a symlink or a FIFO
+ * planted in a badly chosen directory from turning root's append into a write
+ * somewhere else; O_CLOEXEC keeps it out of the tasks. Never fails the init:
+ * the reason is logged with each step and the verdicts are unaffected.
+ */
+static void grace_open_audit(void)
+{
+	struct stat st;
+	int fd;
+
+	if (context.audit_path == NULL)
+		return;
+	fd = open(context.audit_path,
+		  O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0640);
+	if (fd < 0) {
+		snprintf(context.audit_error, sizeof(context.audit_error),
+			 "audit log %s: cannot open as root: %s", context.audit_path,
+			 strerror(errno));
+		return;
+	}
+	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+		snprintf(context.audit_error, sizeof(context.audit_error),
+			 "audit log %s: not a regular file; not written", context.audit_path);
+		close(fd);
+		return;
+	}
+	if (st.st_uid != 0 || (st.st_mode & 0022) != 0)
+		snprintf(context.audit_error, sizeof(context.audit_error),
+			 "audit log %s: owned by uid %u with mode %04o: users may be able to "
+			 "write it (make it root-owned 0640)", context.audit_path,
+			 (unsigned int)st.st_uid, (unsigned int)(st.st_mode & 07777));
+	context.audit_fd = fd;
+}
+
 int slurm_spank_init(spank_t sp, int ac, char **av)
 {
 	spank_context_t where = spank_context();
@@ -140,6 +197,7 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
 	if (where == S_CTX_REMOTE) {
 		grace_parse_args(ac, av);
 		grace_find_plugin_dir();
+		grace_open_audit();
 	}
 	return 0;
 }

@@ -70,12 +70,20 @@ class SlurmEnv:
 
     def use(self, config: str | Path | None = "base", *extra: str) -> None:
         """Point plugstack.conf at the plugin with ``config`` (a name from
-        ``configs`` or a path) and extra ``key=value`` arguments."""
+        ``configs`` or a path) and extra ``key=value`` arguments. ``audit=`` names
+        the test audit log unless ``extra`` gives one (``audit=`` alone: none)."""
         args = []
         if config is not None:
             path = self.configs.get(str(config), config)
             args.append(f"config={path}")
-        self.cluster.set_plugstack([f"required {self.plugin} {' '.join([*args, *extra])}"])
+        if not any(e.startswith("audit=") for e in extra):
+            args.append(f"audit={self.audit_log}")
+        extra = tuple(e for e in extra if e != "audit=")
+        self.set_plugin_line(self.plugin, *args, *extra)
+
+    def set_plugin_line(self, plugin: str | Path, *args: str) -> None:
+        """plugstack.conf with one ``required`` line: ``plugin`` and ``args`` as given."""
+        self.cluster.set_plugstack([f"required {plugin} {' '.join(args)}"])
 
     def audit_lines(self) -> list[str]:
         return self.audit_log.read_text().splitlines()
@@ -147,7 +155,7 @@ def prepare(root: Path) -> SlurmEnv:
     audit_dir.chmod(0o755)
     audit_log = audit_dir / "audit.log"
     audit_log.touch()
-    audit_log.chmod(0o666)  # steps write it as the job's user (see docs/SPANK.md)
+    audit_log.chmod(0o640)  # root's: the plugin opens it as root (audit=, docs/SECURITY.md)
 
     etc = root / "etc-grace"
     etc.mkdir()

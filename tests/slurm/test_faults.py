@@ -1,0 +1,308 @@
+"""Faults of the plugin's own world, on a real Slurm 22.05 (issue 5 "Faults").
+
+For each fault: the step follows ``on_error`` (allow: it runs; deny: it is
+refused with our line), slurmd's log gets exactly one ``grace-policy: error:
+job J step S: ...`` line naming the reason, the user never sees a traceback,
+and the node keeps taking jobs (checked after each test).
+
+How each fault is made without touching the machine's own files: a copy of
+the installed tree with a part removed (package, dependency), a copy of the
+plugin whose DT_NEEDED names a libpython that does not exist, a 64 KiB tmpfs
+filled up for the full disk (unmounted again), an admin-only ``python_path``
+directory holding a package whose import never returns (the C backstop).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .cluster import NODE
+from .harness import SlurmEnv
+
+pytestmark = pytest.mark.slurm
+
+PREFIX = "grace-policy: "
+JOB_CMD = ["sh", "-c", "echo JOBID=$SLURM_JOB_ID"]
+
+
+@pytest.fixture
+def faults(slurm: SlurmEnv) -> Iterator[SlurmEnv]:
+    """Each test sets its own plugstack; afterwards: base config, node healthy."""
+    yield slurm
+    slurm.use("base")
+    state = slurm.cluster.node_state()
+    assert state in ("idle", "mixed", "allocated"), (state, slurm.cluster.node_reason())
+
+
+def _job(res: subprocess.CompletedProcess[str]) -> int:
+    match = re.search(r"JOBID=(\d+)", res.stdout)
+    assert match, (res.stdout, res.stderr)
+    return int(match.group(1))
+
+
+def _error_lines(env: SlurmEnv, job: int) -> list[str]:
+    return [line for line in env.cluster.slurmd_log_text().splitlines()
+            if f"{PREFIX}error: job {job} step 0:" in line]
+
+
+def _allowed_with_one_line(env: SlurmEnv, *, user: str | None = "nobody") -> str:
+    """Run a step under the current plugstack (on_error=allow): it runs, the
+    user sees nothing of ours, slurmd's log has one line; returns it."""
+    res = env.cluster.srun(JOB_CMD, user=user)
+    assert res.returncode == 0, res.stderr
+    assert PREFIX not in res.stderr
+    assert "Traceback" not in res.stderr + res.stdout
+    lines = _error_lines(env, _job(res))
+    assert len(lines) == 1, lines
+    assert "check failed" in lines[0]
+    assert "on_error=allow: step allowed unchecked" in lines[0]
+    return lines[0]
+
+
+def _refused_by_on_error(env: SlurmEnv) -> None:
+    out = env.side_file("fault-deny.out")
+    res = env.cluster.srun([str(env.files / "native"), str(out)], user="nobody")
+    assert res.returncode != 0
+    assert f"{PREFIX}this step was refused: the site's launch check could not run" in res.stderr
+    assert "Traceback" not in res.stderr
+    assert not out.exists()
+
+
+# -- the config -----------------------------------------------------------------
+
+def _config(env: SlurmEnv, name: str, text: str, mode: int = 0o644) -> Path:
+    path = env.configs["base"].parent / name
+    path.write_text(text)
+    path.chmod(mode)
+    return path
+
+
+def test_config_missing(faults: SlurmEnv) -> None:
+    missing = faults.configs["base"].parent / "no-such.toml"
+    faults.use(missing)
+    line = _allowed_with_one_line(faults)
+    assert str(missing) in line and "No such file" in line
+    faults.use(missing, "on_error=deny")
+    _refused_by_on_error(faults)
+
+
+def test_config_unreadable_by_the_user(faults: SlurmEnv) -> None:
+    """The check runs as the job's user: a config only root can read is a
+    fault for every user's step (an admin mistake worth one clear line)."""
+    text = faults.configs["base"].read_text()
+    secret = _config(faults, "root-only.toml", text, 0o600)
+    faults.use(secret)
+    line = _allowed_with_one_line(faults)
+    assert str(secret) in line and "Permission denied" in line
+
+
+def test_config_invalid(faults: SlurmEnv) -> None:
+    bad = _config(faults, "bad-syntax.toml", 'mode = "enforce"\n[partitions\n')
+    faults.use(bad)
+    line = _allowed_with_one_line(faults)
+    assert str(bad) in line
+    faults.use(bad, "on_error=deny")
+    _refused_by_on_error(faults)
+
+
+# -- the Python side of the plugin ------------------------------------------------
+
+def _tree_copy(env: SlurmEnv, name: str) -> Path:
+    """A fresh copy of the installed prefix (plugin + its Python dir)."""
+    dest = env.cluster.root.parent / name
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(env.prefix, dest, symlinks=True)
+    return dest
+
+
+def test_python_package_missing(faults: SlurmEnv) -> None:
+    bare = _tree_copy(faults, "prefix-no-package")
+    shutil.rmtree(bare / "lib" / "grace-policy" / "python" / "grace_policy")
+    faults.set_plugin_line(bare / "lib" / "slurm" / "spank_grace_policy.so",
+                           f"config={faults.configs['base']}", f"audit={faults.audit_log}")
+    line = _allowed_with_one_line(faults)
+    assert "cannot load grace_policy.slurm_bridge" in line
+    assert "ModuleNotFoundError" in line
+
+
+def test_python_dependency_missing(faults: SlurmEnv) -> None:
+    """cffi's _cffi_backend gone from the installed tree."""
+    tree = _tree_copy(faults, "prefix-no-cffi")
+    for backend in (tree / "lib" / "grace-policy" / "python").glob("_cffi_backend*"):
+        backend.unlink()
+    faults.set_plugin_line(tree / "lib" / "slurm" / "spank_grace_policy.so",
+                           f"config={faults.configs['base']}", f"audit={faults.audit_log}",
+                           "on_error=allow")
+    line = _allowed_with_one_line(faults)
+    assert "_cffi_backend" in line
+
+
+def test_python_path_empty_dir_changes_nothing(faults: SlurmEnv) -> None:
+    """An empty python_path= directory is searched first and then the
+    installed package: still a normal check."""
+    empty = faults.cluster.root.parent / "empty-python-path"
+    empty.mkdir(exist_ok=True)
+    faults.use("base", f"python_path={empty}")
+    res = faults.cluster.srun([str(faults.files / "foreign")], user="nobody")
+    assert res.returncode != 0
+    assert f"{PREFIX}ERROR exe-arch-mismatch" in res.stderr
+
+
+def test_libpython_missing_on_the_node(faults: SlurmEnv) -> None:
+    """The plugin cannot even be loaded by slurmstepd. That is before any of
+    our code runs, so Slurm alone decides: on 22.05 a `required` plugin that
+    fails to load fails the step launch (no exec, whatever on_error says),
+    the reason is in slurmd's log from Slurm's own plugin loader, and the
+    node stays up (srun steps; see docs/SECURITY.md for batch jobs). srun here uses
+    a client config with the good plugin (a submit host that has libpython)."""
+    tree = _tree_copy(faults, "prefix-no-libpython")
+    so = tree / "lib" / "slurm" / "spank_grace_policy.so"
+    data = so.read_bytes()
+    assert b"libpython3." in data
+    patched = re.sub(rb"libpython3\.(\d+)\.so", lambda m: b"libpython9." +
+                     b"9" * len(m.group(1)) + b".so", data)
+    so.write_bytes(patched)
+    needed = subprocess.run(["readelf", "-d", str(so)], capture_output=True, text=True,
+                            check=True).stdout
+    assert "libpython9." in needed
+
+    client_stack = faults.cluster.root / "etc" / "plugstack-client.conf"
+    client_stack.write_text(f"required {faults.plugin} config={faults.configs['base']} "
+                            f"audit={faults.audit_log}\n")
+    client_conf = faults.cluster.root / "etc" / "slurm-client.conf"
+    client_conf.write_text(re.sub(r"(?m)^PlugStackConfig=.*$",
+                                  f"PlugStackConfig={client_stack}",
+                                  faults.cluster.conf.read_text()))
+    faults.set_plugin_line(so, f"config={faults.configs['base']}", f"audit={faults.audit_log}")
+    out = faults.side_file("nolibpython.out")
+    res = faults.cluster.srun([str(faults.files / "native"), str(out)], user="nobody",
+                              env={"SLURM_CONF": str(client_conf)})
+    assert "Traceback" not in res.stderr
+    log = faults.cluster.slurmd_log_text()
+    assert "libpython9." in log, res.stderr
+    # What 22.05 does with it, asserted so a change of behaviour is noticed:
+    # the launch fails before any exec ("Plugin initialization failed"), but
+    # srun, as for any error before the tasks start, exits 0.
+    assert "launch failed: Plugin initialization failed" in res.stderr
+    assert res.returncode == 0, res.stderr
+    assert not out.exists()
+
+
+# -- the audit log ---------------------------------------------------------------
+
+def test_audit_log_cannot_be_opened(faults: SlurmEnv) -> None:
+    """A directory that does not exist: the verdict stands (the check ran),
+    slurmd's log says why there is no line."""
+    nowhere = faults.cluster.root.parent / "no-such-dir" / "audit.log"
+    faults.use("base", f"audit={nowhere}")
+    res = faults.cluster.srun([str(faults.files / "foreign")], user="nobody")
+    assert f"{PREFIX}ERROR exe-arch-mismatch" in res.stderr and res.returncode != 0
+    res = faults.cluster.srun(JOB_CMD, user="nobody")
+    assert res.returncode == 0 and PREFIX not in res.stderr
+    [line] = _error_lines(faults, _job(res))
+    assert f"audit log {nowhere}: cannot open as root: No such file or directory" in line
+
+
+def test_audit_log_is_a_symlink(faults: SlurmEnv) -> None:
+    """root must not follow a link planted where the audit log should be."""
+    target = faults.cluster.shared / "not-the-audit-log"
+    target.write_text("")
+    link = faults.cluster.root.parent / "audit-link.log"
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    link.symlink_to(target)
+    faults.use("base", f"audit={link}")
+    res = faults.cluster.srun(JOB_CMD, user="nobody")
+    assert res.returncode == 0
+    [line] = _error_lines(faults, _job(res))
+    assert "cannot open as root" in line
+    assert target.read_text() == ""
+
+
+@pytest.fixture
+def full_disk(slurm: SlurmEnv) -> Iterator[Path]:
+    mnt = slurm.cluster.root.parent / "tinyfs"
+    mnt.mkdir(exist_ok=True)
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=0755", "tmpfs",
+                           str(mnt)], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        log = mnt / "audit.log"
+        log.touch()
+        log.chmod(0o640)
+        filler = subprocess.run(["dd", "if=/dev/zero", f"of={mnt / 'fill'}", "bs=4k"],
+                                capture_output=True, check=False)
+        assert filler.returncode != 0  # ran until ENOSPC
+        yield log
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
+
+
+def test_audit_log_disk_full(faults: SlurmEnv, full_disk: Path) -> None:
+    faults.use("base", f"audit={full_disk}")
+    res = faults.cluster.srun([str(faults.files / "foreign")], user="nobody")
+    assert f"{PREFIX}ERROR exe-arch-mismatch" in res.stderr and res.returncode != 0
+    assert "Traceback" not in res.stderr
+    res = faults.cluster.srun(JOB_CMD, user="nobody")
+    assert res.returncode == 0 and PREFIX not in res.stderr
+    [line] = [entry for entry in faults.cluster.slurmd_log_text().splitlines()
+              if f"{PREFIX}job {_job(res)} step 0:" in entry]
+    assert f"audit log {full_disk}: cannot write: No space left on device" in line
+    assert full_disk.read_text() == ""
+
+
+# -- deadlines -------------------------------------------------------------------
+
+def test_core_deadline_exceeded_follows_on_error(faults: SlurmEnv) -> None:
+    """deadline_ms = 1: the core stops and says check-limit; the config's own
+    on_error decides (deny here: refused, with the reason, no exec)."""
+    text = faults.configs["base"].read_text().replace("deadline_ms = 5000",
+                                                      'deadline_ms = 1\non_error = "deny"')
+    cfg = _config(faults, "deadline-1ms.toml", text)
+    subprocess.run([str(faults.prefix / "bin" / "grace-policy"), "config", "check",
+                    "--compile", str(cfg)], env={}, check=True, capture_output=True)
+    faults.use(cfg)
+    before = len(faults.audit_lines())
+    out = faults.side_file("deadline.out")
+    res = faults.cluster.srun([str(faults.files / "native"), str(out)], user="nobody")
+    assert res.returncode != 0, res.stderr
+    assert f"{PREFIX}ERROR check-limit" in res.stderr, res.stderr
+    assert "Traceback" not in res.stderr
+    assert not out.exists()
+    [record] = [json.loads(line) for line in faults.audit_lines()[before:]]
+    assert record["action"] == "reject" and "deadline" in (record["error"] or "")
+
+
+@pytest.mark.parametrize("on_error", ["allow", "deny"])
+def test_c_backstop_fires_on_a_hung_check(faults: SlurmEnv, on_error: str) -> None:
+    """A check that never returns (here: an import that sleeps, as one on a
+    dead network file system would). Only the admin can arrange it: the
+    directory comes from plugstack.conf's python_path. The step waits
+    timeout_ms, follows on_error, and slurmstepd is not held by the thread
+    left behind."""
+    hung = faults.cluster.root.parent / "hung-python" / "grace_policy"
+    hung.mkdir(parents=True, exist_ok=True)
+    (hung / "__init__.py").write_text("import time\ntime.sleep(3600)\n")
+    faults.use("base", f"python_path={hung.parent}", "timeout_ms=1000",
+               f"on_error={on_error}")
+    if on_error == "deny":
+        _refused_by_on_error(faults)
+        return
+    res = faults.cluster.srun(JOB_CMD, user="nobody", timeout=30)
+    assert res.returncode == 0, res.stderr
+    [line] = _error_lines(faults, _job(res))
+    assert "no verdict within timeout_ms=1000" in line
+    assert "on_error=allow: step allowed unchecked" in line
+    # The step, and its slurmstepd, are gone despite the sleeping thread.
+    squeue = faults.cluster.run(["squeue", "-h", "-j", str(_job(res))]).stdout
+    assert str(_job(res)) not in squeue
+    assert NODE

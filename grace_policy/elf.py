@@ -15,6 +15,7 @@ import os
 import stat
 import struct
 
+from . import fsprobe
 from ._record import dataclass
 
 TYPE_CHECKING = False
@@ -176,7 +177,7 @@ def open_regular(path: str) -> tuple[int, os.stat_result]:
     ``O_NONBLOCK`` and an ``fstat`` of what was actually opened cover a swap
     between the two calls. Only regular files pass; open errors stay ``OSError``.
     """
-    if not stat.S_ISREG(os.stat(path).st_mode):
+    if not stat.S_ISREG(fsprobe.stat(path).st_mode):
         raise ElfError("not a regular file", not_elf=True)
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     try:

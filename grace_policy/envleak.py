@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 
+from . import fsprobe
 from ._record import dataclass
 from .elf import ElfError, read_elf
 from .findings import EnvChanges, Issue
@@ -59,11 +60,11 @@ def judge_prefix(prefix: str, node: NodeProfile, env: Mapping[str, str],
     Judged by its interpreter, followed like execve would (symlinks, ``#!``):
     that is what uv, pip and ``python`` from PATH would start.
     """
-    if not os.path.isdir(prefix):
+    if not fsprobe.isdir(prefix):
         return f"{prefix} does not exist on this node"
     for name in ("bin/python", "bin/python3"):
         candidate = os.path.join(prefix, name)
-        if not os.path.lexists(candidate):
+        if not fsprobe.lexists(candidate):
             continue
         hops = follow(candidate, env, "/", budget)
         last = hops[-1]

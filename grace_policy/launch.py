@@ -25,6 +25,7 @@ import os
 import stat
 from collections.abc import Mapping
 
+from . import fsprobe
 from ._record import dataclass
 from .elf import open_regular
 
@@ -108,7 +109,7 @@ def build_path(name: str, env: Mapping[str, str], cwd: str,
             candidate = _c_cut(f"{directory}/{name}")
             host = candidate if candidate.startswith("/") else os.path.join(cwd, candidate)
             try:
-                st = os.stat(host)
+                st = fsprobe.stat(host)
             except (OSError, ValueError):
                 continue
             if not stat.S_ISDIR(st.st_mode):
@@ -133,7 +134,7 @@ def which(name: str, path: str | None, cwd: str, budget: Budget | None = None) -
         if not candidate.startswith("/"):
             candidate = os.path.join(cwd, candidate)
         try:
-            if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            if fsprobe.isfile(candidate) and os.access(candidate, os.X_OK):
                 return candidate
         except ValueError:
             continue
@@ -337,7 +338,7 @@ def _classify(path: str, budget: Budget | None = None) -> Hop:
     except PermissionError:
         return Hop(path, "unreadable", detail="Permission denied")
     except OSError as exc:
-        if exc.errno is not None and os.path.isdir(path):
+        if exc.errno is not None and fsprobe.isdir(path):
             return Hop(path, "unreadable", detail="Is a directory")
         return Hop(path, "unreadable", detail=exc.strerror or "cannot open")
     except Exception:  # ElfError: FIFO, device, directory; ValueError: NUL in path

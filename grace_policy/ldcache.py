@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import struct
 
+from . import fsprobe
 from ._record import dataclass
 
 OLD_MAGIC = b"ld.so-1.7.0"
@@ -157,6 +158,7 @@ def parse(data: bytes) -> LdCache:
 
 def load(path: str) -> LdCache:
     try:
+        fsprobe.stat(path)  # the verdict depends on this file: record it
         with open(path, "rb") as fh:
             data = fh.read(MAX_CACHE_BYTES)
     except OSError:

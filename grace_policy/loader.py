@@ -29,10 +29,19 @@ import struct
 from collections import deque
 from collections.abc import Mapping
 
-from . import ldcache
+from . import fsprobe, ldcache
 from ._record import dataclass, field
 from .budget import Budget
-from .elf import ELFCLASS32, ET_DYN, ET_EXEC, ElfError, ElfInfo, machine_name, read_elf
+from .elf import (
+    ELFCLASS32,
+    ET_DYN,
+    ET_EXEC,
+    ElfError,
+    ElfInfo,
+    machine_name,
+    read_elf,
+    read_head,
+)
 from .node import NodeProfile
 
 #: PT_INTERP paths of each target's loader, for judging a foreign node from a
@@ -226,11 +235,11 @@ class _Searcher:
             return known
         out: list[str] = []
         levels = self.hwcaps()
-        if levels and os.path.isdir(self.to_host(prefix + "glibc-hwcaps")):
+        if levels and fsprobe.isdir(self.to_host(prefix + "glibc-hwcaps")):
             out += [f"{prefix}glibc-hwcaps/{sub}/" for sub in levels]
         if self._legacy:
             present = {first for first in self._legacy_first
-                       if os.path.isdir(self.to_host(prefix + first))}
+                       if fsprobe.isdir(self.to_host(prefix + first))}
             if present:
                 out += [f"{prefix}{combo}/" for combo in self._legacy
                         if combo.split("/", 1)[0] in present]
@@ -250,7 +259,7 @@ class _Searcher:
         if self.node.root in ("", "/"):
             return path
         inside = self.node.in_root(path)
-        return inside if os.path.lexists(inside) else path
+        return inside if fsprobe.lexists(inside) else path
 
     # -- verifying one candidate (open_verify) -----------------------------------
 
@@ -279,7 +288,7 @@ class _Searcher:
             return "absent", None, exc.strerror or "cannot open", ""
         except ElfError as exc:
             if exc.reason == "not a regular file":
-                if os.path.isdir(host_path):
+                if fsprobe.isdir(host_path):
                     # open(2) succeeds on a directory, read(2) fails: fatal.
                     return "fatal", None, _EISDIR, ""
                 return "fatal", None, "not a regular file", ""
@@ -311,9 +320,9 @@ class _Searcher:
                       otherwise: str) -> tuple[str, ElfInfo | None, str, str]:
         """open_verify's header tests alone, for a file our reader rejected."""
         try:
-            with open(host_path, "rb") as fh:
-                ident = fh.read(20)
-        except OSError:
+            # open_regular: never block on a FIFO swapped in since the first read
+            ident = read_head(host_path, 20)
+        except (OSError, ElfError):
             return "fatal", None, otherwise, ""
         node = self.node
         if len(ident) < 20:
@@ -421,7 +430,7 @@ class _Searcher:
                 for directory in self._system_dirs:
                     path = f"{directory}/{name}"
                     searched.append(path)
-                    if os.path.exists(path):
+                    if fsprobe.exists(path):
                         return "found", path, None, skipped, searched, "system dir (by name)"
             else:
                 found = try_dirs(list(self._system_dirs), "system dir")
@@ -477,12 +486,12 @@ def system_dirs(node: NodeProfile) -> tuple[str, ...]:
         host = NodeProfile(machine=_host_machine(), page_size=node.page_size, glibc=None)
         return system_dirs(host)
     triplet = node.multiarch
-    if os.path.isdir(node.in_root(f"/lib/{triplet}")) or os.path.isdir(
+    if fsprobe.isdir(node.in_root(f"/lib/{triplet}")) or fsprobe.isdir(
         node.in_root(f"/usr/lib/{triplet}")
     ):
         return (f"/lib/{triplet}", f"/usr/lib/{triplet}", "/lib", "/usr/lib")
-    if node.lib == "lib64" and (os.path.isdir(node.in_root("/lib64"))
-                                or os.path.isdir(node.in_root("/usr/lib64"))):
+    if node.lib == "lib64" and (fsprobe.isdir(node.in_root("/lib64"))
+                                or fsprobe.isdir(node.in_root("/usr/lib64"))):
         return ("/lib64", "/usr/lib64")
     return (f"/lib/{triplet}", f"/usr/lib/{triplet}", "/lib", "/usr/lib")
 
@@ -613,7 +622,7 @@ def supported_hwcaps(node: NodeProfile) -> tuple[str, ...]:
 
 def _file_id(path: str) -> tuple[int, int] | None:
     try:
-        st = os.stat(path)
+        st = fsprobe.stat(path)
     except OSError:
         return None
     return st.st_dev, st.st_ino
@@ -639,7 +648,7 @@ def resolve(
     searcher = _Searcher(node, env, cwd, budget, cache)
     host_exe = searcher.to_host(exe_path)
     if exec_origin:
-        origin = os.path.dirname(os.path.realpath(host_exe))
+        origin = os.path.dirname(fsprobe.realpath(host_exe))
         if node.root not in ("", "/") and origin.startswith(node.root.rstrip("/") + "/"):
             origin = origin[len(node.root.rstrip("/")):]
     else:
@@ -659,7 +668,7 @@ def resolve(
         # Whatever runs this object has the node's loader mapped already (a
         # library listed on its own, or dlopened): its soname is taken.
         interp = next((p for p in CANONICAL_INTERP.get(node.machine, ())
-                       if os.path.exists(searcher.to_host(p))), None)
+                       if fsprobe.exists(searcher.to_host(p))), None)
     rtld_loaded = False
     if interp:
         status, info, reason, _machine = searcher.verify(interp)

@@ -1,0 +1,141 @@
+"""Every filesystem question a check asks, with the answer it got.
+
+A verdict depends only on the step's inputs (argv[0], cwd, a few environment
+variables, the config) and on what the filesystem answered. While a check
+runs, each stat, existence test and realpath goes through this module and is
+written down. When every recorded question gets the same answer again, the
+check would reach the same verdict, so the plugin's C side can reuse a clean
+verdict without starting Python (``spank/grace_cache.c`` asks the questions
+again, with the user's rights, before trusting an entry).
+
+The record keeps, per path, ``kind`` and for regular files the identity
+(device, inode, size, mtime_ns, ctime_ns, mode): a file's content cannot
+change without its mtime or ctime changing.
+"""
+
+from __future__ import annotations
+
+import os
+import stat as _stat
+
+#: The questions of the check in progress, or None when nobody listens.
+_log: list[tuple[str, str, str]] | None = None
+
+
+def start() -> None:
+    global _log
+    _log = []
+
+
+def stop() -> list[tuple[str, str, str]]:
+    """The questions asked since :func:`start`, in order, without repeats."""
+    global _log
+    out, _log = _log or [], None
+    seen: set[tuple[str, str]] = set()
+    unique = []
+    for op, path, answer in out:
+        if (op, path) not in seen:
+            seen.add((op, path))
+            unique.append((op, path, answer))
+    return unique
+
+
+def signature(st: os.stat_result | None, err: int = 0) -> str:
+    """The answer the C side recomputes (keep in step with grace_cache.c)."""
+    if st is None:
+        return "n" if err in (2, 20) else f"e{err}"
+    fmt = _stat.S_IFMT(st.st_mode)
+    if fmt == _stat.S_IFDIR:
+        return "d"
+    if fmt == _stat.S_IFREG:
+        return (f"f{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}:"
+                f"{st.st_mode & 0o7777:o}")
+    return f"o{fmt:o}"
+
+
+def note(path: str, st: os.stat_result | None, err: int = 0, op: str = "s") -> None:
+    if _log is not None:
+        _log.append((op, path, signature(st, err)))
+
+
+def stat(path: str) -> os.stat_result:
+    """``os.stat`` that is written down; raises OSError like it."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        note(path, None, exc.errno or 0)
+        raise
+    except ValueError:  # NUL in the path: no file can have that name
+        note(path, None, 2)
+        raise FileNotFoundError(2, "No such file or directory", path) from None
+    note(path, st)
+    return st
+
+
+def _try(path: str) -> os.stat_result | None:
+    try:
+        return stat(path)
+    except OSError:
+        return None
+
+
+def isdir(path: str) -> bool:
+    st = _try(path)
+    return st is not None and _stat.S_ISDIR(st.st_mode)
+
+
+def isfile(path: str) -> bool:
+    st = _try(path)
+    return st is not None and _stat.S_ISREG(st.st_mode)
+
+
+def exists(path: str) -> bool:
+    return _try(path) is not None
+
+
+def lexists(path: str) -> bool:
+    try:
+        st = os.lstat(path)
+    except OSError as exc:
+        note(path, None, exc.errno or 0, "l")
+        return False
+    except ValueError:
+        note(path, None, 2, "l")
+        return False
+    if _log is not None:
+        _log.append(("l", path, "L" if _stat.S_ISLNK(st.st_mode) else signature(st)))
+    return True
+
+
+def realpath(path: str) -> str:
+    result = os.path.realpath(path)
+    if _log is not None:
+        _log.append(("r", path, result))
+    return result
+
+
+def encode(text: str) -> str:
+    """Percent-encode every byte outside printable ASCII (and ``%``) so a
+    record is one line of tokens whatever the path holds."""
+    raw = os.fsencode(text)
+    return "".join(chr(b) if 0x21 <= b <= 0x7E and b != 0x25 else f"%{b:02X}" for b in raw)
+
+
+def answer(op: str, path: str) -> str:
+    """Ask one recorded question again (what the C side does, for tests and
+    for ``grace-policy`` itself)."""
+    if op == "r":
+        return os.path.realpath(path)
+    try:
+        st = os.lstat(path) if op == "l" else os.stat(path)
+    except OSError as exc:
+        return signature(None, exc.errno or 0)
+    except ValueError:
+        return signature(None, 2)
+    if op == "l" and _stat.S_ISLNK(st.st_mode):
+        return "L"
+    return signature(st)
+
+
+def still_true(records: list[tuple[str, str, str]]) -> bool:
+    return all(answer(op, path) == ans for op, path, ans in records)

@@ -55,8 +55,12 @@ def decide(
     node: NodeProfile | None = None,
     user_lowered_mode: str | None = None,
     container: str | None = None,
+    probes: list[tuple[str, str, str]] | None = None,
 ) -> Verdict:
     """What the plugin does with this step. Never raises.
+
+    ``probes``: when given, filled with every filesystem question the check
+    asked and its answer (:mod:`grace_policy.fsprobe`), for the verdict cache.
 
     ``container``: why the step runs argv inside an image (nothing on the
     host to judge), as the caller established it from what Slurm says. The
@@ -70,7 +74,15 @@ def decide(
             return Verdict(action="allow", mode=mode, partition=partition, skipped="mode off")
         if container:
             return Verdict(action="allow", mode=mode, partition=partition, skipped=container)
-        return _decide(policy, mode, partition, argv, env, cwd, node)
+        if probes is None:
+            return _decide(policy, mode, partition, argv, env, cwd, node)
+        from . import fsprobe
+
+        fsprobe.start()
+        try:
+            return _decide(policy, mode, partition, argv, env, cwd, node)
+        finally:
+            probes.extend(fsprobe.stop())
     except BudgetExceeded as exc:
         return _limit_verdict(policy, mode, partition, str(exc))
     except Exception as exc:  # never let a check failure escape into slurmstepd

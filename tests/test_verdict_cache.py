@@ -1,0 +1,110 @@
+"""The verdict cache's promise: an entry matches only while every input and
+every recorded filesystem answer is unchanged, so a hit means the full check
+would have given the same clean verdict.
+
+These tests use the Python twin of the C lookup (``verdict_cache.lookup``);
+tests/slurm checks the C side in slurmstepd against the same entries.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from fixtures.build import ElfBuilder, src
+
+from grace_policy import fsprobe, verdict_cache
+from grace_policy.decide import decide
+from grace_policy.policy import Policy
+
+ENV_NAMES = ("PATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "CONDA_PREFIX")
+
+
+def _entry(argv0: str, env: dict[str, str], cwd: str = "/") -> tuple[str, list]:
+    probes: list[tuple[str, str, str]] = []
+    verdict = decide(Policy(), partition="p", argv=[argv0], env=env, cwd=cwd, probes=probes)
+    assert verdict_cache.cacheable(verdict), verdict
+    ins = verdict_cache.inputs(argv0=argv0, cwd=cwd, partition="p", user_mode=None, env=env,
+                               env_names=ENV_NAMES)
+    text = verdict_cache.entry(ins, verdict.mode, probes)
+    assert text is not None
+    return text, ins
+
+
+def test_same_step_hits(tmp_path: Path) -> None:
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin"}
+    text, ins = _entry("true", env)
+    assert verdict_cache.lookup(text, ins) == "enforce"
+
+
+def test_new_file_earlier_in_path_misses(tmp_path: Path) -> None:
+    """The search passed over tmp_path/true (absent): a file appearing there
+    changes what runs, so the entry must stop matching."""
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin"}
+    text, ins = _entry("true", env)
+    shutil.copy("/usr/bin/true", tmp_path / "true")
+    assert verdict_cache.lookup(text, ins) is None
+
+
+def test_other_inputs_miss(tmp_path: Path) -> None:
+    env = {"PATH": "/usr/bin:/bin"}
+    text, _ins = _entry("true", env)
+    for changed in (
+        verdict_cache.inputs(argv0="false", cwd="/", partition="p", user_mode=None, env=env,
+                             env_names=ENV_NAMES),
+        verdict_cache.inputs(argv0="true", cwd="/", partition="q", user_mode=None, env=env,
+                             env_names=ENV_NAMES),
+        verdict_cache.inputs(argv0="true", cwd="/", partition="p", user_mode=None,
+                             env={**env, "VIRTUAL_ENV": "/x"}, env_names=ENV_NAMES),
+        verdict_cache.inputs(argv0="true", cwd="/", partition="p", user_mode=None,
+                             env={**env, "LD_LIBRARY_PATH": str(tmp_path)},
+                             env_names=ENV_NAMES),
+    ):
+        assert verdict_cache.lookup(text, changed) is None
+
+
+def test_rewritten_library_misses(elf_builder: ElfBuilder, tmp_path: Path) -> None:
+    lib = elf_builder.library("lib/libgreet.so.1")
+    exe = elf_builder.compile(src("use_greet.c"), "bin/app", needed_libs=("greet",),
+                              lib_dirs=(lib.parent,), runpath="$ORIGIN/../lib")
+    env = {"PATH": "/usr/bin:/bin"}
+    text, ins = _entry(str(exe), env)
+    assert verdict_cache.lookup(text, ins) == "enforce"
+    data = lib.read_bytes()
+    lib.unlink()
+    lib.write_bytes(data)  # same bytes, new inode: the loader may see another file
+    assert verdict_cache.lookup(text, ins) is None
+
+
+def test_torn_and_foreign_blocks_are_skipped(tmp_path: Path) -> None:
+    env = {"PATH": "/usr/bin:/bin"}
+    text, ins = _entry("true", env)
+    torn = text[: len(text) // 2]
+    assert verdict_cache.lookup(torn, ins) is None
+    junk = "GPC1\nX nonsense\n.\n"
+    assert verdict_cache.lookup(junk + torn + text, ins) == "enforce"
+
+
+def test_odd_bytes_round_trip(tmp_path: Path) -> None:
+    odd = tmp_path / "a b\nc%\udcff"
+    os.mkdir(odd)
+    shutil.copy("/usr/bin/true", odd / "prog")
+    text, ins = _entry(str(odd / "prog"), {"PATH": "/usr/bin"})
+    assert all(line.count(" ") <= 3 for line in text.splitlines())
+    assert verdict_cache.lookup(text, ins) == "enforce"
+
+
+def test_relative_probe_is_not_cached() -> None:
+    assert verdict_cache.entry([], "enforce", [("s", "rel/path", "n")]) is None
+
+
+def test_signature_follows_content_and_mode(tmp_path: Path) -> None:
+    f = tmp_path / "f"
+    f.write_bytes(b"x")
+    first = fsprobe.answer("s", str(f))
+    os.chmod(f, 0o700)
+    assert fsprobe.answer("s", str(f)) != first
+    assert fsprobe.answer("s", str(tmp_path / "missing")) == "n"
+    assert fsprobe.answer("s", str(f / "below")) == "n"  # ENOTDIR counts as absent
+    assert fsprobe.answer("s", str(tmp_path)) == "d"

@@ -105,7 +105,7 @@ def _decide(policy: Policy, mode: str, partition: str | None, argv: Sequence[str
         from .rules import Catalogue
 
         catalogue = Catalogue.for_policy(policy)
-        findings = catalogue.findings(report.issues, _context(node, partition))
+        findings = catalogue.findings(report.issues, finding_context(node, partition))
         findings = tuple(_cap_cleaned(f, report.env) for f in findings)
     action = action_for(mode, findings)
     if report.limit is not None:
@@ -123,7 +123,8 @@ def _cap_cleaned(finding: Finding, env: EnvChanges) -> Finding:
     return finding
 
 
-def _context(node: NodeProfile, partition: str | None) -> dict[str, str]:
+def finding_context(node: NodeProfile, partition: str | None) -> dict[str, str]:
+    """What rule texts may name about the node and the step's partition."""
     return {
         "partition": partition or "",
         "node_arch": node.machine,

@@ -126,16 +126,6 @@ def _kernel_mapped(info: ElfInfo) -> bool:
     return bool(info.interp) or info.e_type == ET_EXEC or bool(info.flags_1 & _DF_1_PIE)
 
 
-def _context(node: NodeProfile, partition: str | None) -> dict[str, str]:
-    return {
-        "partition": partition or "",
-        "node_arch": node.machine,
-        "page_size": str(node.page_size),
-        "page_kib": str(node.page_size // 1024),
-        "glibc": f"{node.glibc[0]}.{node.glibc[1]}" if node.glibc else "unknown",
-    }
-
-
 def _candidate(c: Candidate) -> dict[str, str]:
     return {"path": c.path, "reason": c.reason, "machine": c.machine}
 
@@ -148,6 +138,7 @@ def _inspect(path: str, info: ElfInfo, node: NodeProfile, env: Mapping[str, str]
              policy: Policy, partition: str | None) -> dict[str, Any]:
     """Everything both output forms show, as plain data."""
     from ..check import elf_summary
+    from ..decide import finding_context
     from ..findings import Issue
     from ..layout import page_issues
     from ..loader import resolve
@@ -229,7 +220,7 @@ def _inspect(path: str, info: ElfInfo, node: NodeProfile, env: Mapping[str, str]
     out["fatal"] = fatal
     catalogue = Catalogue.for_policy(policy)
     out["issues"] = [_finding_json(f)
-                     for f in catalogue.findings(issues, _context(node, partition))]
+                     for f in catalogue.findings(issues, finding_context(node, partition))]
     return out
 
 

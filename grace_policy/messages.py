@@ -176,6 +176,12 @@ def user_lines(
             )
         lines.extend(_block("", text, indent=""))
     elif verdict.action == "warn" and shown:
-        text = f"the step runs anyway ({where}, mode {verdict.mode}), but may fail as described."
+        if all(f.rule == "env-leak" for f in shown) and not env.empty:
+            # The leak is what was wrong, and it was cleaned: nothing is
+            # expected to fail, so do not say it might.
+            text = f"the step runs with the cleaned environment ({where})."
+        else:
+            text = (f"the step runs anyway ({where}, mode {verdict.mode}), but may fail as "
+                    "described.")
         lines.extend(_block("", text, indent=""))
     return lines

@@ -160,3 +160,19 @@ def test_catalogue_adds_titles() -> None:
     lines = user_lines(verdict, catalogue=cat)
     assert lines[1] == f"{PREFIX}  The program is built for another CPU architecture."
     assert len(lines) < 15  # readable, not a wall of text
+
+
+def test_cleaned_leak_alone_does_not_say_the_step_may_fail() -> None:
+    """The leak was the problem and it was removed: telling the user the step
+    'may fail as described' would send them looking for a failure that the
+    cleaning already prevented."""
+    verdict = Verdict(
+        action="warn",
+        mode="enforce",
+        partition="gb200",
+        findings=(finding("env-leak", "warning", "/home/ana/venv"),),
+        env=EnvChanges(unset=("VIRTUAL_ENV",), set=(("PATH", "/usr/bin"),)),
+    )
+    lines = user_lines(verdict)
+    assert "runs with the cleaned environment" in lines[-1]
+    assert not any("may fail" in line for line in lines)

@@ -63,6 +63,9 @@ class StepInput:
     #: slurm_spank_init (-1: not opened; C logged why).
     audit_path: str | None = None
     audit_fd: int = -1
+    #: Which plugin install and module path run this check (C's words; an
+    #: input of every verdict-cache entry, so another install never replays it).
+    code: str | None = None
 
     @property
     def step_name(self) -> str:
@@ -78,6 +81,8 @@ class Outcome:
     unset: list[str] = field(default_factory=list)
     set: list[tuple[str, str]] = field(default_factory=list)
     log: list[str] = field(default_factory=list)
+    #: A verdict-cache entry for C to append (clean allows only), or None.
+    cache: str | None = None
 
     @classmethod
     def failed(cls, reason: str) -> Outcome:
@@ -113,8 +118,8 @@ def run_step(step: StepInput) -> Outcome:
         return Outcome.failed(f"config {step.config}: {type(exc).__name__}: {_one_line(str(exc))}")
 
     from .decide import decide
-    from .messages import user_lines
 
+    probes: list[tuple[str, str, str]] = []
     verdict = decide(
         policy,
         partition=step.partition,
@@ -124,20 +129,14 @@ def run_step(step: StepInput) -> Outcome:
         node=None,
         user_lowered_mode=step.user_mode,
         container=step.container,
+        probes=probes,
     )
     out = Outcome(action=verdict.action)
     if verdict.action not in ("allow", "warn", "reject"):
         return Outcome.failed(f"core returned an unknown action {verdict.action!r}")
-    catalogue = None
-    if verdict.findings:
-        try:
-            from .rules import Catalogue
-
-            catalogue = Catalogue.for_policy(policy)
-        except Exception:  # titles are a nicety; the findings carry the text
-            catalogue = None
-    out.user = [line if line.startswith(_PREFIX) else _PREFIX + line
-                for line in user_lines(verdict, catalogue=catalogue, contact=policy.contact)]
+    if verdict.findings or not verdict.env.empty or verdict.action != "allow":
+        # Only a step with something to say pays for messages (re, enum).
+        out.user = _user_lines(policy, verdict)
     out.unset = list(verdict.env.unset)
     out.set = list(verdict.env.set)
     if verdict.error:
@@ -147,7 +146,75 @@ def run_step(step: StepInput) -> Outcome:
     problem = _audit(step, policy.audit_path, verdict, elapsed_ms)
     if problem:
         out.log.append(_one_line(problem))
+    try:
+        out.cache = _cache_entry(step, policy, verdict, probes)
+    except Exception as exc:  # the cache is an optimisation: never a verdict's problem
+        out.log.append(f"verdict cache: entry not written: {type(exc).__name__}: "
+                       f"{_one_line(str(exc))}")
     return out
+
+
+def _user_lines(policy: Any, verdict: Verdict) -> list[str]:
+    from .messages import user_lines
+
+    catalogue = None
+    if verdict.findings:
+        try:
+            from .rules import Catalogue
+
+            catalogue = Catalogue.for_policy(policy)
+        except Exception:  # titles are a nicety; the findings carry the text
+            catalogue = None
+    return [line if line.startswith(_PREFIX) else _PREFIX + line
+            for line in user_lines(verdict, catalogue=catalogue, contact=policy.contact)]
+
+
+#: Step-env variables every check reads besides the policy's env-leak names.
+CACHE_ENV = ("PATH", "LD_LIBRARY_PATH", "HOME")
+
+
+def credentials() -> str:
+    """The rights the check ran with, as C writes them (``grace_cache.c``):
+    ``<egid>:<sorted supplementary gids>``. Which files a user may read
+    depends on their groups, not only on the files' identity."""
+    groups = sorted(set(os.getgroups()))
+    return f"{os.getegid()}:" + ",".join(str(g) for g in groups)
+
+
+def code_files() -> list[str]:
+    """The grace_policy modules this process runs: a reinstall (new files,
+    new inodes) makes every entry written by the old code a miss."""
+    import sys
+
+    out = []
+    for name, module in list(sys.modules.items()):
+        if name == "grace_policy" or name.startswith("grace_policy."):
+            path = getattr(module, "__file__", None)
+            if path and path.startswith("/"):
+                out.append(path)
+    return sorted(out)
+
+
+def _cache_entry(step: StepInput, policy: Any, verdict: Verdict,
+                 probes: list[tuple[str, str, str]]) -> str | None:
+    """The verdict-cache entry of a clean allow, for C to store (the format
+    is grace_policy/verdict_cache.py's; C replays it in grace_cache.c)."""
+    from . import verdict_cache
+
+    if not verdict_cache.cacheable(verdict) or not step.argv or not step.config \
+            or step.code is None or step.container:
+        return None
+    from .policy import compiled_path_for
+
+    ins = verdict_cache.inputs(
+        argv0=step.argv[0], cwd=step.cwd, partition=step.partition, user_mode=step.user_mode,
+        env=step.env, env_names=(*CACHE_ENV, *policy.env.vars))
+    ins.append(("config", "=" + verdict_cache.fsprobe.encode(step.config)))
+    ins.append(("code", "=" + verdict_cache.fsprobe.encode(step.code)))
+    ins.append(("creds", "=" + verdict_cache.fsprobe.encode(credentials())))
+    extra = verdict_cache.config_probes(
+        [step.config, compiled_path_for(step.config), *code_files()])
+    return verdict_cache.entry(ins, verdict.mode, probes + extra)
 
 
 def _audit(step: StepInput, config_path: str | None, verdict: Verdict,
@@ -218,6 +285,7 @@ def read_step(ffi: Any, c_step: Any) -> StepInput:
         container=_text(ffi, c_step.container),
         audit_path=_text(ffi, c_step.audit_path),
         audit_fd=int(c_step.audit_fd),
+        code=_text(ffi, c_step.code),
     )
 
 
@@ -260,5 +328,7 @@ def register(ffi: Any, lib: Any) -> None:
             emit(lib.GRACE_EMIT_SET, f"{key}={value}")
         for line in out.log:
             emit(lib.GRACE_EMIT_LOG, line)
+        if out.cache:
+            emit(lib.GRACE_EMIT_CACHE, out.cache)
         emit(lib.GRACE_EMIT_DONE, "")
         return int(codes[out.action])

@@ -3,12 +3,19 @@
 # distribution's /usr/bin/python3, readable by every user), PREFIX, DESTDIR
 # and BUILD.
 
+# Two libraries: the stub Slurm loads everywhere (srun, sbatch, salloc,
+# slurmstepd), with no libpython in its DT_NEEDED, and the Python part it
+# dlopen()s in slurmstepd only on a verdict-cache miss.
 PLUGIN_SO := $(BUILD)/spank_grace_policy.so
+PLUGIN_PY_SO := $(BUILD)/grace_policy_py.so
 PYDEPS := $(BUILD)/pydeps
 PLUGIN_REQS := packaging/plugin-requirements.txt
-SPANK_C := spank/grace_spank.c spank/grace_stepd.c
+SPANK_C := spank/grace_spank.c spank/grace_stepd.c spank/grace_cache.c
 SPANK_H := spank/grace.h
 CFFI_C := $(BUILD)/spank_grace_policy_cffi.c
+# Names the per-user cache file (DIR/<uid>.v<version>): entries of another
+# version are never read.
+GRACE_VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' grace_policy/__init__.py)
 
 # Facts about PLUGIN_PYTHON, asked once per make run.
 PLUGIN_PY_INCLUDE = $(shell $(PLUGIN_PYTHON) -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
@@ -16,8 +23,7 @@ PLUGIN_PY_LIB = $(shell $(PLUGIN_PYTHON) -c 'import sysconfig as s; print(s.get_
 
 PLUGIN_CFLAGS ?= -O2 -g
 PLUGIN_CFLAGS += -std=gnu11 -fPIC -Wall -Wextra -D_FORTIFY_SOURCE=2 -fstack-protector-strong
-PLUGIN_LDFLAGS := -shared -Wl,--version-script=spank/grace_policy.map \
-	-Wl,-z,now -Wl,-z,relro -Wl,-z,nodelete -Wl,--no-undefined-version
+PLUGIN_LDFLAGS := -shared -Wl,-z,now -Wl,-z,relro -Wl,-z,nodelete -Wl,--no-undefined-version
 
 GP_LIBDIR = $(DESTDIR)$(PREFIX)/lib/grace-policy/python
 GP_SHARE = $(DESTDIR)$(PREFIX)/share/grace-policy
@@ -34,24 +40,33 @@ $(PYDEPS)/.stamp: $(PLUGIN_REQS)
 $(CFFI_C) $(BUILD)/grace_build.h: spank/build_plugin.py spank/grace_python.c $(SPANK_H) $(PYDEPS)/.stamp
 	PYTHONPATH=$(PYDEPS) $(PLUGIN_PYTHON) -s spank/build_plugin.py $(BUILD)
 
-$(BUILD)/%.o: spank/%.c $(SPANK_H) | $(PYDEPS)/.stamp
-	$(CC) $(PLUGIN_CFLAGS) -Ispank -I$(BUILD) -c -o $@ $<
+$(BUILD)/%.o: spank/%.c $(SPANK_H) grace_policy/__init__.py | $(PYDEPS)/.stamp
+	$(CC) $(PLUGIN_CFLAGS) -DGRACE_VERSION='"$(GRACE_VERSION)"' -Ispank -I$(BUILD) -c -o $@ $<
 
 # -Wno-unused-parameter: only for cffi's generated glue (an empty stub of its
 # own); our grace_python.c, included there, is clean without it.
 $(BUILD)/spank_grace_policy_cffi.o: $(CFFI_C) $(SPANK_H) spank/grace_python.c
 	$(CC) $(PLUGIN_CFLAGS) -Wno-unused-parameter -I$(PLUGIN_PY_INCLUDE) -Ispank -I$(BUILD) -c -o $@ $<
 
-$(PLUGIN_SO): $(BUILD)/grace_spank.o $(BUILD)/grace_stepd.o $(BUILD)/spank_grace_policy_cffi.o spank/grace_policy.map
-	$(CC) $(PLUGIN_LDFLAGS) -o $@ $(filter %.o,$^) $(PLUGIN_PY_LIB) -lpthread -ldl
+# The stub: exports only plugin_*/slurm_spank_* (grace_policy.map).
+$(PLUGIN_SO): $(BUILD)/grace_spank.o $(BUILD)/grace_stepd.o $(BUILD)/grace_cache.o spank/grace_policy.map
+	$(CC) $(PLUGIN_LDFLAGS) -Wl,--version-script=spank/grace_policy.map -o $@ \
+		$(filter %.o,$^) -lpthread -ldl
 
-plugin: $(PLUGIN_SO)
+# The Python part: exports only grace_python_check (grace_policy_py.map).
+$(PLUGIN_PY_SO): $(BUILD)/spank_grace_policy_cffi.o spank/grace_policy_py.map
+	$(CC) $(PLUGIN_LDFLAGS) -Wl,--version-script=spank/grace_policy_py.map -o $@ \
+		$(filter %.o,$^) $(PLUGIN_PY_LIB) -lpthread -ldl
+
+plugin: $(PLUGIN_SO) $(PLUGIN_PY_SO)
 
 # Everything the plugin needs, where it finds it with no environment variable:
 # the plugin locates PREFIX/lib/grace-policy/python from its own path.
 install: plugin
 	install -d $(DESTDIR)$(PREFIX)/lib/slurm $(DESTDIR)$(PREFIX)/bin $(GP_SHARE)/plugstack.conf.d
 	install -m 0755 $(PLUGIN_SO) $(DESTDIR)$(PREFIX)/lib/slurm/spank_grace_policy.so
+	install -d $(DESTDIR)$(PREFIX)/lib/grace-policy
+	install -m 0755 $(PLUGIN_PY_SO) $(DESTDIR)$(PREFIX)/lib/grace-policy/grace_policy_py.so
 	rm -rf $(GP_LIBDIR).new
 	install -d $(GP_LIBDIR).new
 	cp -a $(PYDEPS)/. $(GP_LIBDIR).new/

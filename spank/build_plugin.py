@@ -7,8 +7,10 @@ Run with the interpreter the plugin embeds (``make plugin`` uses
 
 Writes ``build/spank_grace_policy_cffi.c`` (cffi's embedding glue plus
 spank/grace_python.c) and ``build/grace_build.h`` (where this interpreter's
-library and standard library live). The Makefile compiles them with the other
-C files, a version script and ``-z now -z relro -z nodelete``. We emit C and
+library and standard library live). The Makefile compiles them into the
+plugin's Python part, ``grace_policy_py.so`` (version script
+grace_policy_py.map, ``-z now -z relro -z nodelete``), which the stub
+``spank_grace_policy.so`` dlopen()s in slurmstepd on a verdict-cache miss. We emit C and
 compile it ourselves instead of ``ffi.compile()`` so the flags are ours and the
 build does not depend on distutils/setuptools being present for that Python.
 """
@@ -34,6 +36,7 @@ CDEF = """
 #define GRACE_EMIT_SET 3
 #define GRACE_EMIT_LOG 4
 #define GRACE_EMIT_DONE 5
+#define GRACE_EMIT_CACHE 6
 
 struct grace_step {
     const char *config;
@@ -54,6 +57,7 @@ struct grace_step {
     const char *container;
     const char *audit_path;
     int audit_fd;
+    const char *code;
 };
 
 void grace_emit(void *result, int kind, const char *text);

@@ -35,6 +35,7 @@
 #define GRACE_EMIT_SET 3   /* "NAME=VALUE" to set in the step env */
 #define GRACE_EMIT_LOG 4   /* a line for slurmd's log only (error reasons) */
 #define GRACE_EMIT_DONE 5  /* the bridge reached its end: the result is complete */
+#define GRACE_EMIT_CACHE 6 /* a verdict-cache entry (grace_policy/verdict_cache.py format) */
 
 struct grace_step {
 	const char *config;    /* config=FILE from plugstack.conf, or NULL */
@@ -55,11 +56,13 @@ struct grace_step {
 	const char *container; /* why this is a container step (decided in C), or NULL */
 	const char *audit_path; /* audit=PATH from plugstack.conf, or NULL */
 	int audit_fd;          /* that file, opened by root in slurm_spank_init, or -1 */
+	const char *code;      /* which install runs the check: "<plugin dir>|<python_path>" */
 };
 
 /* Implemented in Python (grace_policy/slurm_bridge.py) through cffi. */
 int grace_py_decide(const struct grace_step *step);
-/* Implemented in C (grace_stepd.c); Python calls it to hand back the result. */
+/* Implemented in C (grace_python.c, in the Python library); Python calls it
+ * to hand back the result. */
 void grace_emit(void *result, int kind, const char *text);
 
 /* A growable list of strings owned by C. */
@@ -75,6 +78,7 @@ struct grace_result {
 	struct grace_strlist unset;
 	struct grace_strlist set;
 	struct grace_strlist log;
+	char *cache; /* the verdict-cache entry Python emitted, or NULL */
 	int done;
 	int oom; /* an allocation failed: the result is incomplete */
 };
@@ -91,6 +95,9 @@ struct grace_context {
 	char *audit_path;  /* audit=PATH: opened as root in slurm_spank_init */
 	int audit_fd;      /* -1 if not opened */
 	char audit_error[512]; /* why audit_fd is -1 or unsafe (logged per step) */
+	char *cache_dir;   /* cache_dir=DIR (default GRACE_CACHE_DIR); NULL: none */
+	int cache_fd;      /* DIR/<uid>.v<version>, opened as root in slurm_spank_init, or -1 */
+	char cache_error[512]; /* why cache_fd is -1 (logged with each step) */
 	char args_error[256]; /* non-empty: the arguments are unusable */
 	/* the user's --grace-policy option (remote side: from the option callback) */
 	char user_mode[16];
@@ -99,6 +106,13 @@ struct grace_context {
 	/* the directory this plugin was loaded from (to find its Python package) */
 	char plugin_dir[4096];
 };
+
+/* The Python part: a library of its own that the stub dlopen()s only in
+ * user_init on a cache miss, so srun/sbatch/salloc and cached steps never map
+ * libpython (PREFIX/lib/grace-policy/, next to the python/ tree). */
+#define GRACE_PY_LIBRARY "grace_policy_py.so"
+#define GRACE_PY_SYMBOL "grace_python_check"
+#define GRACE_CACHE_DIR "/run/grace-policy"
 
 /* grace_stepd.c: the remote (slurmstepd) side. */
 int grace_stepd_user_init(struct grace_context *ctx, spank_t sp);
@@ -111,5 +125,24 @@ int grace_stepd_task_init(struct grace_context *ctx, spank_t sp);
  */
 int grace_python_check(const struct grace_context *ctx, const struct grace_step *step,
 		       char *err, size_t errlen);
+typedef int (*grace_python_check_fn)(const struct grace_context *, const struct grace_step *,
+				     char *, size_t);
+
+/*
+ * grace_cache.c: clean verdicts replayed without Python (see
+ * grace_policy/verdict_cache.py for the format and docs/SECURITY.md).
+ */
+/* slurm_spank_init, remote, as root: create/check DIR and open the user's file. */
+void grace_cache_open(struct grace_context *ctx, spank_t sp);
+/* user_init, as the user: 1 and the mode if a stored entry matches this step
+ * and every recorded filesystem answer is still true, else 0. */
+int grace_cache_lookup(const struct grace_context *ctx, const struct grace_step *step,
+		       char *mode, size_t modelen);
+/* Append one entry Python emitted (one write); NULL or a reason to log. */
+const char *grace_cache_store(const struct grace_context *ctx, const char *entry,
+			      char *err, size_t errlen);
+/* The audit line of a cache hit, through root's descriptor; NULL or a reason. */
+const char *grace_audit_hit(const struct grace_context *ctx, const struct grace_step *step,
+			    const char *mode, double elapsed_ms, char *err, size_t errlen);
 
 #endif

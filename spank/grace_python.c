@@ -3,7 +3,9 @@
  *
  * This file is not compiled on its own: spank/build_plugin.py hands it to
  * cffi's set_source(), so it lands in the generated file after cffi's
- * embedding support and can call the static cffi_start_python().
+ * embedding support and can call the static cffi_start_python(). That file
+ * is the Python part of the plugin, grace_policy_py.so (the only library
+ * with libpython as DT_NEEDED), dlopen()ed by the stub on a cache miss.
  *
  * Why we start Python ourselves instead of letting cffi do it: cffi calls
  * Py_InitializeEx(0), which reads PYTHONPATH/PYTHONHOME from the *user's*
@@ -15,10 +17,71 @@
  */
 #include <dlfcn.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "grace.h"
 #include "grace_build.h" /* GRACE_LIBPYTHON, GRACE_PY_* (written by build_plugin.py) */
+
+static int grace_strlist_add(struct grace_strlist *l, const char *s)
+{
+	char *copy;
+
+	if (l->n == l->cap) {
+		size_t cap = l->cap ? l->cap * 2 : 8;
+		char **items = realloc(l->items, cap * sizeof(*items));
+
+		if (items == NULL)
+			return -1;
+		l->items = items;
+		l->cap = cap;
+	}
+	copy = strdup(s);
+	if (copy == NULL)
+		return -1;
+	l->items[l->n++] = copy;
+	return 0;
+}
+
+/* Python hands back the result one string at a time (cffi calls this; it
+ * lives in this library so the Python part never needs to resolve a symbol
+ * of the stub, which Slurm loaded RTLD_LOCAL). The stub frees it all. */
+void grace_emit(void *result, int kind, const char *text)
+{
+	struct grace_result *r = result;
+	struct grace_strlist *l = NULL;
+
+	if (r == NULL)
+		return;
+	switch (kind) {
+	case GRACE_EMIT_USER:
+		l = &r->user;
+		break;
+	case GRACE_EMIT_UNSET:
+		l = &r->unset;
+		break;
+	case GRACE_EMIT_SET:
+		l = &r->set;
+		break;
+	case GRACE_EMIT_LOG:
+		l = &r->log;
+		break;
+	case GRACE_EMIT_CACHE:
+		if (text == NULL || r->cache != NULL)
+			return;
+		r->cache = strdup(text);
+		if (r->cache == NULL)
+			r->oom = 1;
+		return;
+	case GRACE_EMIT_DONE:
+		r->done = 1;
+		return;
+	default:
+		return;
+	}
+	if (text == NULL || grace_strlist_add(l, text) < 0)
+		r->oom = 1;
+}
 
 /* 1: started and the cffi module is ready; -1: start failed (reason kept). */
 static int grace_py_state;
@@ -102,10 +165,11 @@ static int grace_python_start(const struct grace_context *ctx, char *err, size_t
 	char pkgdir[sizeof(ctx->plugin_dir) + 32];
 
 	/*
-	 * Slurm dlopen()s plugins RTLD_LOCAL, so libpython (our DT_NEEDED) is
-	 * invisible to the extension modules Python loads later (_cffi_backend,
-	 * the lib-dynload modules): they would fail with "undefined symbol: PyExc_..."
-	 * and cffi would return 0 from our function. Promote it to global.
+	 * Slurm dlopen()s plugins RTLD_LOCAL. The stub loads this library
+	 * RTLD_GLOBAL, but make sure libpython (our DT_NEEDED) is visible to the
+	 * extension modules Python loads later (_cffi_backend, the lib-dynload
+	 * modules): they would fail with "undefined symbol: PyExc_..." and cffi
+	 * would return 0 from our function. Promote it to global.
 	 */
 	if (dlopen(GRACE_LIBPYTHON, RTLD_NOW | RTLD_GLOBAL | RTLD_NOLOAD) == NULL) {
 		const char *why = dlerror();
@@ -188,6 +252,7 @@ fail_config:
 	return -1;
 }
 
+/* The only symbol this library exports (grace_policy_py.map). */
 int grace_python_check(const struct grace_context *ctx, const struct grace_step *step,
 		       char *err, size_t errlen)
 {

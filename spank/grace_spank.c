@@ -3,7 +3,14 @@
  *
  *   required /usr/local/lib/slurm/spank_grace_policy.so config=FILE \
  *            [on_error=allow|deny] [python_path=DIR[:DIR]] [timeout_ms=N] \
- *            [audit=FILE] [container_env=NAME]
+ *            [audit=FILE] [container_env=NAME] [cache_dir=DIR|none]
+ *
+ * This file, grace_stepd.c and grace_cache.c make the plugin Slurm loads
+ * everywhere; it has no DT_NEEDED on libpython. The embedded interpreter
+ * lives in a second library (PREFIX/lib/grace-policy/grace_policy_py.so) that
+ * slurmstepd dlopen()s in user_init only when the verdict cache has no
+ * answer. cache_dir=DIR (default /run/grace-policy) holds one root-owned
+ * file of clean verdicts per user, opened here as root (docs/SECURITY.md).
  *
  * audit=FILE is opened here, as root, in slurm_spank_init (remote context),
  * and the descriptor is handed to Python, which runs as the job's user: the
@@ -47,6 +54,7 @@ static struct grace_context context = {
 	.on_error = GRACE_ON_ERROR_ALLOW,
 	.timeout_ms = GRACE_DEFAULT_TIMEOUT_MS,
 	.audit_fd = -1,
+	.cache_fd = -1,
 };
 
 static int grace_option_cb(int val, const char *optarg, int remote);
@@ -119,17 +127,27 @@ static void grace_parse_args(int ac, char **av)
 		} else if (keylen == 5 && strncmp(arg, "audit", 5) == 0) {
 			free(context.audit_path);
 			context.audit_path = val[0] ? strdup(val) : NULL;
+		} else if (keylen == 9 && strncmp(arg, "cache_dir", 9) == 0) {
+			free(context.cache_dir);
+			context.cache_dir = strdup(val[0] ? val : "none");
 		} else if (keylen == 13 && strncmp(arg, "container_env", 13) == 0) {
 			free(context.container_env);
 			context.container_env = val[0] ? strdup(val) : NULL;
 		} else {
 			grace_set_args_error("unknown plugstack argument '%s' (known: config, "
-					     "on_error, python_path, timeout_ms, audit, container_env)",
+					     "on_error, python_path, timeout_ms, audit, container_env, "
+					     "cache_dir)",
 					     arg);
 		}
 	}
 	if (context.config == NULL || context.config[0] == '\0')
 		grace_set_args_error("%s", "no config=FILE in plugstack.conf");
+	if (context.cache_dir == NULL) {
+		context.cache_dir = strdup(GRACE_CACHE_DIR);
+	} else if (strcmp(context.cache_dir, "none") == 0) {
+		free(context.cache_dir);
+		context.cache_dir = NULL;
+	}
 }
 
 /* Where this file was loaded from: the installed Python package is found
@@ -198,6 +216,8 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
 		grace_parse_args(ac, av);
 		grace_find_plugin_dir();
 		grace_open_audit();
+		if (context.args_error[0] == '\0')
+			grace_cache_open(&context, sp);
 	}
 	return 0;
 }

@@ -2,7 +2,11 @@
  * grace-policy: the remote side, inside slurmstepd.
  *
  * user_init (once per step and node, as the user, before tasks fork):
- *   gather argv/env/partition/ids, run the Python check under a C deadline,
+ *   gather argv/env/partition/ids; look the step up in the verdict cache
+ *   (grace_cache.c) and on a hit write the audit line and stop there, without
+ *   loading Python; on a miss dlopen the Python part (grace_policy_py.so) and
+ *   run the check, both under one C deadline, store the entry of a clean
+ *   allow,
  *   apply the env edits with spank_unsetenv/spank_setenv (so every task and
  *   slurmstepd's PATH lookup of argv[0] see them), print the user's lines,
  *   and keep the verdict in C memory.
@@ -24,6 +28,7 @@
  * them.
  */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
 #include <stdint.h>
@@ -45,6 +50,10 @@ struct grace_job {
 	int refs;
 	int finished;
 	int rc;
+	int hit;               /* the verdict cache answered: no Python */
+	char mode[32];         /* the mode of that entry */
+	double hit_ms;         /* user_init start to the end of the lookup */
+	struct timespec started;
 	const struct grace_context *ctx;
 	struct grace_step step;
 	struct grace_result result;
@@ -52,6 +61,7 @@ struct grace_job {
 	char cwd[4096];
 	char node[256];
 	char container[400];
+	char code[4096 + 16];
 	char err[512];
 };
 
@@ -64,56 +74,6 @@ static void grace_strlist_free(struct grace_strlist *l)
 	free(l->items);
 	l->items = NULL;
 	l->n = l->cap = 0;
-}
-
-static int grace_strlist_add(struct grace_strlist *l, const char *s)
-{
-	char *copy;
-
-	if (l->n == l->cap) {
-		size_t cap = l->cap ? l->cap * 2 : 8;
-		char **items = realloc(l->items, cap * sizeof(*items));
-
-		if (items == NULL)
-			return -1;
-		l->items = items;
-		l->cap = cap;
-	}
-	copy = strdup(s);
-	if (copy == NULL)
-		return -1;
-	l->items[l->n++] = copy;
-	return 0;
-}
-
-void grace_emit(void *result, int kind, const char *text)
-{
-	struct grace_result *r = result;
-	struct grace_strlist *l = NULL;
-
-	if (r == NULL)
-		return;
-	switch (kind) {
-	case GRACE_EMIT_USER:
-		l = &r->user;
-		break;
-	case GRACE_EMIT_UNSET:
-		l = &r->unset;
-		break;
-	case GRACE_EMIT_SET:
-		l = &r->set;
-		break;
-	case GRACE_EMIT_LOG:
-		l = &r->log;
-		break;
-	case GRACE_EMIT_DONE:
-		r->done = 1;
-		return;
-	default:
-		return;
-	}
-	if (text == NULL || grace_strlist_add(l, text) < 0)
-		r->oom = 1;
 }
 
 static void grace_job_put(struct grace_job *job)
@@ -129,15 +89,78 @@ static void grace_job_put(struct grace_job *job)
 	grace_strlist_free(&job->result.unset);
 	grace_strlist_free(&job->result.set);
 	grace_strlist_free(&job->result.log);
+	free(job->result.cache);
 	pthread_mutex_destroy(&job->lock);
 	pthread_cond_destroy(&job->cond);
 	free(job);
 }
 
+/*
+ * The Python part, loaded on the first miss of this slurmstepd. RTLD_GLOBAL:
+ * its libpython must be visible to the extension modules Python loads later
+ * (grace_python.c also promotes libpython itself, RTLD_NOLOAD|RTLD_GLOBAL).
+ * Slurm loaded this stub RTLD_LOCAL; the Python part never calls back into
+ * it (grace_emit lives there), so nothing needs to resolve against us.
+ */
+static grace_python_check_fn grace_python_load(const struct grace_context *ctx, char *err,
+					       size_t errlen)
+{
+	static grace_python_check_fn check;
+	char path[sizeof(ctx->plugin_dir) + 64];
+	void *handle;
+	const char *why;
+
+	if (check != NULL)
+		return check;
+	if (ctx->plugin_dir[0] == '\0') {
+		snprintf(err, errlen, "cannot find the Python part: the plugin's own "
+			 "directory is unknown");
+		return NULL;
+	}
+	snprintf(path, sizeof(path), "%s/../grace-policy/" GRACE_PY_LIBRARY, ctx->plugin_dir);
+	handle = dlopen(path, RTLD_NOW | RTLD_GLOBAL);
+	if (handle == NULL) {
+		why = dlerror();
+		snprintf(err, errlen, "cannot load the Python part %.200s: %.250s", path,
+			 why ? why : "unknown error");
+		return NULL;
+	}
+	*(void **)&check = dlsym(handle, GRACE_PY_SYMBOL);
+	if (check == NULL) {
+		why = dlerror();
+		snprintf(err, errlen, "cannot load the Python part %.200s: %.250s", path,
+			 why ? why : "no " GRACE_PY_SYMBOL);
+	}
+	return check;
+}
+
+static double grace_ms_since(const struct timespec *t0)
+{
+	struct timespec now;
+
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	return (double)(now.tv_sec - t0->tv_sec) * 1000.0 +
+	       (double)(now.tv_nsec - t0->tv_nsec) / 1e6;
+}
+
 static void *grace_worker(void *arg)
 {
 	struct grace_job *job = arg;
-	int rc = grace_python_check(job->ctx, &job->step, job->err, sizeof(job->err));
+	grace_python_check_fn check;
+	int rc = -1;
+
+	/* The lookup stats the user's files: under the same deadline as the
+	 * check, so a dead network mount cannot hold slurmstepd either. */
+	if (!job->step.batch && job->step.container == NULL &&
+	    grace_cache_lookup(job->ctx, &job->step, job->mode, sizeof(job->mode))) {
+		job->hit = 1;
+		job->hit_ms = grace_ms_since(&job->started);
+		rc = GRACE_RC_ALLOW;
+	} else {
+		check = grace_python_load(job->ctx, job->err, sizeof(job->err));
+		if (check != NULL)
+			rc = check(job->ctx, &job->step, job->err, sizeof(job->err));
+	}
 
 	pthread_mutex_lock(&job->lock);
 	job->rc = rc;
@@ -292,6 +315,9 @@ int grace_stepd_user_init(struct grace_context *ctx, spank_t sp)
 	if (ctx->audit_error[0] != '\0')
 		slurm_info(GRACE_PREFIX "error: job %u step %u: %s", job_id, step_id,
 			   ctx->audit_error);
+	if (ctx->cache_error[0] != '\0')
+		slurm_info(GRACE_PREFIX "error: job %u step %u: %s", job_id, step_id,
+			   ctx->cache_error);
 	if (ctx->args_error[0] != '\0') {
 		grace_fail(ctx, job_id, step_id, ctx->args_error);
 		return 0;
@@ -310,6 +336,9 @@ int grace_stepd_user_init(struct grace_context *ctx, spank_t sp)
 		return 0;
 	}
 	job->ctx = ctx;
+	clock_gettime(CLOCK_MONOTONIC, &job->started);
+	snprintf(job->code, sizeof(job->code), "%s|%s", ctx->plugin_dir,
+		 ctx->python_path ? ctx->python_path : "-");
 	grace_copy_env(sp, "SLURM_JOB_PARTITION", job->partition, sizeof(job->partition));
 	/* 22.05 has no SPANK item for the cwd and slurmstepd changes into it only
 	 * in the task child; srun and sbatch export it as PWD. */
@@ -336,6 +365,7 @@ int grace_stepd_user_init(struct grace_context *ctx, spank_t sp)
 		.container = job->container[0] ? job->container : NULL,
 		.audit_path = ctx->audit_path,
 		.audit_fd = ctx->audit_fd,
+		.code = job->code,
 	};
 
 	rc = grace_run_with_deadline(job, ctx->timeout_ms);
@@ -354,6 +384,16 @@ int grace_stepd_user_init(struct grace_context *ctx, spank_t sp)
 
 	rc = job->rc;
 	r = &job->result;
+	if (job->hit) {
+		/* A clean allow replayed: nothing to tell the user, nothing to
+		 * change, one audit line (written here, through root's fd). */
+		const char *problem = grace_audit_hit(ctx, &job->step, job->mode, job->hit_ms,
+						      job->err, sizeof(job->err));
+
+		if (problem)
+			slurm_info(GRACE_PREFIX "job %u step %u: %s", job_id, step_id, problem);
+		goto out;
+	}
 	if (rc < 0 && job->err[0]) {
 		grace_fail(ctx, job_id, step_id, job->err);
 		goto out;
@@ -380,6 +420,14 @@ int grace_stepd_user_init(struct grace_context *ctx, spank_t sp)
 	for (i = 0; i < r->log.n; i++)
 		slurm_info(GRACE_PREFIX "job %u step %u: %s", job_id, step_id, r->log.items[i]);
 	grace_apply_env(sp, r, job_id, step_id);
+	if (r->cache != NULL && rc == GRACE_RC_ALLOW && r->user.n == 0 && r->unset.n == 0 &&
+	    r->set.n == 0) {
+		char why[256];
+		const char *problem = grace_cache_store(ctx, r->cache, why, sizeof(why));
+
+		if (problem)
+			slurm_info(GRACE_PREFIX "job %u step %u: %s", job_id, step_id, problem);
+	}
 	for (i = 0; i < r->user.n; i++)
 		slurm_spank_log("%s", r->user.items[i]);
 	if (rc == GRACE_RC_REJECT) {

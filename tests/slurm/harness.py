@@ -68,6 +68,16 @@ class SlurmEnv:
     def plugin(self) -> Path:
         return self.prefix / "lib" / "slurm" / "spank_grace_policy.so"
 
+    @property
+    def python_part(self) -> Path:
+        """The library the plugin dlopen()s on a verdict-cache miss."""
+        return self.prefix / "lib" / "grace-policy" / "grace_policy_py.so"
+
+    @property
+    def cache_dir(self) -> Path:
+        """The tests' verdict cache (never the machine's /run/grace-policy)."""
+        return self.cluster.root.parent / "verdict-cache"
+
     def use(self, config: str | Path | None = "base", *extra: str) -> None:
         """Point plugstack.conf at the plugin with ``config`` (a name from
         ``configs`` or a path) and extra ``key=value`` arguments. ``audit=`` names
@@ -82,7 +92,10 @@ class SlurmEnv:
         self.set_plugin_line(self.plugin, *args, *extra)
 
     def set_plugin_line(self, plugin: str | Path, *args: str) -> None:
-        """plugstack.conf with one ``required`` line: ``plugin`` and ``args`` as given."""
+        """plugstack.conf with one ``required`` line: ``plugin`` and ``args`` as
+        given, plus ``cache_dir=`` the tests' own directory unless ``args`` has one."""
+        if not any(a.startswith("cache_dir=") for a in args):
+            args = (*args, f"cache_dir={self.cache_dir}")
         self.cluster.set_plugstack([f"required {plugin} {' '.join(args)}"])
 
     def audit_lines(self) -> list[str]:

@@ -7,7 +7,7 @@ and the node keeps taking jobs (checked after each test).
 
 How each fault is made without touching the machine's own files: a copy of
 the installed tree with a part removed (package, dependency), a copy of the
-plugin whose DT_NEEDED names a libpython that does not exist, a 64 KiB tmpfs
+plugin's Python part whose DT_NEEDED names a libpython that does not exist, a 64 KiB tmpfs
 filled up for the full disk (unmounted again), an admin-only ``python_path``
 directory holding a package whose import never returns (the C backstop).
 """
@@ -157,14 +157,13 @@ def test_python_path_empty_dir_changes_nothing(faults: SlurmEnv) -> None:
 
 
 def test_libpython_missing_on_the_node(faults: SlurmEnv) -> None:
-    """The plugin cannot even be loaded by slurmstepd. That is before any of
-    our code runs, so Slurm alone decides: on 22.05 a `required` plugin that
-    fails to load fails the step launch (no exec, whatever on_error says),
-    the reason is in slurmd's log from Slurm's own plugin loader, and the
-    node stays up (srun steps; see docs/SECURITY.md for batch jobs). srun here uses
-    a client config with the good plugin (a submit host that has libpython)."""
+    """libpython is a dependency of the plugin's Python part only
+    (grace_policy_py.so), which slurmstepd dlopen()s in user_init on a cache
+    miss. Without it the stub still loads everywhere (srun here loads the same
+    broken tree: a submit host without libpython), and the step follows
+    on_error with one slurmd.log line naming the missing library."""
     tree = _tree_copy(faults, "prefix-no-libpython")
-    so = tree / "lib" / "slurm" / "spank_grace_policy.so"
+    so = tree / "lib" / "grace-policy" / "grace_policy_py.so"
     data = so.read_bytes()
     assert b"libpython3." in data
     patched = re.sub(rb"libpython3\.(\d+)\.so", lambda m: b"libpython9." +
@@ -173,27 +172,16 @@ def test_libpython_missing_on_the_node(faults: SlurmEnv) -> None:
     needed = subprocess.run(["readelf", "-d", str(so)], capture_output=True, text=True,
                             check=True).stdout
     assert "libpython9." in needed
+    stub = tree / "lib" / "slurm" / "spank_grace_policy.so"
+    assert "libpython" not in subprocess.run(["readelf", "-d", str(stub)], capture_output=True,
+                                             text=True, check=True).stdout
 
-    client_stack = faults.cluster.root / "etc" / "plugstack-client.conf"
-    client_stack.write_text(f"required {faults.plugin} config={faults.configs['base']} "
-                            f"audit={faults.audit_log}\n")
-    client_conf = faults.cluster.root / "etc" / "slurm-client.conf"
-    client_conf.write_text(re.sub(r"(?m)^PlugStackConfig=.*$",
-                                  f"PlugStackConfig={client_stack}",
-                                  faults.cluster.conf.read_text()))
-    faults.set_plugin_line(so, f"config={faults.configs['base']}", f"audit={faults.audit_log}")
-    out = faults.side_file("nolibpython.out")
-    res = faults.cluster.srun([str(faults.files / "native"), str(out)], user="nobody",
-                              env={"SLURM_CONF": str(client_conf)})
-    assert "Traceback" not in res.stderr
-    log = faults.cluster.slurmd_log_text()
-    assert "libpython9." in log, res.stderr
-    # What 22.05 does with it, asserted so a change of behaviour is noticed:
-    # the launch fails before any exec ("Plugin initialization failed"), but
-    # srun, as for any error before the tasks start, exits 0.
-    assert "launch failed: Plugin initialization failed" in res.stderr
-    assert res.returncode == 0, res.stderr
-    assert not out.exists()
+    args = (f"config={faults.configs['base']}", f"audit={faults.audit_log}")
+    faults.set_plugin_line(stub, *args)
+    line = _allowed_with_one_line(faults)
+    assert "cannot load the Python part" in line and "libpython9." in line, line
+    faults.set_plugin_line(stub, *args, "on_error=deny")
+    _refused_by_on_error(faults)
 
 
 # -- the audit log ---------------------------------------------------------------

@@ -1,0 +1,713 @@
+/*
+ * grace-policy: the verdict cache, read and written in C.
+ *
+ * Most steps run the same few programs again and again, and their check is
+ * a clean allow every time. When Python judges a step clean it also hands C
+ * an entry (grace_policy/verdict_cache.py has the format): the step's inputs,
+ * the mode, and every filesystem question the check asked with the answer it
+ * got (grace_policy/fsprobe.py). The next identical step is judged here, in
+ * C, without starting Python or even loading libpython:
+ *
+ *   - the file is DIR/<uid>.v<version>, opened by root in slurm_spank_init
+ *     (before privileges drop) in a root-owned directory nobody else can
+ *     write; users cannot write it, so every entry was written by the check;
+ *   - an entry is trusted only when every input equals the step's and every
+ *     recorded question, asked again now *with the user's rights* (user_init
+ *     runs as the user), gets the recorded answer. Any difference is a miss
+ *     and the full check runs. A miss is always safe; a hit only ever
+ *     replays a clean allow.
+ *
+ * Keep the answer strings in step with fsprobe.signature() and the parser
+ * with verdict_cache.parse(): tests/slurm/test_cache.py holds the two sides
+ * together on the real cluster.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <sys/utsname.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "grace.h"
+
+#ifndef GRACE_VERSION
+#error "GRACE_VERSION (grace_policy.__version__) must be defined by the build"
+#endif
+
+#define GRACE_CACHE_READ_MAX (1024 * 1024) /* read at most the last 1 MiB */
+#define GRACE_CACHE_TRIM (256 * 1024)      /* start over when the file grows past this */
+#define GRACE_CACHE_ENTRY_MAX (64 * 1024)  /* verdict_cache.MAX_ENTRY */
+
+/* ------------------------------------------------------------------------ */
+/* Opening (root, slurm_spank_init)                                          */
+
+void grace_cache_open(struct grace_context *ctx, spank_t sp)
+{
+	char path[4096];
+	struct stat st;
+	uid_t uid = (uid_t)-1;
+	int fd;
+
+	ctx->cache_fd = -1;
+	if (ctx->cache_dir == NULL)
+		return; /* cache_dir=none */
+	if (ctx->cache_dir[0] != '/') {
+		snprintf(ctx->cache_error, sizeof(ctx->cache_error),
+			 "verdict cache off: cache_dir=%s is not an absolute path", ctx->cache_dir);
+		return;
+	}
+	if (spank_get_item(sp, S_JOB_UID, &uid) != ESPANK_SUCCESS || uid == (uid_t)-1) {
+		snprintf(ctx->cache_error, sizeof(ctx->cache_error),
+			 "verdict cache off: the step's uid is unknown in slurm_spank_init");
+		return;
+	}
+	if (mkdir(ctx->cache_dir, 0700) != 0 && errno != EEXIST) {
+		snprintf(ctx->cache_error, sizeof(ctx->cache_error),
+			 "verdict cache off: cannot create %s: %s", ctx->cache_dir, strerror(errno));
+		return;
+	}
+	/* lstat: a symlink is refused, whatever it points to. */
+	if (lstat(ctx->cache_dir, &st) != 0) {
+		snprintf(ctx->cache_error, sizeof(ctx->cache_error),
+			 "verdict cache off: %s: %s", ctx->cache_dir, strerror(errno));
+		return;
+	}
+	if (!S_ISDIR(st.st_mode) || st.st_uid != 0 || (st.st_mode & 0022) != 0) {
+		snprintf(ctx->cache_error, sizeof(ctx->cache_error),
+			 "verdict cache off: %s must be a directory owned by root and not "
+			 "group/other-writable (it is %s, uid %u, mode %04o)", ctx->cache_dir,
+			 S_ISDIR(st.st_mode) ? "a directory" : S_ISLNK(st.st_mode) ? "a symlink"
+								  : "not a directory",
+			 (unsigned int)st.st_uid, (unsigned int)(st.st_mode & 07777));
+		return;
+	}
+	if ((size_t)snprintf(path, sizeof(path), "%s/%u.v%s", ctx->cache_dir, (unsigned int)uid,
+			     GRACE_VERSION) >= sizeof(path)) {
+		snprintf(ctx->cache_error, sizeof(ctx->cache_error),
+			 "verdict cache off: cache_dir is too long");
+		return;
+	}
+	fd = open(path, O_RDWR | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
+	if (fd < 0) {
+		snprintf(ctx->cache_error, sizeof(ctx->cache_error),
+			 "verdict cache off: cannot open %.400s as root: %s", path, strerror(errno));
+		return;
+	}
+	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != 0 ||
+	    (st.st_mode & 0022) != 0) {
+		snprintf(ctx->cache_error, sizeof(ctx->cache_error),
+			 "verdict cache off: %.400s must be a regular file owned by root and not "
+			 "group/other-writable (uid %u, mode %04o)", path,
+			 (unsigned int)st.st_uid, (unsigned int)(st.st_mode & 07777));
+		close(fd);
+		return;
+	}
+	ctx->cache_fd = fd;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Tokens: fsprobe.encode() / verdict_cache.decode()                          */
+
+static int grace_plain(unsigned char b)
+{
+	return b >= 0x21 && b <= 0x7e && b != '%';
+}
+
+/* Is tok[0..len) exactly fsprobe.encode(raw)? Compared byte by byte, so a
+ * 100 KiB PATH needs no buffer. */
+static int grace_enc_equal(const char *tok, size_t len, const char *raw)
+{
+	static const char hex[] = "0123456789ABCDEF";
+	size_t i = 0;
+	const unsigned char *p;
+
+	for (p = (const unsigned char *)raw; *p; p++) {
+		if (grace_plain(*p)) {
+			if (i >= len || tok[i] != (char)*p)
+				return 0;
+			i++;
+		} else {
+			if (i + 3 > len || tok[i] != '%' || tok[i + 1] != hex[*p >> 4] ||
+			    tok[i + 2] != hex[*p & 15])
+				return 0;
+			i += 3;
+		}
+	}
+	return i == len;
+}
+
+static int grace_hexval(char c)
+{
+	if (c >= '0' && c <= '9')
+		return c - '0';
+	if (c >= 'a' && c <= 'f')
+		return c - 'a' + 10;
+	if (c >= 'A' && c <= 'F')
+		return c - 'A' + 10;
+	return -1;
+}
+
+/* verdict_cache.decode into out (NUL-terminated). -1: too long, bad %XX, or
+ * a NUL byte (no path or name can hold one: never a match). */
+static int grace_dec(const char *tok, size_t len, char *out, size_t cap)
+{
+	size_t i = 0, n = 0;
+
+	while (i < len) {
+		int c;
+
+		if (tok[i] == '%' && i + 3 <= len) {
+			int hi = grace_hexval(tok[i + 1]), lo = grace_hexval(tok[i + 2]);
+
+			if (hi < 0 || lo < 0)
+				return -1;
+			c = hi * 16 + lo;
+			i += 3;
+		} else {
+			c = (unsigned char)tok[i++];
+		}
+		if (c == 0 || n + 1 >= cap)
+			return -1;
+		out[n++] = (char)c;
+	}
+	out[n] = '\0';
+	return (int)n;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The step's inputs, as C hands them to Python                              */
+
+/* The value of NAME in the step env as Python reads it (first definition). */
+static const char *grace_env_value(const struct grace_step *step, const char *name)
+{
+	size_t nlen = strlen(name);
+	int i;
+
+	for (i = 0; i < step->envc && step->env && step->env[i]; i++) {
+		if (strncmp(step->env[i], name, nlen) == 0 && step->env[i][nlen] == '=')
+			return step->env[i] + nlen + 1;
+	}
+	return NULL;
+}
+
+static int grace_cmp_uint(const void *a, const void *b)
+{
+	unsigned int x = *(const unsigned int *)a, y = *(const unsigned int *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/* slurm_bridge.credentials(): "<egid>:<sorted unique supplementary gids>". */
+static int grace_creds(char *buf, size_t len)
+{
+	gid_t groups[1024];
+	unsigned int sorted[1024];
+	int n, i, m = 0;
+	size_t used;
+
+	n = getgroups(1024, groups);
+	if (n < 0)
+		return -1;
+	for (i = 0; i < n; i++)
+		sorted[i] = (unsigned int)groups[i];
+	qsort(sorted, (size_t)n, sizeof(sorted[0]), grace_cmp_uint);
+	used = (size_t)snprintf(buf, len, "%u:", (unsigned int)getegid());
+	for (i = 0; i < n && used < len; i++) {
+		if (i > 0 && sorted[i] == sorted[i - 1])
+			continue;
+		used += (size_t)snprintf(buf + used, len - used, "%s%u", m++ ? "," : "", sorted[i]);
+	}
+	return used < len ? 0 : -1;
+}
+
+/* Does the "I NAME VALUE" value token equal the step's input? */
+static int grace_input_matches(const struct grace_step *step, const char *creds,
+			       const char *name, size_t nlen, const char *val, size_t vlen)
+{
+	char decoded[1024];
+	const char *have;
+
+	if (nlen == 5 && memcmp(name, "argv0", 5) == 0) {
+		if (step->argc < 1 || step->argv == NULL || step->argv[0] == NULL)
+			return 0;
+		have = step->argv[0];
+	} else if (nlen == 3 && memcmp(name, "cwd", 3) == 0) {
+		have = step->cwd;
+	} else if (nlen == 9 && memcmp(name, "partition", 9) == 0) {
+		have = step->partition;
+	} else if (nlen == 9 && memcmp(name, "user_mode", 9) == 0) {
+		have = step->user_mode;
+	} else if (nlen == 6 && memcmp(name, "config", 6) == 0) {
+		have = step->config;
+	} else if (nlen == 4 && memcmp(name, "code", 4) == 0) {
+		have = step->code;
+	} else if (nlen == 5 && memcmp(name, "creds", 5) == 0) {
+		have = creds;
+	} else if (nlen > 4 && memcmp(name, "env:", 4) == 0) {
+		if (grace_dec(name + 4, nlen - 4, decoded, sizeof(decoded)) <= 0)
+			return 0;
+		have = grace_env_value(step, decoded);
+	} else {
+		return 0; /* an input this plugin does not know: never a match */
+	}
+	if (have == NULL)
+		return vlen == 1 && val[0] == '-';
+	return vlen >= 1 && val[0] == '=' && grace_enc_equal(val + 1, vlen - 1, have);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Filesystem answers: fsprobe.signature() / fsprobe.answer()                */
+
+static void grace_signature(const struct stat *st, int err, int lstat_op, char *buf, size_t len)
+{
+	if (st == NULL) {
+		if (err == ENOENT || err == ENOTDIR)
+			snprintf(buf, len, "n");
+		else
+			snprintf(buf, len, "e%d", err);
+	} else if (lstat_op && S_ISLNK(st->st_mode)) {
+		snprintf(buf, len, "L");
+	} else if (S_ISDIR(st->st_mode)) {
+		snprintf(buf, len, "d");
+	} else if (S_ISREG(st->st_mode)) {
+		snprintf(buf, len, "f%llu:%llu:%lld:%lld:%lld:%o",
+			 (unsigned long long)st->st_dev, (unsigned long long)st->st_ino,
+			 (long long)st->st_size,
+			 (long long)st->st_mtim.tv_sec * 1000000000LL + st->st_mtim.tv_nsec,
+			 (long long)st->st_ctim.tv_sec * 1000000000LL + st->st_ctim.tv_nsec,
+			 (unsigned int)(st->st_mode & 07777));
+	} else {
+		snprintf(buf, len, "o%o", (unsigned int)(st->st_mode & S_IFMT));
+	}
+}
+
+/* Ask "P OP PATH ANSWER" again, now, with this process' (the user's) rights. */
+static int grace_probe_matches(const char *op, size_t oplen, const char *path_tok,
+			       size_t plen, const char *ans, size_t alen)
+{
+	char path[PATH_MAX + 1];
+	char sig[160];
+	struct stat st;
+	int rc;
+
+	if (oplen != 1 || grace_dec(path_tok, plen, path, sizeof(path)) <= 0 || path[0] != '/')
+		return 0;
+	if (op[0] == 'r') {
+		char *real = realpath(path, NULL);
+		int same;
+
+		/* os.path.realpath() answers for missing paths too, realpath(3)
+		 * does not: such an entry is a miss, never a wrong hit. */
+		if (real == NULL)
+			return 0;
+		same = grace_enc_equal(ans, alen, real);
+		free(real);
+		return same;
+	}
+	if (op[0] == 's')
+		rc = stat(path, &st);
+	else if (op[0] == 'l')
+		rc = lstat(path, &st);
+	else
+		return 0;
+	grace_signature(rc == 0 ? &st : NULL, rc == 0 ? 0 : errno, op[0] == 'l', sig, sizeof(sig));
+	return grace_enc_equal(ans, alen, sig);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Entries                                                                   */
+
+/* Split line [p, end) into up to 4 space-separated tokens; returns the count
+ * (5 if there are more). */
+static int grace_tokens(const char *p, const char *end, const char **tok, size_t *len)
+{
+	int n = 0;
+
+	while (p <= end) {
+		const char *sp = memchr(p, ' ', (size_t)(end - p));
+		const char *stop = sp ? sp : end;
+
+		if (n == 4)
+			return 5;
+		tok[n] = p;
+		len[n] = (size_t)(stop - p);
+		n++;
+		if (sp == NULL)
+			break;
+		p = sp + 1;
+	}
+	return n;
+}
+
+/* One block (the lines between "GPC1" and "."): 1 and the mode if it holds.
+ * Inputs first (cheap), filesystem questions only for a block whose inputs
+ * all match. A malformed line makes the block a miss, as verdict_cache.parse
+ * skips it. */
+static int grace_block_matches(const struct grace_step *step, const char *creds,
+			       const char *start, const char *end, char *mode, size_t modelen)
+{
+	const char *tok[4];
+	size_t len[4];
+	const char *p;
+	int pass, have_mode = 0;
+
+	for (pass = 0; pass < 2; pass++) {
+		for (p = start; p < end;) {
+			const char *nl = memchr(p, '\n', (size_t)(end - p));
+			const char *eol = nl ? nl : end;
+			int n = grace_tokens(p, eol, tok, len);
+
+			if (n >= 1 && len[0] == 1 && tok[0][0] == 'I' && n == 3) {
+				if (pass == 0 && !grace_input_matches(step, creds, tok[1], len[1],
+								      tok[2], len[2]))
+					return 0;
+			} else if (n == 3 && len[0] == 1 && tok[0][0] == 'O' && len[1] == 4 &&
+				   memcmp(tok[1], "mode", 4) == 0) {
+				if (pass == 0) {
+					if (grace_dec(tok[2], len[2], mode, modelen) <= 0)
+						return 0;
+					have_mode = 1;
+				}
+			} else if (n == 4 && len[0] == 1 && tok[0][0] == 'P') {
+				if (pass == 1 && !grace_probe_matches(tok[1], len[1], tok[2], len[2],
+								      tok[3], len[3]))
+					return 0;
+			} else {
+				return 0;
+			}
+			p = eol + 1;
+		}
+		if (pass == 0 && !have_mode)
+			return 0;
+	}
+	return 1;
+}
+
+int grace_cache_lookup(const struct grace_context *ctx, const struct grace_step *step,
+		       char *mode, size_t modelen)
+{
+	struct stat st;
+	char creds[8192];
+	char *buf;
+	size_t want, got = 0;
+	off_t off;
+	const char **starts = NULL, **ends = NULL;
+	size_t nblocks = 0, cap = 0, i;
+	const char *p, *end, *open_block = NULL;
+	int hit = 0;
+
+	if (ctx->cache_fd < 0 || fstat(ctx->cache_fd, &st) != 0 || st.st_size <= 0)
+		return 0;
+	if (grace_creds(creds, sizeof(creds)) != 0)
+		return 0;
+	want = st.st_size > GRACE_CACHE_READ_MAX ? GRACE_CACHE_READ_MAX : (size_t)st.st_size;
+	off = st.st_size - (off_t)want;
+	buf = malloc(want + 1);
+	if (buf == NULL)
+		return 0;
+	while (got < want) {
+		ssize_t n = pread(ctx->cache_fd, buf + got, want - got, off + (off_t)got);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			break;
+		got += (size_t)n;
+	}
+	buf[got] = '\0';
+
+	/* The blocks, in file order (verdict_cache.parse). */
+	end = buf + got;
+	for (p = buf; p < end;) {
+		const char *nl = memchr(p, '\n', (size_t)(end - p));
+		const char *eol = nl ? nl : end;
+		size_t llen = (size_t)(eol - p);
+
+		if (llen == 4 && memcmp(p, "GPC1", 4) == 0) {
+			open_block = nl ? nl + 1 : end;
+		} else if (llen == 1 && p[0] == '.' && open_block != NULL) {
+			if (nblocks == cap) {
+				size_t ncap = cap ? cap * 2 : 64;
+				const char **ns = realloc(starts, ncap * sizeof(*ns));
+				const char **ne;
+
+				if (ns == NULL)
+					break;
+				starts = ns;
+				ne = realloc(ends, ncap * sizeof(*ne));
+				if (ne == NULL)
+					break;
+				ends = ne;
+				cap = ncap;
+			}
+			starts[nblocks] = open_block;
+			/* the block's lines end before this "." line's own start */
+			ends[nblocks] = p > open_block ? p - 1 : open_block;
+			nblocks++;
+			open_block = NULL;
+		}
+		if (nl == NULL)
+			break;
+		p = nl + 1;
+	}
+	/* Newest first. */
+	for (i = nblocks; i-- > 0;) {
+		if (grace_block_matches(step, creds, starts[i], ends[i], mode, modelen)) {
+			hit = 1;
+			break;
+		}
+	}
+	free(starts);
+	free(ends);
+	free(buf);
+	return hit;
+}
+
+const char *grace_cache_store(const struct grace_context *ctx, const char *entry,
+			      char *err, size_t errlen)
+{
+	size_t len = strlen(entry);
+	struct stat st;
+	ssize_t n;
+
+	if (ctx->cache_fd < 0)
+		return NULL;
+	/* What verdict_cache.entry() makes: "\nGPC1\n...\n.\n", bounded. */
+	if (len < 9 || len > GRACE_CACHE_ENTRY_MAX || strncmp(entry, "\nGPC1\n", 6) != 0 ||
+	    strcmp(entry + len - 3, "\n.\n") != 0) {
+		snprintf(err, errlen, "verdict cache: malformed entry not stored");
+		return err;
+	}
+	if (fstat(ctx->cache_fd, &st) == 0 && st.st_size > GRACE_CACHE_TRIM &&
+	    ftruncate(ctx->cache_fd, 0) != 0) {
+		snprintf(err, errlen, "verdict cache: cannot trim: %s", strerror(errno));
+		return err;
+	}
+	n = write(ctx->cache_fd, entry, len);
+	if (n < 0) {
+		snprintf(err, errlen, "verdict cache: cannot write: %s", strerror(errno));
+		return err;
+	}
+	if ((size_t)n != len) {
+		/* A torn entry is skipped by every reader; the next one starts
+		 * with a newline of its own. */
+		snprintf(err, errlen, "verdict cache: short write (%zd of %zu bytes)", n, len);
+		return err;
+	}
+	return NULL;
+}
+
+/* ------------------------------------------------------------------------ */
+/* The audit line of a hit: grace_policy/audit.py's lean line, byte for byte  */
+/* (json.dumps(sort_keys=True, ensure_ascii=True)) plus "cache": "hit".       */
+
+struct grace_buf {
+	char *p;
+	size_t n, cap;
+	int full;
+};
+
+static void grace_put(struct grace_buf *b, const char *s, size_t len)
+{
+	if (b->n + len >= b->cap) {
+		b->full = 1;
+		return;
+	}
+	memcpy(b->p + b->n, s, len);
+	b->n += len;
+	b->p[b->n] = '\0';
+}
+
+static void grace_puts(struct grace_buf *b, const char *s)
+{
+	grace_put(b, s, strlen(s));
+}
+
+static void grace_put_u(struct grace_buf *b, unsigned int cp)
+{
+	char esc[8];
+
+	snprintf(esc, sizeof(esc), "\\u%04x", cp & 0xffff);
+	grace_puts(b, esc);
+}
+
+/* A JSON string of bytes read as Python reads them (UTF-8, surrogateescape)
+ * and written as json.dumps(ensure_ascii=True) writes it. */
+static void grace_put_json(struct grace_buf *b, const char *s)
+{
+	const unsigned char *p = (const unsigned char *)s;
+
+	if (s == NULL) {
+		grace_puts(b, "null");
+		return;
+	}
+	grace_puts(b, "\"");
+	while (*p) {
+		unsigned int c = *p, cp = 0;
+		int extra = 0, i;
+
+		if (c < 0x80) {
+			switch (c) {
+			case '"': grace_puts(b, "\\\""); break;
+			case '\\': grace_puts(b, "\\\\"); break;
+			case '\n': grace_puts(b, "\\n"); break;
+			case '\r': grace_puts(b, "\\r"); break;
+			case '\t': grace_puts(b, "\\t"); break;
+			case '\b': grace_puts(b, "\\b"); break;
+			case '\f': grace_puts(b, "\\f"); break;
+			default:
+				if (c < 0x20)
+					grace_put_u(b, c);
+				else
+					grace_put(b, (const char *)p, 1);
+			}
+			p++;
+			continue;
+		}
+		if (c >= 0xc2 && c <= 0xdf) {
+			extra = 1;
+			cp = c & 0x1f;
+		} else if (c >= 0xe0 && c <= 0xef) {
+			extra = 2;
+			cp = c & 0x0f;
+		} else if (c >= 0xf0 && c <= 0xf4) {
+			extra = 3;
+			cp = c & 0x07;
+		}
+		for (i = 1; extra && i <= extra; i++) {
+			if ((p[i] & 0xc0) != 0x80) {
+				extra = 0;
+				break;
+			}
+			cp = (cp << 6) | (p[i] & 0x3f);
+		}
+		/* overlong, surrogate or beyond U+10FFFF: not UTF-8 */
+		if (extra && ((extra == 2 && cp < 0x800) || (extra == 3 && cp < 0x10000) ||
+			      (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff))
+			extra = 0;
+		if (extra == 0) {
+			grace_put_u(b, 0xdc00 + c); /* surrogateescape: one byte at a time */
+			p++;
+			continue;
+		}
+		if (cp >= 0x10000) {
+			cp -= 0x10000;
+			grace_put_u(b, 0xd800 + (cp >> 10));
+			grace_put_u(b, 0xdc00 + (cp & 0x3ff));
+		} else {
+			grace_put_u(b, cp);
+		}
+		p += extra + 1;
+	}
+	grace_puts(b, "\"");
+}
+
+/* float repr of round(ms, 3): "%.3f" without trailing zeros, one kept. */
+static void grace_put_ms(struct grace_buf *b, double ms)
+{
+	char num[64];
+	size_t len;
+
+	snprintf(num, sizeof(num), "%.3f", ms < 0 ? 0.0 : ms);
+	len = strlen(num);
+	while (len > 2 && num[len - 1] == '0' && num[len - 2] != '.')
+		num[--len] = '\0';
+	grace_puts(b, num);
+}
+
+/* audit.iso_utc(): microseconds omitted when zero. */
+static void grace_put_time(struct grace_buf *b)
+{
+	struct timespec now;
+	struct tm tm;
+	char text[64];
+	time_t sec;
+	long micros;
+
+	clock_gettime(CLOCK_REALTIME, &now);
+	sec = now.tv_sec;
+	micros = (now.tv_nsec + 500) / 1000;
+	if (micros >= 1000000) {
+		sec += 1;
+		micros -= 1000000;
+	}
+	gmtime_r(&sec, &tm);
+	strftime(text, sizeof(text), "%Y-%m-%dT%H:%M:%S", &tm);
+	grace_puts(b, "\"");
+	grace_puts(b, text);
+	if (micros) {
+		snprintf(text, sizeof(text), ".%06ld", micros);
+		grace_puts(b, text);
+	}
+	grace_puts(b, "Z\"");
+}
+
+static const char *grace_step_name(unsigned int step_id, char *buf, size_t len)
+{
+	switch (step_id) {
+	case 0xFFFFFFFBu: return "batch";
+	case 0xFFFFFFFCu: return "extern";
+	case 0xFFFFFFFDu: return "interactive";
+	case 0xFFFFFFFEu: return "pending";
+	}
+	snprintf(buf, len, "%u", step_id);
+	return buf;
+}
+
+const char *grace_audit_hit(const struct grace_context *ctx, const struct grace_step *step,
+			    const char *mode, double elapsed_ms, char *err, size_t errlen)
+{
+	char line[8192];
+	char num[32], step_buf[32];
+	struct grace_buf b = { line, 0, sizeof(line), 0 };
+	struct utsname uts;
+	const char *node = step->node;
+	ssize_t n;
+
+	if (ctx->audit_fd < 0 || ctx->audit_path == NULL)
+		return NULL; /* not configured, or C logged why it is not open */
+	if (node == NULL || node[0] == '\0')
+		node = uname(&uts) == 0 ? uts.nodename : NULL;
+	line[0] = '\0';
+	/* Keys sorted, as json.dumps(sort_keys=True). */
+	grace_puts(&b, "{\"action\": \"allow\", \"cache\": \"hit\", \"elapsed_ms\": ");
+	grace_put_ms(&b, elapsed_ms);
+	grace_puts(&b, ", \"env_set\": [], \"env_unset\": [], \"error\": null, "
+		   "\"event\": \"decision\", \"job_id\": ");
+	snprintf(num, sizeof(num), "%u", step->job_id);
+	grace_put_json(&b, num);
+	grace_puts(&b, ", \"mode\": ");
+	grace_put_json(&b, mode);
+	grace_puts(&b, ", \"node\": ");
+	grace_put_json(&b, node);
+	grace_puts(&b, ", \"partition\": ");
+	grace_put_json(&b, step->partition);
+	grace_puts(&b, ", \"paths\": [], \"rules\": [], \"skipped\": null, \"step_id\": ");
+	grace_put_json(&b, grace_step_name(step->step_id, step_buf, sizeof(step_buf)));
+	grace_puts(&b, ", \"time\": ");
+	grace_put_time(&b);
+	snprintf(num, sizeof(num), ", \"uid\": %u}\n", step->uid);
+	grace_puts(&b, num);
+	if (b.full) {
+		snprintf(err, errlen, "audit log %s: line too long; not written", ctx->audit_path);
+		return err;
+	}
+	n = write(ctx->audit_fd, line, b.n);
+	if (n < 0) {
+		snprintf(err, errlen, "audit log %s: cannot write: %s", ctx->audit_path,
+			 strerror(errno));
+		return err;
+	}
+	if ((size_t)n != b.n) {
+		snprintf(err, errlen, "audit log %s: cannot write: short write (%zd of %zu bytes)",
+			 ctx->audit_path, n, b.n);
+		return err;
+	}
+	return NULL;
+}

@@ -1,0 +1,325 @@
+"""The verdict cache in slurmstepd (spank/grace_cache.c), on a real Slurm 22.05.
+
+A clean step's second launch is judged in C from a root-owned file of
+entries, without loading Python; anything the check depended on that changed
+(the executable, a file earlier in PATH, an env variable) is a miss and the
+full check runs again. Each test uses its own cache directory so earlier
+tests cannot make it pass.
+
+How "Python did not run" is shown: after the first step the plugin's Python
+part (grace_policy_py.so) is moved away under on_error=deny. A step that
+needs Python is then refused; the identical step still runs from the cache.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from grace_policy import verdict_cache
+
+from .harness import SlurmEnv
+
+pytestmark = pytest.mark.slurm
+
+PREFIX = "grace-policy: "
+NOBODY = 65534
+VERSION = "0.1.0"
+
+
+@pytest.fixture
+def cached(slurm: SlurmEnv) -> Iterator[SlurmEnv]:
+    yield slurm
+    slurm.use("base")
+    assert slurm.cluster.node_state() in ("idle", "mixed", "allocated")
+
+
+def _cache_dir(env: SlurmEnv, name: str) -> Path:
+    path = env.cluster.root.parent / f"cache-{name}"
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path)
+    elif path.exists() or path.is_symlink():
+        path.unlink()
+    return path
+
+
+def _step(env: SlurmEnv, argv: list[str], *, user: str = "nobody",
+          extra_env: dict[str, str] | None = None) -> tuple[subprocess.CompletedProcess[str],
+                                                            list[dict[str, object]]]:
+    """One srun; its result and the audit records it added."""
+    before = len(env.audit_lines())
+    res = env.cluster.srun(argv, user=user, env=extra_env)
+    records = [json.loads(line) for line in env.audit_lines()[before:]]
+    return res, records
+
+
+def _hit(records: list[dict[str, object]]) -> bool:
+    [record] = records
+    return record.get("cache") == "hit"
+
+
+def _program(env: SlurmEnv, name: str) -> Path:
+    """A native program of our own, in a directory of its own."""
+    d = env.cluster.shared / f"cache-progs-{name}"
+    if d.exists():
+        shutil.rmtree(d)
+    d.mkdir()
+    d.chmod(0o755)
+    prog = d / "prog"
+    shutil.copy2(env.files / "native", prog)
+    prog.chmod(0o755)
+    return prog
+
+
+def _tree_copy(env: SlurmEnv, name: str) -> Path:
+    dest = env.cluster.root.parent / name
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(env.prefix, dest, symlinks=True)
+    return dest
+
+
+def test_second_identical_step_is_a_hit_without_python(cached: SlurmEnv) -> None:
+    tree = _tree_copy(cached, "prefix-cache-hit")
+    stub = tree / "lib" / "slurm" / "spank_grace_policy.so"
+    pylib = tree / "lib" / "grace-policy" / "grace_policy_py.so"
+    cache = _cache_dir(cached, "hit")
+    cached.set_plugin_line(stub, f"config={cached.configs['base']}",
+                           f"audit={cached.audit_log}", f"cache_dir={cache}", "on_error=deny")
+    prog = _program(cached, "hit")
+    out = cached.side_file("cache-hit.out")
+
+    res, first = _step(cached, [str(prog), str(out)])
+    assert res.returncode == 0, res.stderr
+    assert not _hit(first) and first[0]["action"] == "allow"
+    # The directory and the file: root's, nobody else's.
+    assert (cache.stat().st_uid, cache.stat().st_mode & 0o777) == (0, 0o700)
+    store = cache / f"{NOBODY}.v{VERSION}"
+    assert (store.stat().st_uid, store.stat().st_mode & 0o777) == (0, 0o600)
+    [entry] = verdict_cache.parse(store.read_text())
+    assert ("argv0", "=" + str(prog)) in entry[0] and entry[1] == "enforce"
+
+    res, second = _step(cached, [str(prog), str(out)])
+    assert res.returncode == 0, res.stderr
+    assert _hit(second)
+    # The C line has the Python line's keys (and "cache"), and its values.
+    assert set(second[0]) == set(first[0]) | {"cache"}
+    for key in ("action", "mode", "partition", "uid", "node", "rules", "paths", "env_set",
+                "env_unset", "error", "skipped", "event", "step_id"):
+        assert second[0][key] == first[0][key], key
+    assert isinstance(second[0]["elapsed_ms"], float)
+
+    # Python cannot be loaded any more, and on_error is deny.
+    pylib.rename(pylib.with_name("moved-away.so"))
+    out.unlink()
+    res, third = _step(cached, [str(prog), str(out)])
+    assert res.returncode == 0, res.stderr
+    assert "side-effect program ran" in res.stdout and out.exists()
+    assert _hit(third) and PREFIX not in res.stderr
+    # A step the cache does not know needs Python: refused per on_error.
+    res, fourth = _step(cached, ["/bin/true"])
+    assert res.returncode != 0
+    assert f"{PREFIX}this step was refused: the site's launch check could not run" in res.stderr
+    assert fourth == []
+    log = cached.cluster.slurmd_log_text()
+    assert "cannot load the Python part" in log and "moved-away" not in log
+
+
+def test_changed_executable_is_a_miss(cached: SlurmEnv) -> None:
+    cached.use("base", f"cache_dir={_cache_dir(cached, 'changed')}")
+    prog = _program(cached, "changed")
+    for _ in range(2):
+        res, records = _step(cached, [str(prog)])
+        assert res.returncode == 0, res.stderr
+    assert _hit(records)
+    # touch: new mtime (same inode)
+    os.utime(prog, ns=(prog.stat().st_atime_ns, prog.stat().st_mtime_ns + 1_000_000_000))
+    res, records = _step(cached, [str(prog)])
+    assert res.returncode == 0 and not _hit(records)
+    res, records = _step(cached, [str(prog)])
+    assert _hit(records)
+    # replaced: same bytes, new inode
+    data = prog.read_bytes()
+    prog.unlink()
+    prog.write_bytes(data)
+    prog.chmod(0o755)
+    res, records = _step(cached, [str(prog)])
+    assert res.returncode == 0 and not _hit(records)
+    # replaced by a foreign program under the same name: the check runs and refuses
+    shutil.copy(cached.files / "foreign", prog)
+    res, records = _step(cached, [str(prog)])
+    assert res.returncode != 0 and f"{PREFIX}ERROR exe-arch-mismatch" in res.stderr
+    assert not _hit(records)
+
+
+def test_new_file_earlier_in_path_is_a_miss(cached: SlurmEnv) -> None:
+    cached.use("base", f"cache_dir={_cache_dir(cached, 'path')}")
+    prog = _program(cached, "path-late")
+    early = cached.cluster.shared / "cache-progs-path-early"
+    if early.exists():
+        shutil.rmtree(early)
+    early.mkdir()
+    early.chmod(0o755)
+    env = {"PATH": f"{early}:{prog.parent}:/usr/bin:/bin"}
+    for _ in range(2):
+        res, records = _step(cached, ["prog"], extra_env=env)
+        assert res.returncode == 0, res.stderr
+        assert "side-effect program ran" in res.stdout
+    assert _hit(records)
+    shutil.copy(cached.files / "foreign", early / "prog")
+    (early / "prog").chmod(0o755)
+    res, records = _step(cached, ["prog"], extra_env=env)
+    assert res.returncode != 0 and f"{PREFIX}ERROR exe-arch-mismatch: {early / 'prog'}" \
+        in res.stderr
+    assert not _hit(records)
+
+
+def test_other_environment_is_a_miss(cached: SlurmEnv) -> None:
+    cached.use("base", f"cache_dir={_cache_dir(cached, 'env')}")
+    prog = _program(cached, "env")
+    for _ in range(2):
+        res, records = _step(cached, [str(prog)])
+    assert _hit(records)
+    venv = {"VIRTUAL_ENV": str(cached.files / "venv-foreign")}
+    res, records = _step(cached, [str(prog)], extra_env=venv)
+    assert not _hit(records)
+    assert f"{PREFIX}" in res.stderr  # the leaked venv is reported (Python ran)
+    path = {"PATH": f"{cached.cluster.shared}:/usr/local/bin:/usr/bin:/bin"}
+    res, records = _step(cached, [str(prog)], extra_env=path)
+    assert res.returncode == 0 and not _hit(records)
+    res, records = _step(cached, [str(prog)], extra_env=path)
+    assert _hit(records)
+
+
+def test_foreign_step_is_never_cached(cached: SlurmEnv) -> None:
+    cache = _cache_dir(cached, "foreign")
+    cached.use("base", f"cache_dir={cache}")
+    foreign = str(cached.files / "foreign")
+    for _ in range(2):
+        res, records = _step(cached, [foreign])
+        assert res.returncode != 0 and f"{PREFIX}ERROR exe-arch-mismatch" in res.stderr
+        assert not _hit(records) and records[0]["action"] == "reject"
+    store = cache / f"{NOBODY}.v{VERSION}"
+    assert store.exists() and verdict_cache.parse(store.read_text()) == []
+
+
+def _runs_twice_uncached(env: SlurmEnv, prog: Path) -> list[str]:
+    for _ in range(2):
+        res, records = _step(env, [str(prog)])
+        assert res.returncode == 0, res.stderr
+        assert PREFIX not in res.stderr and not _hit(records)
+    job_lines = [line for line in env.cluster.slurmd_log_text().splitlines()
+                 if "verdict cache off" in line]
+    return job_lines
+
+
+def test_unsafe_cache_dir_is_ignored_and_logged(cached: SlurmEnv) -> None:
+    cache = _cache_dir(cached, "unsafe-dir")
+    cache.mkdir()
+    cache.chmod(0o777)
+    cached.use("base", f"cache_dir={cache}")
+    prog = _program(cached, "unsafe-dir")
+    lines = _runs_twice_uncached(cached, prog)
+    assert any(f"{cache} must be a directory owned by root and not group/other-writable"
+               in line and "mode 0777" in line for line in lines), lines
+    assert list(cache.iterdir()) == []
+
+
+def test_cache_file_not_owned_by_root_is_ignored_and_logged(cached: SlurmEnv) -> None:
+    cache = _cache_dir(cached, "unsafe-file")
+    cache.mkdir(mode=0o700)
+    store = cache / f"{NOBODY}.v{VERSION}"
+    prog = _program(cached, "unsafe-file")
+    # A forged entry that would match if it were believed: nobody "wrote" it.
+    cached.use("base", f"cache_dir={cache}")
+    res, _ = _step(cached, [str(prog)])
+    assert res.returncode == 0
+    text = store.read_text()
+    assert verdict_cache.parse(text)
+    store.unlink()
+    store.write_text(text)
+    os.chown(store, NOBODY, NOBODY)
+    lines = _runs_twice_uncached(cached, prog)
+    assert any(f"{store} must be a regular file owned by root" in line
+               and f"uid {NOBODY}" in line for line in lines), lines
+    # A symlink planted in its place is not followed either.
+    store.unlink()
+    target = cached.cluster.shared / "not-a-cache"
+    target.write_text("")
+    store.symlink_to(target)
+    lines = _runs_twice_uncached(cached, prog)
+    assert any(f"cannot open {store} as root" in line for line in lines), lines
+    assert target.read_text() == ""
+
+
+def test_user_cannot_write_the_cache_file(cached: SlurmEnv) -> None:
+    cache = _cache_dir(cached, "perm")
+    cached.use("base", f"cache_dir={cache}")
+    prog = _program(cached, "perm")
+    res, _ = _step(cached, [str(prog)])
+    assert res.returncode == 0
+    store = cache / f"{NOBODY}.v{VERSION}"
+    before = store.read_bytes()
+    # Not from a login shell...
+    tries = [f"echo forged >> {store}", f"ls {cache}", f"echo x > {cache}/new"]
+    for cmd in tries:
+        done = subprocess.run(["runuser", "-u", "nobody", "--", "sh", "-c", cmd],
+                              capture_output=True, text=True, check=False)
+        assert done.returncode != 0 and "Permission denied" in done.stderr, (cmd, done)
+    # ...nor from a task of a step (slurmstepd holds the descriptor, O_CLOEXEC).
+    res = cached.cluster.srun(["sh", "-c", f"ls -l /proc/$PPID/fd/ 2>&1; echo forged >> {store}"],
+                              user="nobody")
+    assert res.returncode != 0 and "Permission denied" in res.stderr
+    assert store.read_bytes().startswith(before)
+    assert b"forged" not in store.read_bytes()
+
+
+def _readelf(path: Path, *flags: str) -> str:
+    return subprocess.run(["readelf", *flags, str(path)], capture_output=True, text=True,
+                          check=True).stdout
+
+
+def test_stub_has_no_libpython(slurm: SlurmEnv) -> None:
+    stub_needed = _readelf(slurm.plugin, "-d")
+    assert "libpython" not in stub_needed
+    assert "libpython" in _readelf(slurm.python_part, "-d")
+    exported = subprocess.run(["nm", "-D", "--defined-only", str(slurm.plugin)],
+                              capture_output=True, text=True, check=True).stdout
+    names = {line.split()[-1] for line in exported.splitlines() if line.strip()}
+    assert names and all(re.match(r"(plugin_|slurm_spank_|spank_plugin_version)", n)
+                         for n in names), names
+    assert not any(n.startswith("Py") for n in subprocess.run(
+        ["nm", "-D", "--undefined-only", str(slurm.plugin)], capture_output=True, text=True,
+        check=True).stdout.split())
+    py_exported = subprocess.run(["nm", "-D", "--defined-only", str(slurm.python_part)],
+                                 capture_output=True, text=True, check=True).stdout
+    assert {line.split()[-1] for line in py_exported.splitlines()} == {"grace_python_check"}
+    for lib in (slurm.plugin, slurm.python_part):
+        dyn = _readelf(lib, "-d")
+        assert "BIND_NOW" in dyn and "NODELETE" in dyn, lib
+        assert "GNU_RELRO" in _readelf(lib, "-lW"), lib
+
+
+def test_srun_never_maps_libpython(cached: SlurmEnv) -> None:
+    """srun (local context) loads the stub only; a task of a cached step
+    sees a slurmstepd without libpython, a task of a missed step one with it."""
+    cached.use("base", f"cache_dir={_cache_dir(cached, 'maps')}")
+    # (as root: a user's task may not read the maps of its root slurmstepd)
+    probe = ["sh", "-c", "grep -c libpython /proc/$PPID/maps || true"]
+    res, first = _step(cached, probe, user="root")
+    assert res.returncode == 0 and not _hit(first)
+    assert int(res.stdout.split()[-1]) > 0  # Python ran in this slurmstepd
+    res, second = _step(cached, probe, user="root")
+    assert _hit(second) and int(res.stdout.split()[-1]) == 0
+    # srun itself: the loader's trace shows the stub loaded, libpython never.
+    res = cached.cluster.srun(["/bin/true"], user="nobody", env={"LD_DEBUG": "files"})
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "spank_grace_policy.so" in res.stderr
+    assert "libpython" not in res.stderr

@@ -43,20 +43,29 @@ def _touch_ctime(files: Sequence[Path]) -> None:
         os.chmod(f, os.stat(f).st_mode & 0o7777)
 
 
+def cache_hits(env: SlurmEnv, before: int) -> tuple[int, int]:
+    """(verdict-cache hits, decisions) among the audit lines after ``before``."""
+    lines = env.audit_lines()[before:]
+    return sum('"cache": "hit"' in line for line in lines), len(lines)
+
+
 def alternate(env: SlurmEnv, argv: Sequence[str], runs: int, *,
-              first_seen: Sequence[Path] = (), warmup: int = 3
-              ) -> tuple[list[float], list[float], str]:
+              first_seen: Sequence[Path] = (), warmup: int = 3, plugin_args: Sequence[str] = ()
+              ) -> tuple[list[float], list[float], tuple[int, int]]:
     """``runs`` timed sruns of ``argv`` each way, alternating which goes first
-    in each pair. Returns (with ms, without ms, stdout of the last with-run)."""
+    in each pair. ``plugin_args``: extra plugstack arguments (``cache_dir=none``
+    for the cold case). Returns (with ms, without ms, (cache hits, decisions)
+    of the timed with-runs, from the audit log)."""
     with_ms: list[float] = []
     without_ms: list[float] = []
-    last = ""
+    hits = decisions = 0
     for i in range(warmup + runs):
         order = ("with", "without") if i % 2 == 0 else ("without", "with")
         for side in order:
             if side == "with":
-                env.use("base")
+                env.use("base", *plugin_args)
                 _touch_ctime(first_seen)
+                before = len(env.audit_lines())
             else:
                 env.cluster.set_plugstack(["# bench: no plugin"])
             ms, res = _srun(env, argv)
@@ -64,13 +73,17 @@ def alternate(env: SlurmEnv, argv: Sequence[str], runs: int, *,
                 last = res.stdout + res.stderr
                 if "grace-policy" in last:
                     raise RuntimeError(f"not a clean step: {last[-1000:]}")
+                if i >= warmup:
+                    h, d = cache_hits(env, before)
+                    hits, decisions = hits + h, decisions + d
             if i >= warmup:
                 (with_ms if side == "with" else without_ms).append(ms)
     env.cluster.set_plugstack(["# bench: no plugin"])
-    return with_ms, without_ms, last
+    return with_ms, without_ms, (hits, decisions)
 
 
-def peak_rss(env: SlurmEnv, runs: int) -> tuple[list[int], list[int]]:
+def peak_rss(env: SlurmEnv, runs: int, plugin_args: Sequence[str] = ()
+             ) -> tuple[list[int], list[int]]:
     """slurmstepd's VmHWM (KiB) as its task sees it: after user_init, so the
     embedded interpreter and everything the check imported are in it."""
     argv = ["sh", "-c", "grep VmHWM /proc/$PPID/status; cat /proc/$PPID/comm"]
@@ -80,7 +93,7 @@ def peak_rss(env: SlurmEnv, runs: int) -> tuple[list[int], list[int]]:
         order = ("with", "without") if i % 2 == 0 else ("without", "with")
         for side in order:
             if side == "with":
-                env.use("base")
+                env.use("base", *plugin_args)
             else:
                 env.cluster.set_plugstack(["# bench: no plugin"])
             _, res = _srun(env, argv)

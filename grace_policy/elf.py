@@ -28,6 +28,8 @@ ELFDATA2LSB = 1
 ELFDATA2MSB = 2
 
 ET_EXEC = 2
+
+EM_386 = 3
 ET_DYN = 3
 
 PT_LOAD = 1
@@ -69,6 +71,9 @@ MACHINE_NUMBERS: dict[str, int] = {v: k for k, v in MACHINE_NAMES.items()}
 MAX_PHNUM = 4096
 MAX_DYN_ENTRIES = 65536
 MAX_STRING = 4096
+#: Dynamic strings (DT_RPATH/DT_RUNPATH of Spack-style trees run to tens of
+#: KiB) have no limit in glibc; ours only keeps a hostile table bounded.
+MAX_DYN_STRING = 1024 * 1024
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024
 
 
@@ -372,7 +377,7 @@ class _Strings:
     def get(self, index: int) -> str:
         if index < 0 or index >= self.size:
             raise ElfError("string offset outside the dynamic string table")
-        window = min(self.size - index, MAX_STRING)
+        window = min(self.size - index, MAX_DYN_STRING)
         first = min(window, 256)
         raw = self.r.read(self.offset + index, first, "dynamic string")
         end = raw.find(b"\0")

@@ -207,6 +207,10 @@ class _Searcher:
         return "".join(out)
 
     def path_list(self, text: str, origin: str | None, seps: str = ":") -> list[str]:
+        if not text:
+            # decompose_rpath ignores an empty DT_RPATH/DT_RUNPATH (an empty
+            # RUNPATH still switches RPATH off); an empty *element* is the cwd.
+            return []
         dirs: list[str] = []
         elems = [text]
         for sep in seps:
@@ -271,11 +275,15 @@ class _Searcher:
         what it is); ``absent`` (open failed: the search goes on); ``fatal``
         (glibc stops loading with ``reason``, worded as glibc prints it).
         """
+        # Only files that exist count against max_files: a Spack-style tree
+        # probes hundreds of absent paths for a handful of real libraries.
         if self.budget is not None:
-            self.budget.take_file()
+            self.budget.tick()
         host_path = self.to_host(path)
         try:
             info = read_elf(host_path, budget=self.budget)
+            if self.budget is not None:
+                self.budget.take_file()
         except FileNotFoundError:
             return "absent", None, "no such file", ""
         except NotADirectoryError:
@@ -287,6 +295,8 @@ class _Searcher:
         except OSError as exc:
             return "absent", None, exc.strerror or "cannot open", ""
         except ElfError as exc:
+            if self.budget is not None:
+                self.budget.take_file()
             if exc.reason == "not a regular file":
                 if fsprobe.isdir(host_path):
                     # open(2) succeeds on a directory, read(2) fails: fatal.
@@ -655,7 +665,20 @@ def resolve(
         absolute = exe_path if exe_path.startswith("/") else os.path.join(cwd, exe_path)
         origin = os.path.dirname(absolute) or "/"
     main = _Map(exe_path, exe_path, exe_info, None, origin, _file_id(host_exe))
-    maps: list[_Map] = [main]
+    maps: list[_Map] = []
+    by_name: dict[str, _Map] = {}
+    by_file: dict[tuple[int, int], _Map] = {}
+
+    def add(m: _Map) -> None:
+        # Indexed, not scanned: glibc's first-loaded-wins lookup in O(1), so a
+        # hostile tree of thousands of objects stays linear.
+        maps.append(m)
+        for known in m.names:
+            by_name.setdefault(known, m)
+        if m.file_id is not None:
+            by_file.setdefault(m.file_id, m)
+
+    add(main)
     objects: list[LoadedObject] = [
         LoadedObject(exe_path, exe_path, exe_info, "exe", None)
     ]
@@ -675,7 +698,7 @@ def resolve(
         if status == "ok" and info is not None:
             rtld = _Map(interp, interp, info, None, os.path.dirname(interp),
                         _file_id(searcher.to_host(interp)))
-            maps.append(rtld)
+            add(rtld)
             rtld_loaded = True
         elif not node.root_is_native and interp in CANONICAL_INTERP.get(node.machine, ()):
             pass  # the node's own loader; this host cannot hold it
@@ -693,8 +716,20 @@ def resolve(
                 rtld = _Map(path, path, info, None, os.path.dirname(path),
                             _file_id(searcher.to_host(path)))
                 rtld.names.discard(path)
-                maps.append(rtld)
+                add(rtld)
+                rtld_loaded = True
                 break
+    if not rtld_loaded and not node.root_is_native:
+        # Judging another architecture's node from here: its loader is not on
+        # this host, but on the node it is mapped and answers to its soname
+        # (libc, libjemalloc and gconv modules name it in DT_NEEDED).
+        paths = CANONICAL_INTERP.get(node.machine, ())
+        if paths:
+            rtld = _Map(paths[0], paths[0], _placeholder(os.path.basename(paths[0])), None,
+                        os.path.dirname(paths[0]), None)
+            rtld.names.update(paths)
+            rtld.names.update(os.path.basename(p) for p in paths)
+            add(rtld)
 
     queue: deque[_Map] = deque([main])
     while queue:
@@ -709,7 +744,7 @@ def resolve(
                 fatal.append(Fatal(needed, needed, loader.path,
                                    "empty dynamic string token substitution"))
                 continue
-            known = _find_loaded(maps, name)
+            known = by_name.get(name)
             if known is not None:
                 edges.append((loader.path, known.path))
                 continue
@@ -723,21 +758,22 @@ def resolve(
                 continue
             if info is None:
                 # A node system library judged by name from a foreign host.
-                maps.append(_Map(name, path, _placeholder(name), loader, None, None))
+                add(_Map(name, path, _placeholder(name), loader, None, None))
                 objects.append(LoadedObject(name, path, _placeholder(name), via, loader.path,
                                             tuple(skipped), by_name_only=True))
                 edges.append((loader.path, path))
                 continue
             host_path = searcher.to_host(path)
             fid = _file_id(host_path)
-            same = next((m for m in maps if fid is not None and m.file_id == fid), None)
+            same = by_file.get(fid) if fid is not None else None
             if same is not None:
                 same.names.add(name)
+                by_name.setdefault(name, same)
                 edges.append((loader.path, same.path))
                 continue
             origin = os.path.dirname(path if path.startswith("/") else os.path.join(cwd, path))
             new = _Map(name, path, info, loader, origin, fid)
-            maps.append(new)
+            add(new)
             objects.append(LoadedObject(name, path, info, via, loader.path, tuple(skipped)))
             edges.append((loader.path, path))
             queue.append(new)
@@ -746,13 +782,6 @@ def resolve(
             objects.insert(1, LoadedObject(m.name, m.path, m.info, "interp", exe_path))
             break
     return LoadTree(tuple(objects), tuple(missing), tuple(fatal), tuple(edges))
-
-
-def _find_loaded(maps: list[_Map], name: str) -> _Map | None:
-    for m in maps:
-        if name in m.names:
-            return m
-    return None
 
 
 def _placeholder(name: str) -> ElfInfo:

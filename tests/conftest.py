@@ -103,3 +103,23 @@ def have_qemu() -> str:
     path = qemu_aarch64()
     assert path is not None
     return path
+
+
+@pytest.fixture
+def foreign_padding(elf_builder: ElfBuilder, have_cross: str):
+    """``make(soname, count)``: an LD_LIBRARY_PATH of ``count`` directories,
+    each holding an aarch64 build named ``soname``. The loader opens every one
+    (and skips it), so a check spends one file of its cap per directory:
+    the honest way to exhaust ``max_files`` (absent paths do not count)."""
+
+    def make(soname: str, count: int) -> str:
+        foreign = elf_builder.library(f"foreign-pad/src/{soname}", arch="aarch64")
+        dirs = []
+        for i in range(count):
+            d = foreign.parent.parent / f"pad{i}"
+            d.mkdir()
+            os.link(foreign, d / soname)
+            dirs.append(str(d))
+        return ":".join(dirs)
+
+    return make

@@ -119,15 +119,16 @@ def test_4k_build_on_a_64k_node_is_judged_for_exe_and_libs(elf_builder: ElfBuild
     assert report.limit is None
 
 
-def test_budget_stop_keeps_what_was_found(elf_builder: ElfBuilder) -> None:
-    """A 4 KiB build on a 64 KiB node, plus an LD_LIBRARY_PATH long enough to
-    exhaust the file cap: the executable's own fatal layout is still reported,
-    so padding the environment cannot hide it."""
+def test_budget_stop_keeps_what_was_found(elf_builder: ElfBuilder, foreign_padding) -> None:
+    """A 4 KiB build on a 64 KiB node, plus an LD_LIBRARY_PATH of directories
+    holding foreign copies of its library, enough to exhaust the file cap:
+    the executable's own fatal layout is still reported, so padding the
+    environment cannot hide it."""
     lib = elf_builder.library("lib/libgreet.so.1", page_size=4096)
     exe = elf_builder.compile(src("use_greet.c"), "bin/app", page_size=4096,
                               needed_libs=("greet",), lib_dirs=(lib.parent,))
     node = NodeProfile(machine="x86_64", page_size=65536, glibc=(2, 36))
-    env = {"LD_LIBRARY_PATH": ":".join(f"{lib.parent}/none{i}" for i in range(500))}
+    env = {"LD_LIBRARY_PATH": foreign_padding("libgreet.so.1", 30)}
     report = check_step([str(exe)], env, "/", node, budget=Budget(max_files=20))
     assert report.limit is not None and "20 files" in report.limit
     assert ("page-congruence", str(exe)) in {(i.rule, i.path) for i in report.issues}

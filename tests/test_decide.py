@@ -89,7 +89,8 @@ def test_budget_exceeded_is_check_limit(on_error: str, action: str) -> None:
     assert "files" in (v.error or "")
 
 
-def test_check_limit_never_hides_a_known_error(elf_builder: ElfBuilder) -> None:
+def test_check_limit_never_hides_a_known_error(elf_builder: ElfBuilder,
+                                                foreign_padding) -> None:
     """on_error=allow, and an LD_LIBRARY_PATH long enough to exhaust the file
     cap; but the executable's own layout is already known to be fatal on
     this 64 KiB node: the stricter answer wins, and both are shown."""
@@ -97,7 +98,7 @@ def test_check_limit_never_hides_a_known_error(elf_builder: ElfBuilder) -> None:
     exe = elf_builder.compile(src("use_greet.c"), "bin/app", page_size=4096,
                               needed_libs=("greet",), lib_dirs=(lib.parent,))
     node = NodeProfile(machine="x86_64", page_size=65536, glibc=(2, 36))
-    env = {"LD_LIBRARY_PATH": ":".join(f"{lib.parent}/none{i}" for i in range(500))}
+    env = {"LD_LIBRARY_PATH": foreign_padding("libgreet.so.1", 30)}
     policy = Policy(on_error="allow", limits=Limits(max_files=20))
     v = decide(policy, partition=None, argv=[str(exe)], env=env, cwd="/", node=node)
     assert v.action == "reject"

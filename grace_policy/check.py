@@ -16,15 +16,15 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from . import envleak
-from ._record import dataclass
+from ._record import dataclass, replace
 from .budget import Budget, BudgetExceeded
 from .causes import path_causes
-from .elf import ET_DYN, ET_EXEC, ElfError, ElfInfo, read_elf
+from .elf import ELFCLASS32, EM_386, ET_DYN, ET_EXEC, ElfError, ElfInfo, read_elf
 from .findings import EnvChanges, Issue
 from .launch import Hop, build_path, c_string, follow
 from .layout import page_issues
 from .loader import LoadTree, resolve
-from .node import NodeProfile
+from .node import NodeProfile, node_owns
 
 #: Variables the check itself reads, besides the policy's env-leak names.
 _READ_VARS = ("PATH", "LD_LIBRARY_PATH", "HOME")
@@ -113,6 +113,14 @@ def _check(argv: Sequence[str], job_env: Mapping[str, str], cwd: str, node: Node
     state["hops"] = hops
     last = hops[-1]
     script = hops[0].path if len(hops) > 1 else None
+    for hop in hops[:-1]:
+        if hop.kind == "env":
+            # The env a #! line names must load and run before its command.
+            before = len(issues)
+            _check_elf(hop.path, job_env, cwd, node, budget, issues, causes, via_script=script)
+            if any(i.rule in ("exe-arch-mismatch", "elf-invalid", "interp-missing",
+                              "lib-not-found") for i in issues[before:]):
+                return
     if last.kind == "elf":
         state["tree"] = _check_elf(last.path, job_env, cwd, node, budget, issues, causes,
                                    via_script=script)
@@ -134,6 +142,10 @@ def _hop_issue(hops: list[Hop], name: str, causes: Causes, env: Mapping[str, str
                      f"slurmstepd: error: execve(): {name}: No such file or directory",
                      causes=causes(last.path),
                      facts=(("name", name), ("PATH", env.get("PATH", ""))))
+    if last.kind == "not-regular":
+        return Issue("exe-format", last.path,
+                     f"slurmstepd: error: execve(): {last.path}: {last.detail}",
+                     causes=causes(last.path), facts=(("detail", last.detail),))
     if last.kind in ("unreadable", "not-executable"):
         return Issue("exe-unreadable", last.path,
                      f"slurmstepd: error: execve(): {last.path}: {last.detail}",
@@ -158,11 +170,16 @@ def _check_elf(path: str, env: Mapping[str, str], cwd: str, node: NodeProfile, b
                             f"slurmstepd: error: execve(): {path}: Exec format error ({reason})",
                             causes=causes(path), facts=(("detail", reason),)))
         return None
-    if not node.root_is_native and _is_system_program(path):
+    if not node.root_is_native and node_owns(path):
         # Judging another architecture's node from here: the node has its own
         # build of system programs at the same path, as it has of system
         # libraries (which the loader model counts as present by name).
         return None
+    if (node.machine == "x86_64" and info.machine == EM_386 and info.elf_class == ELFCLASS32
+            and info.data == node.data):
+        # x86_64 kernels run i386 programs; they need the 32-bit loader and
+        # libraries, which the i386 view of the same node looks for.
+        node = replace(node, machine="i386")
     # The kernel reads e_machine in the node's byte order: a big-endian
     # aarch64 file is as foreign to a little-endian Grace node as x86_64.
     if (info.machine != node.machine_number or info.elf_class != node.elf_class
@@ -235,16 +252,6 @@ def _check_elf(path: str, env: Mapping[str, str], cwd: str, node: NodeProfile, b
                    ("detail", fatal.reason)),
         ))
     return tree
-
-
-#: Where distributions install their programs and libraries; on a node of
-#: another architecture the same paths hold that architecture's builds.
-SYSTEM_PREFIXES = ("/usr/bin/", "/usr/sbin/", "/bin/", "/sbin/", "/usr/lib/", "/usr/lib64/",
-                   "/usr/libexec/", "/lib/", "/lib64/")
-
-
-def _is_system_program(path: str) -> bool:
-    return path.startswith(SYSTEM_PREFIXES) and not path.startswith("/usr/local/")
 
 
 def _with_causes(issue: Issue, causes: tuple[str, ...]) -> Issue:

@@ -16,7 +16,7 @@ from ._record import dataclass
 from .elf import ElfError, read_elf
 from .findings import EnvChanges, Issue
 from .launch import follow
-from .node import NodeProfile
+from .node import NodeProfile, node_owns
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -72,6 +72,8 @@ def judge_prefix(prefix: str, node: NodeProfile, env: Mapping[str, str],
             return f"its interpreter {candidate} points at {last.path}, which is missing here"
         if last.kind != "elf":
             return None
+        if not node.root_is_native and node_owns(last.path):
+            return None  # judged from another architecture: the node has its own
         try:
             info = read_elf(last.path, budget=budget)
         except (ElfError, OSError):

@@ -54,7 +54,8 @@ class Hop:
 
     path: str
     #: "elf", "script", "missing", "unreadable", "format", "not-executable",
-    #: "loop" (too many #! levels, or a cycle)
+    #: "not-regular" (directory, FIFO, device), "loop" (too many #! levels, or
+    #: a cycle), "env" (an ``env`` ELF a ``#!`` line runs to start a command)
     kind: str
     #: For scripts: the interpreter path and optional argument from ``#!``.
     interp: str | None = None
@@ -309,6 +310,13 @@ def follow(path: str, env: Mapping[str, str], cwd: str,
         if os.path.basename(target) == "env":
             command, lookup_path = env_command(hop.interp_arg, current, env)
             if command is not None:
+                # env is itself a program execve must run: it has to be an
+                # ELF file of the node before the command it starts matters.
+                env_hop = _classify(target, budget)
+                if env_hop.kind != "elf":
+                    hops.append(env_hop)
+                    return hops
+                hops.append(Hop(target, "env"))
                 found = which(command, lookup_path, cwd, budget)
                 if found is None:
                     hops.append(Hop(command, "missing", detail="not found in PATH by env"))
@@ -342,7 +350,9 @@ def _classify(path: str, budget: Budget | None = None) -> Hop:
             return Hop(path, "unreadable", detail="Is a directory")
         return Hop(path, "unreadable", detail=exc.strerror or "cannot open")
     except Exception:  # ElfError: FIFO, device, directory; ValueError: NUL in path
-        return Hop(path, "unreadable", detail="not a regular file")
+        # execve refuses anything but a regular file with EACCES.
+        kind = "directory" if fsprobe.isdir(path) else "not a regular file"
+        return Hop(path, "not-regular", detail=f"Permission denied ({kind})")
     try:
         if budget is not None:
             budget.spend_bytes(SHEBANG_BYTES)

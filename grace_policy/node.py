@@ -170,3 +170,21 @@ def detect() -> NodeProfile:
         page_size=os.sysconf("SC_PAGE_SIZE"),
         glibc=parse_glibc(libc),
     )
+
+
+#: Where distributions install their programs and libraries; a node of another
+#: architecture holds its own builds at the same paths.
+SYSTEM_PREFIXES = ("/usr/bin/", "/usr/sbin/", "/bin/", "/sbin/", "/usr/lib/", "/usr/lib64/",
+                   "/usr/libexec/", "/lib/", "/lib64/")
+
+
+def is_system_path(path: str) -> bool:
+    return path.startswith(SYSTEM_PREFIXES)
+
+
+def node_owns(path: str) -> bool:
+    """Whether the node has its own build at ``path``: a system path, or a
+    link into one (a venv's ``bin/python`` made from the system python)."""
+    from . import fsprobe
+
+    return is_system_path(path) or is_system_path(fsprobe.realpath(path))

@@ -239,7 +239,8 @@ def test_env_name_is_searched_in_the_job_path(tmp_path: Path) -> None:
     shutil.copy("/bin/true", tmp_path / "python3")
     s = script(tmp_path / "s", "#!/usr/bin/env python3\n")
     hops = follow(str(s), {"PATH": f"/nonexistent:{tmp_path}"}, "/")
-    assert [h.kind for h in hops] == ["script", "elf"]
+    assert [h.kind for h in hops] == ["script", "env", "elf"]
+    assert hops[1].path == "/usr/bin/env"  # env itself must run: it is a hop
     assert hops[-1].path == f"{tmp_path}/python3"
 
 

@@ -107,6 +107,13 @@ def lexists(path: str) -> bool:
     return True
 
 
+def note_env(name: str, value: str | None) -> None:
+    """An environment variable the check read beyond the fixed inputs
+    (``env -S '${VAR}'``): a cached verdict must depend on it too."""
+    if _log is not None:
+        _log.append(("v", name, "-" if value is None else "=" + value))
+
+
 def realpath(path: str) -> str:
     result = os.path.realpath(path)
     if _log is not None:

@@ -201,7 +201,12 @@ def _split_string(text: str, env: Mapping[str, str]) -> list[str]:
     import re
     import shlex
 
-    text = re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", lambda m: env.get(m.group(1), ""), text)
+    def expand(match: re.Match[str]) -> str:
+        value = env.get(match.group(1))
+        fsprobe.note_env(match.group(1), value)  # an input of the verdict too
+        return value or ""
+
+    text = re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", expand, text)
     try:
         return shlex.split(text, comments=True)
     except ValueError:

@@ -77,10 +77,16 @@ def entry(step_inputs: list[tuple[str, str]], mode: str,
           probes: list[tuple[str, str, str]]) -> str | None:
     """The entry text, or None when it cannot be trusted to replay (a
     relative path, whose meaning depends on a cwd) or is too large."""
+    read = dict(step_inputs)
+    for op, name, value in probes:
+        if op == "v":  # a variable the check read on the way (env -S ${VAR})
+            read.setdefault("env:" + name, _value(None if value == "-" else value[1:]))
     lines = [MAGIC]
-    lines += [f"I {fsprobe.encode(name)} {value}" for name, value in step_inputs]
+    lines += [f"I {fsprobe.encode(name)} {value}" for name, value in read.items()]
     lines.append(f"O mode {fsprobe.encode(mode)}")
     for op, path, answer in probes:
+        if op == "v":
+            continue
         if not path.startswith("/"):
             return None
         lines.append(f"P {op} {fsprobe.encode(path)} {fsprobe.encode(answer)}")
@@ -132,12 +138,22 @@ def parse(text: str) -> list[tuple[list[tuple[str, str]], str, list[tuple[str, s
     return out
 
 
-def lookup(text: str, step_inputs: list[tuple[str, str]]) -> str | None:
+def lookup(text: str, step_inputs: list[tuple[str, str]],
+           env: Mapping[str, str] | None = None) -> str | None:
     """The mode of a matching, still-true entry, or None (Python's twin of
-    the C lookup; the C side is what runs in slurmstepd)."""
+    the C lookup; the C side is what runs in slurmstepd). Like C, an
+    ``env:NAME`` input the caller did not list is read from ``env``."""
     wanted = dict(step_inputs)
+
+    def current(name: str) -> str | None:
+        if name in wanted:
+            return wanted[name]
+        if env is not None and name.startswith("env:"):
+            return _value(env.get(name[4:]))
+        return None
+
     for ins, mode, probes in reversed(parse(text)):
-        if any(wanted.get(name) != value for name, value in ins):
+        if any(current(name) != value for name, value in ins):
             continue
         if fsprobe.still_true(probes):
             return mode

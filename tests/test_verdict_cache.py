@@ -108,3 +108,16 @@ def test_signature_follows_content_and_mode(tmp_path: Path) -> None:
     assert fsprobe.answer("s", str(tmp_path / "missing")) == "n"
     assert fsprobe.answer("s", str(f / "below")) == "n"  # ENOTDIR counts as absent
     assert fsprobe.answer("s", str(tmp_path)) == "d"
+
+
+def test_variables_read_by_env_split_string_are_inputs(tmp_path: Path) -> None:
+    """``#!/usr/bin/env -S ${TOOL}`` runs whatever TOOL names: an entry made
+    with TOOL=true must not match a step where TOOL names something else."""
+    script = tmp_path / "s"
+    script.write_text("#!/usr/bin/env -S ${TOOL}\n")
+    script.chmod(0o755)
+    env = {"PATH": "/usr/bin:/bin", "TOOL": "true"}
+    text, ins = _entry(str(script), env)
+    assert "I env:TOOL =true" in text
+    assert verdict_cache.lookup(text, ins, env) == "enforce"
+    assert verdict_cache.lookup(text, ins, {**env, "TOOL": "false"}) is None

@@ -106,21 +106,12 @@ def _decide(policy: Policy, mode: str, partition: str | None, argv: Sequence[str
 
         catalogue = Catalogue.for_policy(policy)
         findings = catalogue.findings(report.issues, finding_context(node, partition))
-        findings = tuple(_cap_cleaned(f, report.env) for f in findings)
     action = action_for(mode, findings)
     if report.limit is not None:
         return _limit_verdict(policy, mode, partition, report.limit, findings=findings,
                               found_action=action, env=report.env)
     return Verdict(action=action, mode=mode, partition=partition, findings=findings,
                    env=report.env)
-
-
-def _cap_cleaned(finding: Finding, env: EnvChanges) -> Finding:
-    """A leak that was cleaned is reported, not rejected."""
-    if finding.rule == "env-leak" and env.unset and finding.severity == "error":
-        return Finding(finding.rule, "warning", finding.path, finding.predicted_error,
-                       finding.remediation, finding.cause)
-    return finding
 
 
 def finding_context(node: NodeProfile, partition: str | None) -> dict[str, str]:

@@ -17,15 +17,15 @@ from .elf import ElfError, read_elf
 from .findings import EnvChanges, Issue
 from .launch import follow
 from .node import NodeProfile, node_owns
+from .policy import DEFAULT_ENV_VARS
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from .budget import Budget
 
-DEFAULT_VARS = (
-    "CONDA_PREFIX", "CONDA_DEFAULT_ENV", "CONDA_EXE", "CONDA_PYTHON_EXE", "CONDA_SHLVL",
-    "_CE_CONDA", "_CE_M", "VIRTUAL_ENV", "VIRTUAL_ENV_PROMPT",
-)
+#: The variables an activated conda or venv leaves behind (one list, the
+#: config's default).
+DEFAULT_VARS = DEFAULT_ENV_VARS
 
 #: Variables that name an environment prefix directly, or a file two levels
 #: below it (``<prefix>/bin/conda``).

@@ -790,10 +790,6 @@ def _placeholder(name: str) -> ElfInfo:
                    soname=name, rpath=None, runpath=None, flags_1=0)
 
 
-def describe_candidate(c: Candidate) -> str:
-    return f"{c.path} ({c.reason})"
-
-
 __all__ = [
     "CANONICAL_INTERP",
     "Candidate",
@@ -801,7 +797,6 @@ __all__ = [
     "LoadTree",
     "LoadedObject",
     "Missing",
-    "describe_candidate",
     "machine_name",
     "resolve",
     "supported_hwcaps",

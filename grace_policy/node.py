@@ -110,19 +110,6 @@ class NodeProfile:
     def cache_flags(self) -> int | None:
         return CACHE_FLAGS.get(self.machine)
 
-    def system_dirs(self) -> tuple[str, ...]:
-        """glibc's built-in trusted directories for this target, in search order.
-
-        Debian-style glibc is configured with ``--libdir=/usr/lib/<triplet>``
-        and ``slibdir=/lib/<triplet>``, so those come first, then the generic
-        ``/lib64``-style ones.
-        """
-        facts = _ARCH_FACTS.get(self.machine)
-        generic = facts[4] if facts else ("lib64", "usr/lib64")
-        triplet = self.multiarch
-        rel = (f"lib/{triplet}", f"usr/lib/{triplet}", *generic)
-        return tuple(self.in_root("/" + d) for d in rel)
-
     def in_root(self, path: str) -> str:
         """Map an absolute node path into the image under ``root``."""
         if self.root in ("", "/"):

@@ -636,3 +636,11 @@ def test_import_stays_cheap() -> None:
                           timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_usage_errors_escape_the_users_argument(capsys) -> None:
+    from grace_policy.cli.main import main as cli_main
+
+    assert cli_main(["check", "--x\x1b[31mRED", "--", "/bin/true"]) == 64
+    err_text = capsys.readouterr().err
+    assert "\x1b" not in err_text and "RED" in err_text

@@ -87,7 +87,8 @@ def _usage_error(exc: UsageError, argv: Sequence[str]) -> int:
     message = exc.message
     if chosen == "check" and message.startswith("unrecognized arguments"):
         message += " (put the step's command after '--': grace-policy check -- CMD ARGS...)"
-    err(f"{escape(chosen) if chosen in COMMANDS else 'usage'}: error: {message}")
+    # argparse quotes the user's own argument: escape it like any user text.
+    err(f"{escape(chosen) if chosen in COMMANDS else 'usage'}: error: {escape(message)}")
     err(f"see '{where} --help'")
     return EX_USAGE
 

@@ -149,6 +149,11 @@ def machine_name(machine: int) -> str:
     return MACHINE_NAMES.get(machine, f"em-{machine}")
 
 
+#: The first read takes this much: the ELF header, the program headers and,
+#: in most libraries, .dynstr sit in it, so one pread serves most lookups.
+HEAD_BYTES = 4096
+
+
 class _Reader:
     """Bounded positional reads on an open fd."""
 
@@ -158,10 +163,18 @@ class _Reader:
         self.size = size
         self.budget = max_bytes
         self.charge = charge
+        self.head: bytes | None = None
 
     def read(self, offset: int, length: int, what: str) -> bytes:
         if offset < 0 or length < 0 or offset + length > self.size:
             raise ElfError(f"{what} lies beyond the end of the file")
+        if self.head is None:
+            self.head = self._pread(0, min(self.size, HEAD_BYTES, max(self.budget, 0)), what)
+        if offset + length <= len(self.head):
+            return self.head[offset:offset + length]
+        return self._pread(offset, length, what)
+
+    def _pread(self, offset: int, length: int, what: str) -> bytes:
         if length > self.budget:
             raise ElfError(f"{what} is larger than the read limit")
         self.budget -= length

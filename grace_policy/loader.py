@@ -157,6 +157,8 @@ class _Searcher:
         self._cache = cache
         self._hwcaps: tuple[str, ...] | None = None
         self._subdirs: dict[str, list[str]] = {}
+        self._lib: str | None = None
+        self._path_lists: dict[tuple[str, str | None, str], list[str]] = {}
         self._system_dirs = system_dirs(node)
         self.platform = loader_platform(node)
         self._legacy = legacy_hwcap_subdirs(node)
@@ -193,7 +195,7 @@ class _Searcher:
                 i += 1
                 continue
             for token, value in (("ORIGIN", origin), ("PLATFORM", self.platform),
-                                 ("LIB", lib_token(self.node))):
+                                 ("LIB", self.lib)):
                 length = _dst_len(text, i + 1, token)
                 if length:
                     if value is None:
@@ -206,7 +208,23 @@ class _Searcher:
                 i += 1
         return "".join(out)
 
+    @property
+    def lib(self) -> str:
+        if self._lib is None:
+            self._lib = lib_token(self.node)
+        return self._lib
+
     def path_list(self, text: str, origin: str | None, seps: str = ":") -> list[str]:
+        """Directories of an RPATH/RUNPATH/LD_LIBRARY_PATH, as glibc decomposes
+        them once per object (memoized: an executable's RUNPATH is asked once
+        per DT_NEEDED name)."""
+        key = (text, origin, seps)
+        known = self._path_lists.get(key)
+        if known is None:
+            known = self._path_lists[key] = self._path_list(text, origin, seps)
+        return known
+
+    def _path_list(self, text: str, origin: str | None, seps: str) -> list[str]:
         if not text:
             # decompose_rpath ignores an empty DT_RPATH/DT_RUNPATH (an empty
             # RUNPATH still switches RPATH off); an empty *element* is the cwd.

@@ -12,6 +12,10 @@ import struct
 from . import fsprobe
 from ._record import dataclass
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: keep the import off the launch path
+    from collections.abc import Callable
+
 OLD_MAGIC = b"ld.so-1.7.0"
 NEW_MAGIC = b"glibc-ld.so.cache1.1"
 EXTENSION_MAGIC = 0xEAA42174
@@ -39,13 +43,41 @@ class CacheEntry:
     legacy_hwcap: int = 0
 
 
-class LdCache:
-    """Entries by library name, in the file's order (glibc's tie-break)."""
+#: One raw entry: (flags, key offset, value offset, hwcap word).
+_Raw = tuple
 
-    def __init__(self, entries: list[CacheEntry]) -> None:
-        self.by_name: dict[str, list[CacheEntry]] = {}
-        for entry in entries:
-            self.by_name.setdefault(entry.name, []).append(entry)
+
+class LdCache:
+    """Entries by library name, in the file's order (glibc's tie-break).
+
+    A clean step looks up two or three names in a cache of thousands: the
+    names are indexed as raw bytes, and an entry is decoded only when its
+    name is asked for (decoding them all was most of a clean check).
+    """
+
+    def __init__(self, entries: list[CacheEntry] | None = None, *,
+                 raw: dict[bytes, list[_Raw]] | None = None,
+                 make: Callable[[_Raw], CacheEntry | None] | None = None) -> None:
+        self._decoded: dict[str, list[CacheEntry]] = {}
+        for entry in entries or ():
+            self._decoded.setdefault(entry.name, []).append(entry)
+        self._raw = raw or {}
+        self._make = make
+
+    def entries(self, name: str) -> list[CacheEntry]:
+        got = self._decoded.get(name)
+        if got is None:
+            raws = self._raw.get(name.encode("utf-8", "surrogateescape"), ())
+            made = [self._make(r) for r in raws] if self._make is not None else []
+            got = self._decoded[name] = [e for e in made if e is not None]
+        return got
+
+    @property
+    def by_name(self) -> dict[str, list[CacheEntry]]:
+        """Every entry, decoded (for tests and ``inspect``; not the hot path)."""
+        for key in self._raw:
+            self.entries(key.decode("utf-8", "surrogateescape"))
+        return {k: v for k, v in self._decoded.items() if v}
 
     def lookup(
         self,
@@ -68,7 +100,7 @@ class LdCache:
         """
         best: str | None = None
         best_prio = len(hwcaps)
-        for entry in self.by_name.get(name, ()):
+        for entry in self.entries(name):
             if flags is not None and entry.flags != flags:
                 continue
             if entry.hwcap_subdir is not None:
@@ -138,22 +170,30 @@ def parse(data: bytes) -> LdCache:
                     for (soff,) in struct.iter_unpack("<I", data[start + off:start + off + size]):
                         hwcap_names.append(string_at(soff) or "")
 
-    entries: list[CacheEntry] = []
+    raw: dict[bytes, list[_Raw]] = {}
+    find = data.find
     for flags, key, value, _osv, hwcap in struct.iter_unpack(
         "<iIIIQ", data[entries_off:entries_off + nlibs * 24]
     ):
+        pos = start + key
+        end = find(b"\0", pos, pos + 4096) if 0 <= pos < len(data) else -1
+        if end >= 0:
+            raw.setdefault(data[pos:end], []).append((flags, key, value, hwcap))
+
+    def make(entry: _Raw) -> CacheEntry | None:
+        flags, key, value, hwcap = entry
         name, path = string_at(key), string_at(value)
         if name is None or path is None:
-            continue
+            return None
         subdir: str | None = None
         if hwcap & HWCAP_EXTENSION_BIT:
             index = hwcap & 0xFFFFFFFF
             if index >= len(hwcap_names):
-                continue
+                return None
             subdir = hwcap_names[index]
-        entries.append(CacheEntry(flags & 0xFFFF, name, path, subdir,
-                                  0 if subdir is not None else hwcap))
-    return LdCache(entries)
+        return CacheEntry(flags & 0xFFFF, name, path, subdir, 0 if subdir is not None else hwcap)
+
+    return LdCache(raw=raw, make=make)
 
 
 def load(path: str) -> LdCache:

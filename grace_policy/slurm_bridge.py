@@ -23,6 +23,7 @@ profiled without Slurm or cffi.
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 from ._record import dataclass, field
@@ -134,6 +135,12 @@ def run_step(step: StepInput) -> Outcome:
     out = Outcome(action=verdict.action)
     if verdict.action not in ("allow", "warn", "reject"):
         return Outcome.failed(f"core returned an unknown action {verdict.action!r}")
+    if "grace_policy.config" in sys.modules:
+        # load_policy had no trustworthy compiled form and ran pydantic: the
+        # step works, but every step pays ~0.5 s until the admin compiles it.
+        out.log.append(f"config {_one_line(step.config)} has no current compiled form, so "
+                       "every step validates it again (slow): run 'grace-policy config "
+                       f"check --compile {_one_line(step.config)}' as root after each edit")
     if verdict.findings or not verdict.env.empty or verdict.action != "allow":
         # Only a step with something to say pays for messages (re, enum).
         out.user = _user_lines(policy, verdict)

@@ -294,3 +294,19 @@ def test_c_backstop_fires_on_a_hung_check(faults: SlurmEnv, on_error: str) -> No
     squeue = faults.cluster.run(["squeue", "-h", "-j", str(_job(res))]).stdout
     assert str(_job(res)) not in squeue
     assert NODE
+
+
+def test_config_without_compiled_form_says_how_to_fix_it(faults: SlurmEnv) -> None:
+    """Not a failure (the step is judged), but every step then validates the
+    TOML with pydantic: the admin is told once per step how to stop that."""
+    text = faults.configs["base"].read_text()
+    raw = _config(faults, "never-compiled.toml", text)
+    faults.use(raw)
+    out = faults.side_file("uncompiled.out")
+    res = faults.cluster.srun([str(faults.files / "native"), str(out)], user="nobody")
+    assert res.returncode == 0, res.stderr
+    assert out.exists() and PREFIX not in res.stderr
+    hints = [line for line in faults.cluster.slurmd_log_text().splitlines()
+             if "has no current compiled form" in line and str(raw) in line]
+    assert len(hints) == 1, hints
+    assert "config check --compile" in hints[0]

@@ -24,7 +24,7 @@ from .findings import EnvChanges, Issue
 from .launch import Hop, build_path, c_string, follow
 from .layout import page_issues
 from .loader import LoadTree, resolve
-from .node import NodeProfile, node_owns
+from .node import NodeProfile, is_system_path, node_owns
 
 #: Variables the check itself reads, besides the policy's env-leak names.
 _READ_VARS = ("PATH", "LD_LIBRARY_PATH", "HOME")
@@ -255,7 +255,13 @@ def _check_elf(path: str, env: Mapping[str, str], cwd: str, node: NodeProfile, b
 
 
 def _with_causes(issue: Issue, causes: tuple[str, ...]) -> Issue:
-    return Issue(issue.rule, issue.path, issue.predicted_error, causes, issue.facts)
+    facts = issue.facts
+    if issue.rule.startswith("page-") and is_system_path(issue.path):
+        # The node's own system files are built for its page size; a page
+        # finding on one means a simulated node or a broken image, neither of
+        # which the user can fix: the admin sees it in the audit log.
+        facts = (*facts, ("max_severity", "info"))
+    return Issue(issue.rule, issue.path, issue.predicted_error, causes, facts)
 
 
 def elf_summary(info: ElfInfo) -> dict[str, object]:

@@ -127,6 +127,15 @@ def user_lines(
         (f for f in verdict.findings if SEVERITY_RANK.get(f.severity, 9) <= limit),
         key=lambda f: SEVERITY_RANK.get(f.severity, 9),
     )
+    # One page-size block per file: a 4 KiB build usually breaks two or three
+    # page rules at once, all with the same fix (relink); the audit log and
+    # --json keep every finding.
+    paged: set[str] = set()
+    for finding in list(shown):
+        if finding.rule.startswith("page-"):
+            if finding.path in paged:
+                shown.remove(finding)
+            paged.add(finding.path)
     lines: list[str] = []
     for finding in shown:
         lines.append(f"{PREFIX}{finding.severity.upper()} {finding.rule}: {escape(finding.path)}")

@@ -260,6 +260,11 @@ class Catalogue:
         severity = self.severity(issue.rule)
         if severity == "off":
             return None
+        cap = issue.fact("max_severity")
+        if cap in SEVERITY_RANK and cap != "off":
+            # The check knows this issue cannot matter as much (e.g. a page
+            # finding on the node's own system files): never more than ``cap``.
+            severity = _clamp(severity, cap)
         rule = self.rules.get(issue.rule)
         values = self._values(issue, context)
         if rule is None:

@@ -118,3 +118,21 @@ def test_cleaned_leak_is_never_a_reject(foreign_exe: Path, tmp_path: Path) -> No
     from grace_policy.policy import EnvPolicy
     v = run(Policy(mode="enforce", env=EnvPolicy(strip="never")), ["/bin/true"], env=env)
     assert v.action != "reject"
+
+
+def test_simulated_64k_node_does_not_blame_the_system_libraries(elf_builder: ElfBuilder) -> None:
+    """On a 4 KiB host simulating a 64 KiB node, libc and ld.so are "wrong"
+    by construction; telling a user to relink libc is noise. Their page
+    findings are info (audit only); the user's own 4 KiB build still fails."""
+    node = NodeProfile(machine=detect().machine, page_size=65536, glibc=(2, 36))
+    env = {"PATH": "/usr/bin:/bin"}
+    system = decide(Policy(), partition=None, argv=["/bin/true"], env=env, cwd="/", node=node)
+    assert system.action == "allow"
+    assert system.findings and {f.severity for f in system.findings} == {"info"}
+    assert all(f.remediation and "system image" in f.remediation for f in system.findings
+               if f.rule.startswith("page-"))
+    own = elf_builder.compile(src("hello.c"), "bin/app", page_size=4096)
+    mine = decide(Policy(), partition=None, argv=[str(own)], env=env, cwd="/", node=node)
+    assert mine.action == "reject"
+    assert ("page-congruence", "error") in {(f.rule, f.severity) for f in mine.findings
+                                            if f.path == str(own)}

@@ -176,3 +176,17 @@ def test_cleaned_leak_alone_does_not_say_the_step_may_fail() -> None:
     lines = user_lines(verdict)
     assert "runs with the cleaned environment" in lines[-1]
     assert not any("may fail" in line for line in lines)
+
+
+def test_one_page_block_per_file() -> None:
+    verdict = Verdict(
+        action="reject",
+        mode="enforce",
+        partition="gb200",
+        findings=(finding("page-congruence", "error", "/a"),
+                  finding("page-overlap", "warning", "/a"),
+                  finding("page-overlap", "warning", "/b")),
+    )
+    heads = [line for line in user_lines(verdict) if line.startswith(PREFIX + "ERROR")
+             or line.startswith(PREFIX + "WARNING")]
+    assert heads == [PREFIX + "ERROR page-congruence: /a", PREFIX + "WARNING page-overlap: /b"]

@@ -2,7 +2,8 @@
 
 Builds and installs the plugin into a temporary prefix, starts munged,
 slurmctld and slurmd (the same code as the tests), runs a clean step, a
-rejected one, a warned one and one with a leaked environment, prints each
+rejected one, a warned one, one with a leaked environment and a 4 KiB-page
+build on a simulated 64 KiB-page Grace node, prints each
 command with exactly what the user got back, and stops everything it started.
 """
 
@@ -51,8 +52,13 @@ def run_demo(env: SlurmEnv) -> None:
           ["sh", "-c", "echo VIRTUAL_ENV=${VIRTUAL_ENV:-unset}; echo PATH=$PATH"],
           extra_env={"VIRTUAL_ENV": str(venv), "PATH": f"{venv}/bin:/usr/bin:/bin"})
 
+    env.use("grace64k")
+    _show(env, "Simulated Grace node (64 KiB pages, [node] page_size = 65536): a native "
+               "program linked for 4 KiB pages is refused", [str(files / "native-4k")])
+    env.use("base")
+
     print(f"\n{BOLD}== The audit log ({env.audit_log}){RESET}")
-    for line in env.audit_lines()[-4:]:
+    for line in env.audit_lines()[-5:]:
         print(f"  {line}")
     print(f"\nnode state after all of it: {env.cluster.node_state()}")
 

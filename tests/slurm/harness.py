@@ -78,6 +78,15 @@ class SlurmEnv:
         """The tests' verdict cache (never the machine's /run/grace-policy)."""
         return self.cluster.root.parent / "verdict-cache"
 
+    def copy_prefix(self, name: str) -> Path:
+        """A fresh copy of the installed prefix (plugin + its Python dir), for
+        tests that break or swap a part without touching the shared install."""
+        dest = self.cluster.root.parent / name
+        if dest.exists():
+            shutil.rmtree(dest)
+        shutil.copytree(self.prefix, dest, symlinks=True)
+        return dest
+
     def use(self, config: str | Path | None = "base", *extra: str) -> None:
         """Point plugstack.conf at the plugin with ``config`` (a name from
         ``configs`` or a path) and extra ``key=value`` arguments. ``audit=`` names

@@ -78,16 +78,8 @@ def _program(env: SlurmEnv, name: str) -> Path:
     return prog
 
 
-def _tree_copy(env: SlurmEnv, name: str) -> Path:
-    dest = env.cluster.root.parent / name
-    if dest.exists():
-        shutil.rmtree(dest)
-    shutil.copytree(env.prefix, dest, symlinks=True)
-    return dest
-
-
 def test_second_identical_step_is_a_hit_without_python(cached: SlurmEnv) -> None:
-    tree = _tree_copy(cached, "prefix-cache-hit")
+    tree = cached.copy_prefix("prefix-cache-hit")
     stub = tree / "lib" / "slurm" / "spank_grace_policy.so"
     pylib = tree / "lib" / "grace-policy" / "grace_policy_py.so"
     cache = _cache_dir(cached, "hit")

@@ -114,17 +114,8 @@ def test_config_invalid(faults: SlurmEnv) -> None:
 
 # -- the Python side of the plugin ------------------------------------------------
 
-def _tree_copy(env: SlurmEnv, name: str) -> Path:
-    """A fresh copy of the installed prefix (plugin + its Python dir)."""
-    dest = env.cluster.root.parent / name
-    if dest.exists():
-        shutil.rmtree(dest)
-    shutil.copytree(env.prefix, dest, symlinks=True)
-    return dest
-
-
 def test_python_package_missing(faults: SlurmEnv) -> None:
-    bare = _tree_copy(faults, "prefix-no-package")
+    bare = faults.copy_prefix("prefix-no-package")
     shutil.rmtree(bare / "lib" / "grace-policy" / "python" / "grace_policy")
     faults.set_plugin_line(bare / "lib" / "slurm" / "spank_grace_policy.so",
                            f"config={faults.configs['base']}", f"audit={faults.audit_log}")
@@ -135,7 +126,7 @@ def test_python_package_missing(faults: SlurmEnv) -> None:
 
 def test_python_dependency_missing(faults: SlurmEnv) -> None:
     """cffi's _cffi_backend gone from the installed tree."""
-    tree = _tree_copy(faults, "prefix-no-cffi")
+    tree = faults.copy_prefix("prefix-no-cffi")
     for backend in (tree / "lib" / "grace-policy" / "python").glob("_cffi_backend*"):
         backend.unlink()
     faults.set_plugin_line(tree / "lib" / "slurm" / "spank_grace_policy.so",
@@ -162,7 +153,7 @@ def test_libpython_missing_on_the_node(faults: SlurmEnv) -> None:
     miss. Without it the stub still loads everywhere (srun here loads the same
     broken tree: a submit host without libpython), and the step follows
     on_error with one slurmd.log line naming the missing library."""
-    tree = _tree_copy(faults, "prefix-no-libpython")
+    tree = faults.copy_prefix("prefix-no-libpython")
     so = tree / "lib" / "grace-policy" / "grace_policy_py.so"
     data = so.read_bytes()
     assert b"libpython3." in data

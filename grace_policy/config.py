@@ -18,9 +18,8 @@ from typing import Annotated, Any, Literal, Optional
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from .elf import MACHINE_NUMBERS
 from .messages import escape
-from .node import normalize_arch
+from .node import valid_arch, valid_page_size
 from .policy import (
     DEFAULT_ENV_VARS,
     ConfigError,
@@ -273,20 +272,6 @@ def dotted(key: Key) -> str:
 # The schema
 
 
-def _page_size(value: int) -> int:
-    if value < 4096 or value > 1 << 20 or value & (value - 1):
-        raise ValueError("must be a power of two from 4096 to 1048576")
-    return value
-
-
-def _arch(value: str) -> str:
-    name = normalize_arch(value)
-    if name not in MACHINE_NUMBERS:
-        known = ", ".join(sorted(MACHINE_NUMBERS))
-        raise ValueError(f"unknown architecture {value!r} (known: {known})")
-    return name
-
-
 _GLIBC = re.compile(r"[0-9]+\.[0-9]+")
 
 
@@ -326,8 +311,8 @@ def _build_hint(value: str) -> str:
     return value
 
 
-PageSize = Annotated[int, AfterValidator(_page_size)]
-Arch = Annotated[str, AfterValidator(_arch)]
+PageSize = Annotated[int, AfterValidator(valid_page_size)]
+Arch = Annotated[str, AfterValidator(valid_arch)]
 Glibc = Annotated[str, AfterValidator(_glibc)]
 AbsPath = Annotated[str, AfterValidator(_abs_path)]
 EnvName = Annotated[str, AfterValidator(_env_name)]

@@ -57,6 +57,23 @@ def normalize_arch(name: str) -> str:
     return _ARCH_ALIASES.get(name, name)
 
 
+def valid_page_size(value: int) -> int:
+    """The bounds the config and the command line share, so neither can
+    describe a node the other would refuse. Raises ValueError."""
+    if value < 4096 or value > 1 << 20 or value & (value - 1):
+        raise ValueError(f"must be a power of two from 4096 to 1048576, got {value}")
+    return value
+
+
+def valid_arch(text: str) -> str:
+    """The normalized name of an architecture we know. Raises ValueError."""
+    name = normalize_arch(text)
+    if name not in MACHINE_NUMBERS:
+        known = ", ".join(sorted(MACHINE_NUMBERS))
+        raise ValueError(f"unknown architecture {text!r} (known: {known})")
+    return name
+
+
 def parse_glibc(text: str | None) -> tuple[int, int] | None:
     """``"glibc 2.36"`` or ``"2.36"`` → ``(2, 36)``; anything else → None."""
     if not text:

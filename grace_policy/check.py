@@ -117,12 +117,12 @@ def _check(argv: Sequence[str], job_env: Mapping[str, str], cwd: str, node: Node
         if hop.kind == "env":
             # The env a #! line names must load and run before its command.
             before = len(issues)
-            _check_elf(hop.path, job_env, cwd, node, budget, issues, causes, via_script=script)
+            check_elf(hop.path, job_env, cwd, node, budget, issues, causes, via_script=script)
             if any(i.rule in ("exe-arch-mismatch", "elf-invalid", "interp-missing",
                               "lib-not-found") for i in issues[before:]):
                 return
     if last.kind == "elf":
-        state["tree"] = _check_elf(last.path, job_env, cwd, node, budget, issues, causes,
+        state["tree"] = check_elf(last.path, job_env, cwd, node, budget, issues, causes,
                                    via_script=script)
     else:
         issues.append(_hop_issue(hops, name, causes, job_env))
@@ -159,9 +159,15 @@ def _hop_issue(hops: list[Hop], name: str, causes: Causes, env: Mapping[str, str
                  causes=causes(last.path), facts=(("detail", last.detail),))
 
 
-def _check_elf(path: str, env: Mapping[str, str], cwd: str, node: NodeProfile, budget: Budget,
-               issues: list[Issue], causes: Causes, *, via_script: str | None
-               ) -> LoadTree | None:
+def check_elf(path: str, env: Mapping[str, str], cwd: str, node: NodeProfile, budget: Budget,
+              issues: list[Issue], causes: Causes, *, via_script: str | None,
+              as_program: bool = True) -> LoadTree | None:
+    """Judge one ELF file and everything it loads; issues go to ``issues``.
+
+    ``as_program``: the file is started by execve (mapped by the kernel, its
+    ``$ORIGIN`` its real directory); False for a library looked at on its own
+    (``grace-policy inspect``), which ld.so maps and checks.
+    """
     try:
         info = read_elf(path, budget=budget)
     except (ElfError, OSError) as exc:
@@ -206,10 +212,10 @@ def _check_elf(path: str, env: Mapping[str, str], cwd: str, node: NodeProfile, b
 
     # The executable's own layout first: it is known before the (possibly
     # long) library search, and survives a budget that runs out there.
-    for issue in page_issues(path, info, node, mapped_by_kernel=True):
+    for issue in page_issues(path, info, node, mapped_by_kernel=as_program):
         issues.append(_with_causes(issue, causes(path)))
 
-    tree = resolve(path, info, node, env, cwd=cwd, budget=budget)
+    tree = resolve(path, info, node, env, cwd=cwd, budget=budget, exec_origin=as_program)
     for obj in tree.objects:
         if obj.by_name_only or obj.found_via == "exe":
             continue
@@ -246,7 +252,7 @@ def _check_elf(path: str, env: Mapping[str, str], cwd: str, node: NodeProfile, b
         budget.tick()
         issues.append(Issue(
             "elf-invalid", fatal.path,
-            f"error while loading shared libraries: {fatal.name}: {fatal.reason}",
+            f"error while loading shared libraries: {fatal.path}: {fatal.reason}",
             causes=causes(fatal.path),
             facts=(("name", fatal.name), ("needed_by", fatal.needed_by),
                    ("detail", fatal.reason)),

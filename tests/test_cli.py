@@ -644,3 +644,19 @@ def test_usage_errors_escape_the_users_argument(capsys) -> None:
     assert cli_main(["check", "--x\x1b[31mRED", "--", "/bin/true"]) == 64
     err_text = capsys.readouterr().err
     assert "\x1b" not in err_text and "RED" in err_text
+
+
+def test_inspect_and_check_agree_on_a_big_endian_file(capsys, elf_builder, have_cross) -> None:
+    """inspect used to repeat the check's issue logic and had drifted: it
+    called a big-endian aarch64 file runnable on a little-endian Grace node."""
+    from fixtures.build import src
+
+    be = elf_builder.library("be/libbe.so.1", source=src("freestanding.c"), arch="aarch64",
+                             extra_flags=("-mbig-endian", "-nostdlib"))
+    be.chmod(0o755)
+    node = ("--arch", "aarch64", "--page-size", "65536")
+    _code, doc = run_json(capsys, "inspect", *node, "--json", str(be))
+    assert doc["runs_on_node"] is False
+    assert "exe-arch-mismatch" in {f["rule"] for f in doc["issues"]}
+    code, verdict = run_json(capsys, "check", *node, "--json", "--", str(be))
+    assert code == 2 and "exe-arch-mismatch" in rules_of(verdict)

@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 
     from ..elf import ElfInfo
     from ..findings import Finding
-    from ..loader import Candidate, LoadTree
+    from ..loader import Candidate
     from ..node import NodeProfile
     from ..policy import Policy
 
@@ -136,42 +136,37 @@ def _finding_json(f: Finding) -> dict[str, str]:
 
 def _inspect(path: str, info: ElfInfo, node: NodeProfile, env: Mapping[str, str],
              policy: Policy, partition: str | None) -> dict[str, Any]:
-    """Everything both output forms show, as plain data."""
-    from ..check import elf_summary
+    """Everything both output forms show, as plain data.
+
+    The issues come from the same ``check_elf`` the plugin runs, so inspect
+    and check cannot disagree about a file; inspect only adds the tree.
+    """
+    from ..budget import Budget
+    from ..causes import path_causes
+    from ..check import check_elf, elf_summary
     from ..decide import finding_context
     from ..findings import Issue
-    from ..layout import page_issues
-    from ..loader import resolve
     from ..rules import Catalogue
 
     out: dict[str, Any] = {"file": path, **elf_summary(info)}
     issues: list[Issue] = []
     libraries: list[dict[str, Any]] = []
     fatal: list[dict[str, str]] = []
-    matches = info.machine == node.machine_number and info.elf_class == node.elf_class
-    out["runs_on_node"] = matches
-    tree: LoadTree | None = None
-    if not matches:
-        # The node's loader refuses the file itself, so nothing else loads.
-        issues.append(Issue(
-            "exe-arch-mismatch", path,
-            f"{path}: cannot execute binary file: Exec format error "
-            f"(file is {info.machine_name} {info.bits}-bit, node is {node.machine})",
-            facts=(("file_arch", info.machine_name), ("bits", str(info.bits))),
-        ))
-    else:
-        cwd = os.getcwd()
-        tree = resolve(path, info, node, env, cwd=cwd, exec_origin=_kernel_mapped(info))
+    limits = policy.limits
+    budget = Budget(max(limits.deadline_ms, 10_000), max(limits.max_files, 100_000),
+                    max(limits.max_bytes, 1 << 30))
+    tree = check_elf(path, env, os.getcwd(), node, budget, issues,
+                     lambda p: path_causes(p, env), via_script=None,
+                     as_program=_kernel_mapped(info))
+    out["runs_on_node"] = not any(i.rule == "exe-arch-mismatch" for i in issues)
+    by_path: dict[str, list[str]] = {}
+    for issue in issues:
+        by_path.setdefault(issue.path, []).append(issue.rule)
+    if tree is not None:
         for obj in tree.objects:
-            judged = not obj.by_name_only
-            obj_issues = (page_issues(obj.path, obj.info, node,
-                                      mapped_by_kernel=(obj.found_via == "interp"
-                                                        or (obj.found_via == "exe"
-                                                            and _kernel_mapped(obj.info))))
-                          if judged else [])
-            issues.extend(obj_issues)
             if obj.found_via == "exe":
                 continue
+            judged = not obj.by_name_only
             libraries.append({
                 "name": obj.name,
                 "path": obj.path,
@@ -181,7 +176,7 @@ def _inspect(path: str, info: ElfInfo, node: NodeProfile, env: Mapping[str, str]
                 "min_load_align": obj.info.min_load_align if judged else None,
                 "judged": judged,
                 "skipped": [_candidate(c) for c in obj.skipped],
-                "issues": [i.rule for i in obj_issues],
+                "issues": by_path.get(obj.path, []),
             })
         for miss in tree.missing:
             libraries.append({
@@ -193,29 +188,8 @@ def _inspect(path: str, info: ElfInfo, node: NodeProfile, env: Mapping[str, str]
                 "searched": list(miss.searched),
                 "issues": ["interp-missing" if miss.name == info.interp else "lib-not-found"],
             })
-            if miss.name == info.interp:
-                issues.append(Issue("interp-missing", path,
-                                    f"{path}: No such file or directory (its program "
-                                    f"interpreter {miss.name} is missing)",
-                                    facts=(("interp", miss.name),)))
-            else:
-                foreign = ", ".join(f"{c.path} ({c.machine})" for c in miss.foreign)
-                issues.append(Issue(
-                    "lib-not-found", miss.needed_by,
-                    f"error while loading shared libraries: {miss.name}: cannot open shared "
-                    "object file: No such file or directory",
-                    facts=(("name", miss.name), ("needed_by", miss.needed_by),
-                           ("candidates", foreign)),
-                ))
-        for bad in tree.fatal:
-            fatal.append({"name": bad.name, "path": bad.path, "needed_by": bad.needed_by,
-                          "reason": bad.reason})
-            issues.append(Issue(
-                "elf-invalid", bad.path,
-                f"error while loading shared libraries: {bad.name}: {bad.reason}",
-                facts=(("name", bad.name), ("needed_by", bad.needed_by),
-                       ("detail", bad.reason)),
-            ))
+        fatal = [{"name": bad.name, "path": bad.path, "needed_by": bad.needed_by,
+                  "reason": bad.reason} for bad in tree.fatal]
     out["libraries"] = libraries
     out["fatal"] = fatal
     catalogue = Catalogue.for_policy(policy)

@@ -135,15 +135,24 @@ def _limit_verdict(policy: Policy, mode: str, partition: str | None, reason: str
     else in it was too big to finish; the stricter of the two wins. The
     environment cleaning decided before the stop is kept.
     """
+    from .findings import Issue
+    from .rules import Catalogue
+
     verdict = error_verdict(policy, mode, partition, reason)
     action = max(verdict.action, found_action, key=ACTIONS.index)
+    # The catalogue words it (a site's [rules.check-limit] text applies); the
+    # severity follows what on_error did, so the user sees why.
+    worded = Catalogue.for_policy(policy).finding(
+        Issue("check-limit", "", "(none known: the check did not finish)",
+              facts=(("limit", reason), ("path", "this step"))), {})
+    remediation = (worded.remediation if worded is not None else "") + (
+        f" (on_error={policy.on_error} decided the step)")
     limit = Finding(
         rule="check-limit",
         severity="error" if verdict.action == "reject" else "warning",
         path="",
         predicted_error="(none known: the check did not finish)",
-        remediation=(f"The check stopped early: {reason}. The site's setting on_error="
-                     f"{policy.on_error} decided the step."),
+        remediation=remediation.strip(),
     )
     ordered = tuple(sorted((limit, *findings), key=lambda f: SEVERITY_RANK[f.severity]))
     return Verdict(action=action, mode=mode, partition=partition, findings=ordered,

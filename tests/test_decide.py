@@ -136,3 +136,14 @@ def test_simulated_64k_node_does_not_blame_the_system_libraries(elf_builder: Elf
     assert mine.action == "reject"
     assert ("page-congruence", "error") in {(f.rule, f.severity) for f in mine.findings
                                             if f.path == str(own)}
+
+
+def test_check_limit_uses_the_sites_text() -> None:
+    from grace_policy.policy import RuleOverride
+
+    policy = Policy(limits=Limits(deadline_ms=0),
+                    rules=(RuleOverride("check-limit", text="Ring the help desk ({limit})."),))
+    v = decide(policy, partition=None, argv=["/bin/true"], env={"PATH": "/usr/bin"}, cwd="/")
+    limit = [f for f in v.findings if f.rule == "check-limit"]
+    assert limit and limit[0].remediation.startswith("Ring the help desk (")
+    assert "deadline" in limit[0].remediation and "on_error=allow" in limit[0].remediation

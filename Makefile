@@ -28,7 +28,8 @@ verify-loader:
 # Long fuzz of the ELF reader (hypothesis; failures are kept in its database
 # under ~/.cache/grace-policy-tests/hypothesis and replayed on the next run).
 fuzz:
-	GRACE_FUZZ_EXAMPLES=$${GRACE_FUZZ_EXAMPLES:-50000} $(PYTHON) -m pytest -q -p no:cacheprovider tests/test_elf_fuzz.py
+	GRACE_FUZZ_EXAMPLES=$${GRACE_FUZZ_EXAMPLES:-50000} $(PYTHON) -m pytest -q -p no:cacheprovider tests/test_elf_fuzz.py \
+	    tests/test_hostile.py -k "fuzz"
 
 clean:
 	rm -rf $(BUILD) .pytest_cache .coverage

@@ -367,7 +367,12 @@ def fuzz_parts(tmp_path_factory: pytest.TempPathFactory, compile_cache) -> dict[
 names = st.sampled_from(["a", "b", "c", "libgreet.so.1", "python3", "env", "x y", "\udcff"])
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+#: ``make fuzz`` (GRACE_FUZZ_EXAMPLES) runs the resolver fuzz long too.
+_RESOLVER_EXAMPLES = int(os.environ.get("GRACE_FUZZ_EXAMPLES", "0") or 0) // 50 or 60
+
+
+@settings(max_examples=_RESOLVER_EXAMPLES, deadline=None,
+          suppress_health_check=list(HealthCheck))
 @given(
     entries=st.lists(st.tuples(st.sampled_from(["", "d1", "d2", "d1/d3"]), names,
                                st.sampled_from(KINDS), names), max_size=12),

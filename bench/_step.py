@@ -29,7 +29,7 @@ if "code" in slurm_bridge.StepInput.__annotations__:
     _kw["code"] = "bench|-"  # a miss builds the verdict-cache entry, as in slurmstepd
 _out = slurm_bridge.run_step(slurm_bridge.StepInput(
     config=sys.argv[2], on_error="allow", partition="enforce", cwd="/", user_mode=None,
-    node="bench", argv=tuple(sys.argv[3:]), env=_env, job_id=1, step_id=0, uid=0,
+    node="bench", argv=tuple(sys.argv[3:]), env=_env, job_id=1, step_id=0, uid=os.geteuid(),
     batch=False, **_kw))
 if _out.action != "allow" or _out.user or _out.log:
     print(f"not a clean step: {_out}", file=sys.stderr)

@@ -11,6 +11,7 @@ every PATH or search-directory element and every read goes through
 
 from __future__ import annotations
 
+import os
 import time
 
 
@@ -25,6 +26,7 @@ class Budget:
         max_files: int = 2000,
         max_bytes: int = 64 * 1024 * 1024,
     ) -> None:
+        self.euid = os.geteuid()
         self.started = time.monotonic()
         self.deadline = self.started + deadline_ms / 1000.0
         self.deadline_ms = deadline_ms
@@ -40,6 +42,11 @@ class Budget:
         if time.monotonic() > self.deadline:
             raise BudgetExceeded(
                 f"the check took longer than its deadline of {self.deadline_ms:g} ms")
+        if os.geteuid() != self.euid:
+            # slurmstepd gave up waiting (the plugin's C timeout) and took its
+            # root rights back for every thread: a check left behind must not
+            # go on reading the user's files as root.
+            raise BudgetExceeded("the process' rights changed under the check; stopped")
 
     def take_file(self, nbytes: int = 0) -> int:
         """Account for one more file; returns how many bytes may still be read."""

@@ -105,6 +105,12 @@ def run_step(step: StepInput) -> Outcome:
     come back as ``Outcome.failed`` (config) or as a verdict that already
     followed the policy's ``on_error`` (``decide`` never raises)."""
     started = time.monotonic()
+    euid = os.geteuid()
+    if euid != step.uid:
+        # The check runs as the job's user, or not at all: if slurmstepd has
+        # already taken root back, C gave up waiting long ago (timeout_ms).
+        return Outcome.failed(f"not running as the job's user (euid {euid}, uid {step.uid}): "
+                              "the plugin's timeout had passed; check abandoned")
     try:
         from .policy import ConfigError, load_policy
     except Exception as exc:
@@ -150,6 +156,11 @@ def run_step(step: StepInput) -> Outcome:
         out.log.append(f"check error ({verdict.action} per on_error={policy.on_error}): "
                        f"{_one_line(verdict.error)}")
     elapsed_ms = (time.monotonic() - started) * 1000.0
+    if os.geteuid() != euid:
+        # C stopped waiting (timeout_ms), followed on_error and logged it;
+        # slurmstepd has since taken root back. A late line would contradict
+        # what was done, and nothing from here is applied any more.
+        return Outcome.failed("the check finished after the plugin's timeout; discarded")
     problem = _audit(step, policy.audit_path, verdict, elapsed_ms)
     if problem:
         out.log.append(_one_line(problem))
@@ -209,8 +220,8 @@ def _cache_entry(step: StepInput, policy: Any, verdict: Verdict,
     from . import verdict_cache
 
     if not verdict_cache.cacheable(verdict) or not step.argv or not step.config \
-            or step.code is None or step.container:
-        return None
+            or step.code is None or step.container or step.batch:
+        return None  # a batch step's stored script is new for every job
     from .policy import compiled_path_for
 
     ins = verdict_cache.inputs(
@@ -219,6 +230,9 @@ def _cache_entry(step: StepInput, policy: Any, verdict: Verdict,
     ins.append(("config", "=" + verdict_cache.fsprobe.encode(step.config)))
     ins.append(("code", "=" + verdict_cache.fsprobe.encode(step.code)))
     ins.append(("creds", "=" + verdict_cache.fsprobe.encode(credentials())))
+    # The node's own name: an entry is never replayed on another node, even
+    # if an admin put cache_dir on shared storage.
+    ins.append(("node", "=" + verdict_cache.fsprobe.encode(step.node)))
     extra = verdict_cache.config_probes(
         [step.config, compiled_path_for(step.config), *code_files()])
     return verdict_cache.entry(ins, verdict.mode, probes + extra)

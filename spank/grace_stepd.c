@@ -31,6 +31,7 @@
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,7 +64,42 @@ struct grace_job {
 	char container[400];
 	char code[4096 + 16];
 	char err[512];
+	/* Our own copies of argv and env: slurmstepd frees and replaces its
+	 * job->env as tasks exit, and a worker left behind by the timeout must
+	 * never read freed memory. */
+	char **argv;
+	int argc;
+	char **env;
+	int envc;
 };
+
+static void grace_strv_free(char **v, int n)
+{
+	int i;
+
+	if (v == NULL)
+		return;
+	for (i = 0; i < n; i++)
+		free(v[i]);
+	free(v);
+}
+
+static char **grace_strv_dup(char **v, int n)
+{
+	char **out = calloc((size_t)n + 1, sizeof(*out));
+	int i;
+
+	if (out == NULL)
+		return NULL;
+	for (i = 0; i < n; i++) {
+		out[i] = strdup(v[i] ? v[i] : "");
+		if (out[i] == NULL) {
+			grace_strv_free(out, i);
+			return NULL;
+		}
+	}
+	return out;
+}
 
 static void grace_strlist_free(struct grace_strlist *l)
 {
@@ -90,6 +126,8 @@ static void grace_job_put(struct grace_job *job)
 	grace_strlist_free(&job->result.set);
 	grace_strlist_free(&job->result.log);
 	free(job->result.cache);
+	grace_strv_free(job->argv, job->argc);
+	grace_strv_free(job->env, job->envc);
 	pthread_mutex_destroy(&job->lock);
 	pthread_cond_destroy(&job->cond);
 	free(job);
@@ -178,6 +216,7 @@ static int grace_run_with_deadline(struct grace_job *job, unsigned int timeout_m
 	pthread_condattr_t attr;
 	pthread_attr_t tattr;
 	pthread_t tid;
+	sigset_t all, old;
 	struct timespec until;
 	int finished, rc;
 
@@ -190,7 +229,12 @@ static int grace_run_with_deadline(struct grace_job *job, unsigned int timeout_m
 
 	pthread_attr_init(&tattr);
 	pthread_attr_setdetachstate(&tattr, PTHREAD_CREATE_DETACHED);
+	/* Signals are slurmstepd's: the worker inherits a mask that blocks all
+	 * of them, so none is ever delivered to (or run in) the check thread. */
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
 	rc = pthread_create(&tid, &tattr, grace_worker, job);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	pthread_attr_destroy(&tattr);
 	if (rc != 0) {
 		job->refs = 1;
@@ -336,6 +380,17 @@ int grace_stepd_user_init(struct grace_context *ctx, spank_t sp)
 		return 0;
 	}
 	job->ctx = ctx;
+	job->argv = grace_strv_dup(argv, argc);
+	job->env = grace_strv_dup(env, envc);
+	if ((argc > 0 && job->argv == NULL) || (envc > 0 && job->env == NULL)) {
+		grace_strv_free(job->argv, job->argv ? argc : 0);
+		grace_strv_free(job->env, job->env ? envc : 0);
+		free(job);
+		grace_fail(ctx, job_id, step_id, "out of memory");
+		return 0;
+	}
+	job->argc = argc;
+	job->envc = envc;
 	clock_gettime(CLOCK_MONOTONIC, &job->started);
 	snprintf(job->code, sizeof(job->code), "%s|%s", ctx->plugin_dir,
 		 ctx->python_path ? ctx->python_path : "-");
@@ -353,9 +408,9 @@ int grace_stepd_user_init(struct grace_context *ctx, spank_t sp)
 		.cwd = job->cwd[0] ? job->cwd : NULL,
 		.user_mode = ctx->user_mode[0] ? ctx->user_mode : NULL,
 		.node = job->node,
-		.argv = argv,
+		.argv = job->argv,
 		.argc = argc,
-		.env = env,
+		.env = job->env,
 		.envc = envc,
 		.job_id = job_id,
 		.step_id = step_id,
@@ -421,7 +476,7 @@ int grace_stepd_user_init(struct grace_context *ctx, spank_t sp)
 		slurm_info(GRACE_PREFIX "job %u step %u: %s", job_id, step_id, r->log.items[i]);
 	grace_apply_env(sp, r, job_id, step_id);
 	if (r->cache != NULL && rc == GRACE_RC_ALLOW && r->user.n == 0 && r->unset.n == 0 &&
-	    r->set.n == 0) {
+	    r->set.n == 0 && !job->step.batch) {
 		char why[256];
 		const char *problem = grace_cache_store(ctx, r->cache, why, sizeof(why));
 

@@ -301,3 +301,38 @@ def test_config_without_compiled_form_says_how_to_fix_it(faults: SlurmEnv) -> No
              if "has no current compiled form" in line and str(raw) in line]
     assert len(hints) == 1, hints
     assert "config check --compile" in hints[0]
+
+
+def test_a_check_left_behind_by_the_timeout_stays_harmless(faults: SlurmEnv) -> None:
+    """The C backstop gives up after timeout_ms and leaves the check thread
+    behind. Slurm then forks the tasks and takes root back for every thread,
+    and frees its env array as tasks exit. The late check must neither read
+    that memory (C hands it copies) nor go on as root and write an audit line
+    contradicting what on_error did (the check stops when its rights change).
+    Here the check is only slow (3 s, admin-only python_path), the step lives
+    6 s and one of its two tasks exits at once."""
+    real = faults.prefix / "lib" / "grace-policy" / "python" / "grace_policy"
+    slow = faults.cluster.root.parent / "slow-python" / "grace_policy"
+    slow.mkdir(parents=True, exist_ok=True)
+    (slow / "__init__.py").write_text(
+        "import time\ntime.sleep(3)\n"
+        f"__path__.append({str(real)!r})\n"
+        f"exec(open({str(real / '__init__.py')!r}).read())\n")
+    faults.use("base", f"python_path={slow.parent}", "timeout_ms=1000")
+    res = faults.cluster.srun(
+        ["-n2", "sh", "-c", 'echo JOBID=$SLURM_JOB_ID; [ "$SLURM_PROCID" = 1 ] || sleep 6'],
+        user="nobody", timeout=60)
+    assert res.returncode == 0, res.stderr
+    job = _job(res)
+    lines = _error_lines(faults, job)
+    assert len(lines) == 1 and "no verdict within timeout_ms=1000" in lines[0], lines
+    late = [line for line in faults.audit_lines() if json.loads(line).get("job_id") == str(job)]
+    assert late == [], late
+
+
+def test_relative_python_path_is_refused(faults: SlurmEnv) -> None:
+    """A relative python_path would be resolved against the job's cwd: a user
+    could plant modules there for a process that can still regain root."""
+    faults.use("base", "python_path=site-python")
+    line = _allowed_with_one_line(faults)
+    assert "python_path entries must be absolute" in line

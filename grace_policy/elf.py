@@ -195,13 +195,21 @@ def open_regular(path: str) -> tuple[int, os.stat_result]:
     ``O_NONBLOCK`` and an ``fstat`` of what was actually opened cover a swap
     between the two calls. Only regular files pass; open errors stay ``OSError``.
     """
-    if not stat.S_ISREG(fsprobe.stat(path).st_mode):
+    before = fsprobe.stat(path)
+    if not stat.S_ISREG(before.st_mode):
         raise ElfError("not a regular file", not_elf=True)
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise ElfError("not a regular file", not_elf=True)
+        if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode) != (
+                before.st_dev, before.st_ino, before.st_size, before.st_mtime_ns,
+                before.st_ctime_ns, before.st_mode):
+            # Swapped between the stat and the open: what we read is not what
+            # the record says. This check's verdict may stand, but it must
+            # never become a cache entry (an answer no replay can give).
+            fsprobe.note(path, None, -1)
     except BaseException:
         os.close(fd)
         raise

@@ -27,17 +27,22 @@ def start() -> None:
     _log = []
 
 
+#: An answer no replay can give: the file changed while the check ran.
+CHANGED = "e-1"
+
+
 def stop() -> list[tuple[str, str, str]]:
-    """The questions asked since :func:`start`, in order, without repeats."""
+    """The questions asked since :func:`start`, in order, without repeats. A
+    question that got two different answers during the check (the file
+    changed under it) gets :data:`CHANGED`, so the record never matches."""
     global _log
     out, _log = _log or [], None
-    seen: set[tuple[str, str]] = set()
-    unique = []
+    first: dict[tuple[str, str], str] = {}
     for op, path, answer in out:
-        if (op, path) not in seen:
-            seen.add((op, path))
-            unique.append((op, path, answer))
-    return unique
+        known = first.setdefault((op, path), answer)
+        if known != answer:
+            first[(op, path)] = CHANGED
+    return [(op, path, answer) for (op, path), answer in first.items()]
 
 
 def signature(st: os.stat_result | None, err: int = 0) -> str:

@@ -249,6 +249,8 @@ static int grace_input_matches(const struct grace_step *step, const char *creds,
 		have = step->code;
 	} else if (nlen == 5 && memcmp(name, "creds", 5) == 0) {
 		have = creds;
+	} else if (nlen == 4 && memcmp(name, "node", 4) == 0) {
+		have = step->node;
 	} else if (nlen > 4 && memcmp(name, "env:", 4) == 0) {
 		if (grace_dec(name + 4, nlen - 4, decoded, sizeof(decoded)) <= 0)
 			return 0;
@@ -345,6 +347,22 @@ static int grace_tokens(const char *p, const char *end, const char **tok, size_t
 	return n;
 }
 
+/* The inputs every entry the bridge writes has; a block without all of them
+ * is not ours (or torn) and never matches, so a block of only "O"/"P" lines
+ * cannot stand for every step. */
+static unsigned int grace_required_bit(const char *name, size_t nlen)
+{
+	static const char *const required[] = {"argv0", "cwd", "partition", "user_mode",
+					       "config", "code", "creds", "node", "env:PATH"};
+	size_t i;
+
+	for (i = 0; i < sizeof(required) / sizeof(required[0]); i++)
+		if (strlen(required[i]) == nlen && memcmp(required[i], name, nlen) == 0)
+			return 1u << i;
+	return 0;
+}
+#define GRACE_REQUIRED_ALL ((1u << 9) - 1)
+
 /* One block (the lines between "GPC1" and "."): 1 and the mode if it holds.
  * Inputs first (cheap), filesystem questions only for a block whose inputs
  * all match. A malformed line makes the block a miss, as verdict_cache.parse
@@ -356,6 +374,7 @@ static int grace_block_matches(const struct grace_step *step, const char *creds,
 	size_t len[4];
 	const char *p;
 	int pass, have_mode = 0;
+	unsigned int seen = 0;
 
 	for (pass = 0; pass < 2; pass++) {
 		for (p = start; p < end;) {
@@ -367,6 +386,8 @@ static int grace_block_matches(const struct grace_step *step, const char *creds,
 				if (pass == 0 && !grace_input_matches(step, creds, tok[1], len[1],
 								      tok[2], len[2]))
 					return 0;
+				if (pass == 0)
+					seen |= grace_required_bit(tok[1], len[1]);
 			} else if (n == 3 && len[0] == 1 && tok[0][0] == 'O' && len[1] == 4 &&
 				   memcmp(tok[1], "mode", 4) == 0) {
 				if (pass == 0) {
@@ -383,7 +404,7 @@ static int grace_block_matches(const struct grace_step *step, const char *creds,
 			}
 			p = eol + 1;
 		}
-		if (pass == 0 && !have_mode)
+		if (pass == 0 && (!have_mode || seen != GRACE_REQUIRED_ALL))
 			return 0;
 	}
 	return 1;
@@ -422,9 +443,17 @@ int grace_cache_lookup(const struct grace_context *ctx, const struct grace_step 
 	}
 	buf[got] = '\0';
 
-	/* The blocks, in file order (verdict_cache.parse). */
+	/* The blocks, in file order (verdict_cache.parse). A read that starts
+	 * inside the file starts inside a line: skip to the next one, so the
+	 * tail of a value can never be taken for a "GPC1" line. */
 	end = buf + got;
-	for (p = buf; p < end;) {
+	p = buf;
+	if (off > 0) {
+		const char *first = memchr(buf, '\n', got);
+
+		p = first ? first + 1 : end;
+	}
+	for (; p < end;) {
 		const char *nl = memchr(p, '\n', (size_t)(end - p));
 		const char *eol = nl ? nl : end;
 		size_t llen = (size_t)(eol - p);

@@ -82,6 +82,21 @@ static int grace_option_cb(int val, const char *optarg, int remote)
 	return 0;
 }
 
+static int grace_has_relative_entry(const char *list)
+{
+	const char *p = list;
+
+	while (*p) {
+		if (*p != '/')
+			return 1;
+		p = strchr(p, ':');
+		if (p == NULL)
+			break;
+		p++;
+	}
+	return list[0] == '\0' ? 0 : (list[strlen(list) - 1] == ':');
+}
+
 static void grace_set_args_error(const char *fmt, const char *what)
 {
 	if (context.args_error[0] == '\0')
@@ -114,6 +129,12 @@ static void grace_parse_args(int ac, char **av)
 		} else if (keylen == 11 && strncmp(arg, "python_path", 11) == 0) {
 			free(context.python_path);
 			context.python_path = strdup(val);
+			/* A relative entry would be resolved against the job's cwd,
+			 * where the user could plant modules imported by a process
+			 * that can still regain root. */
+			if (context.python_path && grace_has_relative_entry(context.python_path))
+				grace_set_args_error("python_path entries must be absolute, not "
+						     "'%s'", val);
 		} else if (keylen == 10 && strncmp(arg, "timeout_ms", 10) == 0) {
 			char *end = NULL;
 			unsigned long ms;

@@ -121,3 +121,31 @@ def test_variables_read_by_env_split_string_are_inputs(tmp_path: Path) -> None:
     assert "I env:TOOL =true" in text
     assert verdict_cache.lookup(text, ins, env) == "enforce"
     assert verdict_cache.lookup(text, ins, {**env, "TOOL": "false"}) is None
+
+
+def test_a_file_swapped_between_stat_and_open_is_never_cached(tmp_path: Path,
+                                                              monkeypatch) -> None:
+    """The record keeps the stat() answer; if another file is read after
+    it (a swap won in the race), no replay may ever match that record."""
+    target = tmp_path / "prog"
+    shutil.copy("/usr/bin/true", target)
+    other = tmp_path / "other"
+    shutil.copy("/usr/bin/false", other)
+    real_stat = fsprobe.stat
+
+    def stat_then_swap(path: str):
+        st = real_stat(path)
+        if path == str(target) and other.exists():
+            os.replace(other, target)  # the file the open will see
+        return st
+
+    monkeypatch.setattr(fsprobe, "stat", stat_then_swap)
+    fsprobe.start()
+    try:
+        from grace_policy.elf import read_elf
+
+        read_elf(str(target))
+    finally:
+        records = fsprobe.stop()
+    assert ("s", str(target), fsprobe.CHANGED) in records
+    assert not fsprobe.still_true(records)

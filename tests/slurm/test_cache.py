@@ -315,3 +315,33 @@ def test_srun_never_maps_libpython(cached: SlurmEnv) -> None:
     assert res.returncode == 0, res.stderr[-2000:]
     assert "spank_grace_policy.so" in res.stderr
     assert "libpython" not in res.stderr
+
+
+def test_a_block_without_the_step_inputs_never_matches(cached: SlurmEnv) -> None:
+    """A block of only a mode (no inputs, no questions) would match every
+    step if the parser only compared the inputs a block has. Written here
+    as root, as a torn or foreign file could hold it: the foreign program
+    must still be refused."""
+    cache = _cache_dir(cached, "hostile-block")
+    cached.use("base", f"cache_dir={cache}")
+    prog = _program(cached, "hostile")
+    res, _records = _step(cached, [str(prog)])  # creates nobody's file
+    assert res.returncode == 0, res.stderr
+    store = cache / f"{NOBODY}.v{VERSION}"
+    with open(store, "a") as fh:
+        fh.write("\nGPC1\nO mode enforce\n.\n")
+    res, records = _step(cached, [str(cached.files / "foreign")])
+    assert res.returncode != 0 and f"{PREFIX}ERROR exe-arch-mismatch" in res.stderr
+    assert not _hit(records)
+
+
+def test_batch_steps_are_not_cached(cached: SlurmEnv) -> None:
+    """A batch step's argv[0] is a script stored for that job only: an entry
+    could never be used again and would push useful ones out."""
+    cache = _cache_dir(cached, "batch")
+    cached.use("base", f"cache_dir={cache}")
+    job = cached.cluster.sbatch("#!/bin/sh\ntrue\n", user="nobody")
+    cached.cluster.wait_job(job)
+    store = cache / f"{NOBODY}.v{VERSION}"
+    entries = verdict_cache.parse(store.read_text()) if store.exists() else []
+    assert not [e for e in entries if any("slurm_script" in v for _k, v in e[0])], entries

@@ -100,10 +100,10 @@ void grace_cache_open(struct grace_context *ctx, spank_t sp)
 		return;
 	}
 	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != 0 ||
-	    (st.st_mode & 0022) != 0) {
+	    (st.st_mode & 0022) != 0 || st.st_nlink != 1) {
 		snprintf(ctx->cache_error, sizeof(ctx->cache_error),
-			 "verdict cache off: %.400s must be a regular file owned by root and not "
-			 "group/other-writable (uid %u, mode %04o)", path,
+			 "verdict cache off: %.400s must be a regular file owned by root, with one "
+			 "link and not group/other-writable (uid %u, mode %04o)", path,
 			 (unsigned int)st.st_uid, (unsigned int)(st.st_mode & 07777));
 		close(fd);
 		return;

@@ -208,9 +208,12 @@ static void grace_open_audit(void)
 			 strerror(errno));
 		return;
 	}
-	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+	/* A second hard link could be any root file a user got linked into a
+	 * writable directory: appending to it as root is not ours to do. */
+	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_nlink != 1) {
 		snprintf(context.audit_error, sizeof(context.audit_error),
-			 "audit log %s: not a regular file; not written", context.audit_path);
+			 "audit log %s: not a regular file with one link; not written",
+			 context.audit_path);
 		close(fd);
 		return;
 	}

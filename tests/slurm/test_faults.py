@@ -15,6 +15,7 @@ directory holding a package whose import never returns (the C backstop).
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -336,3 +337,24 @@ def test_relative_python_path_is_refused(faults: SlurmEnv) -> None:
     faults.use("base", "python_path=site-python")
     line = _allowed_with_one_line(faults)
     assert "python_path entries must be absolute" in line
+
+
+def test_hard_linked_audit_log_is_refused(faults: SlurmEnv) -> None:
+    """Root appends to the audit file: a second hard link could make that any
+    root file a user linked into a writable directory."""
+    linked = faults.cluster.root.parent / "audit-linked.log"
+    if linked.exists():
+        linked.unlink()
+    twin = faults.cluster.root.parent / "audit-twin.log"
+    if twin.exists():
+        twin.unlink()
+    linked.touch(mode=0o640)
+    os.link(linked, twin)
+    faults.set_plugin_line(faults.plugin, f"config={faults.configs['base']}",
+                           f"audit={linked}")
+    res = faults.cluster.srun(JOB_CMD, user="nobody")
+    assert res.returncode == 0, res.stderr
+    job = _job(res)
+    assert linked.read_text() == ""
+    assert any(f"job {job} " in line and "one link" in line
+               for line in faults.cluster.slurmd_log_text().splitlines())

@@ -14,13 +14,14 @@ deps:
 	bash packaging/install-deps.sh
 
 test: deps
+	$(PYTHON) -m ruff check grace_policy tests spank bench
 	$(PYTHON) -m pytest -q --cov=grace_policy --cov-report=term-missing:skip-covered tests
 
 test-fast:
 	$(PYTHON) -m pytest -q -m "not slurm" tests
 
 lint:
-	$(PYTHON) -m ruff check grace_policy tests spank
+	$(PYTHON) -m ruff check grace_policy tests spank bench
 
 verify-loader:
 	GRACE_VERIFY_FULL=1 $(PYTHON) -m pytest -q tests/test_loader_oracle.py

@@ -166,8 +166,10 @@ def _trick_env(slurm: SlurmEnv, name: str) -> dict[str, str]:
     if name == "SLURM_JOB_PARTITION":
         return {"SLURM_JOB_PARTITION": "offp"}
     if name == "option variable":
-        return {"SLURM_SPANK__SLURM_SPANK_OPTION_grace_policy_grace-policy": "off",
-                "_SLURM_SPANK_OPTION_grace_policy_grace-policy": "off"}
+        # The names Slurm really reads (non-alphanumerics become '_'); the
+        # control in test_plugin shows they act where lowering is allowed.
+        return {"SLURM_SPANK__SLURM_SPANK_OPTION_grace_policy_grace_policy": "off",
+                "_SLURM_SPANK_OPTION_grace_policy_grace_policy": "off"}
     if name == "PYTHONWARNINGS":
         return {"PYTHONWARNINGS": "error", "PYTHONDEVMODE": "1", "PYTHONMALLOC": "bogus"}
     raise AssertionError(name)
@@ -274,3 +276,19 @@ def test_zz_node_not_drained(slurm: SlurmEnv) -> None:
     state = slurm.cluster.node_state()
     assert state in ("idle", "mixed", "allocated"), (state, slurm.cluster.node_reason())
     assert os.path.exists(slurm.cluster.slurmd_log)
+
+
+def test_tasks_inherit_no_descriptor_of_root(grace: SlurmEnv) -> None:
+    """root opened the audit log (and the verdict cache) for appending before
+    privileges dropped; a task that inherited either descriptor could forge
+    lines or entries through /proc/self/fd. Both are close-on-exec. Two
+    steps: a miss (Python ran) and the same step again (a cache hit)."""
+    cache = grace.cache_dir
+    for _ in range(2):
+        res = grace.cluster.srun(
+            ["sh", "-c", 'for f in /proc/$$/fd/*; do readlink "$f"; done; true'], user="nobody")
+        assert res.returncode == 0, res.stderr
+        held = res.stdout.splitlines()
+        assert held, "the task shows no descriptors at all: the probe is broken"
+        leaked = [p for p in held if p == str(grace.audit_log) or p.startswith(str(cache))]
+        assert leaked == [], leaked

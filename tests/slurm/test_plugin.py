@@ -110,12 +110,19 @@ def test_env_cannot_lower_the_mode(grace: SlurmEnv) -> None:
     """Exported SLURM_JOB_PARTITION and the option variable do not reach the
     decision: srun overwrites the partition, and the partition does not allow
     lowering."""
+    # Slurm maps every non-alphanumeric character of plugin and option name to
+    # '_': this is the variable Slurm really reads as "--grace-policy=off".
+    option_var = "SLURM_SPANK__SLURM_SPANK_OPTION_grace_policy_grace_policy"
     res = grace.cluster.srun(
         [str(grace.files / "foreign")],
-        env={"SLURM_JOB_PARTITION": "offp",
-             "SLURM_SPANK__SLURM_SPANK_OPTION_grace_policy_grace-policy": "off"})
+        env={"SLURM_JOB_PARTITION": "offp", option_var: "off"})
     assert res.returncode != 0
     assert "step not started" in res.stderr
+    # Control: the same variable does act, as the option would, where the
+    # partition allows lowering; so the name above is the one Slurm reads.
+    res = grace.cluster.srun(["-p", "gb200sim", str(grace.files / "foreign")],
+                             env={option_var: "warn"})
+    assert "the step runs anyway" in res.stderr
     res = grace.cluster.srun(["--grace-policy=off", str(grace.files / "foreign")])
     assert res.returncode != 0
     assert "step not started" in res.stderr

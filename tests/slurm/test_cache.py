@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from grace_policy import verdict_cache
+from grace_policy import __version__, verdict_cache
 
 from .harness import SlurmEnv
 
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.slurm
 
 PREFIX = "grace-policy: "
 NOBODY = 65534
-VERSION = "0.1.0"
+VERSION = __version__
 
 
 @pytest.fixture
@@ -249,6 +249,43 @@ def test_cache_file_not_owned_by_root_is_ignored_and_logged(cached: SlurmEnv) ->
     lines = _runs_twice_uncached(cached, prog)
     assert any(f"cannot open {store} as root" in line for line in lines), lines
     assert target.read_text() == ""
+
+
+def test_writable_or_linked_cache_file_is_ignored(cached: SlurmEnv) -> None:
+    """A root-owned entry file that others may write, or that has a second
+    hard link, is not believed (each holds a matching entry here)."""
+    cache = _cache_dir(cached, "loose-file")
+    cache.mkdir(mode=0o700)
+    store = cache / f"{NOBODY}.v{VERSION}"
+    prog = _program(cached, "loose-file")
+    cached.use("base", f"cache_dir={cache}")
+    res, _ = _step(cached, [str(prog)])
+    assert res.returncode == 0 and verdict_cache.parse(store.read_text())
+    store.chmod(0o666)
+    lines = _runs_twice_uncached(cached, prog)
+    assert any(f"{store} must be a regular file owned by root" in line and "mode 0666" in line
+               for line in lines), lines
+    store.chmod(0o600)
+    twin = cache.parent / "cache-loose-twin"
+    if twin.exists():
+        twin.unlink()
+    os.link(store, twin)
+    seen = len([line for line in cached.cluster.slurmd_log_text().splitlines()
+                if "verdict cache off" in line])
+    lines = _runs_twice_uncached(cached, prog)[seen:]
+    assert lines and all(f"{store} must be a regular file owned by root, with one link"
+                         in line and "mode 0600" in line for line in lines), lines
+
+
+def test_symlinked_cache_dir_is_ignored(cached: SlurmEnv) -> None:
+    real = _cache_dir(cached, "real-dir")
+    real.mkdir(mode=0o700)
+    link = _cache_dir(cached, "link-dir")
+    link.symlink_to(real)
+    cached.use("base", f"cache_dir={link}")
+    lines = _runs_twice_uncached(cached, _program(cached, "link-dir"))
+    assert any(str(link) in line for line in lines), lines
+    assert list(real.iterdir()) == []
 
 
 def test_user_cannot_write_the_cache_file(cached: SlurmEnv) -> None:

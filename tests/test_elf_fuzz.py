@@ -18,7 +18,6 @@ import os
 import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import timedelta
 from pathlib import Path
 from unittest import mock
 
@@ -36,8 +35,10 @@ EXAMPLES = int(os.environ.get("GRACE_FUZZ_EXAMPLES", "0") or 0)
 LONG = EXAMPLES > 0
 FUZZ_SETTINGS = settings(
     max_examples=EXAMPLES if LONG else 1000,
-    # A hang shows up as a deadline error; generous so a loaded CI box is not flaky.
-    deadline=timedelta(seconds=2),
+    # No per-example time limit (that would be a timing assert on a loaded CI
+    # box); a read that could block is refused by open_regular, and the byte
+    # cap is checked by the contract below.
+    deadline=None,
     database=(DirectoryBasedExampleDatabase(str(cache_root() / "hypothesis"))
               if LONG else None),
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],

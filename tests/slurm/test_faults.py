@@ -19,12 +19,12 @@ import os
 import re
 import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from .cluster import NODE
 from .harness import SlurmEnv
 
 pytestmark = pytest.mark.slurm
@@ -283,9 +283,17 @@ def test_c_backstop_fires_on_a_hung_check(faults: SlurmEnv, on_error: str) -> No
     assert "no verdict within timeout_ms=1000" in line
     assert "on_error=allow: step allowed unchecked" in line
     # The step, and its slurmstepd, are gone despite the sleeping thread.
-    squeue = faults.cluster.run(["squeue", "-h", "-j", str(_job(res))]).stdout
-    assert str(_job(res)) not in squeue
-    assert NODE
+    job = _job(res)
+    squeue = faults.cluster.run(["squeue", "-h", "-j", str(job)]).stdout
+    assert str(job) not in squeue
+    # ... and its slurmstepd process is gone too (given a bounded while to exit).
+    title = f"slurmstepd: [{job}."
+    for _ in range(50):
+        ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+        if title not in ps:
+            break
+        time.sleep(0.2)
+    assert title not in ps, [line for line in ps.splitlines() if title in line]
 
 
 def test_config_without_compiled_form_says_how_to_fix_it(faults: SlurmEnv) -> None:

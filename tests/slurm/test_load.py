@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 
 import pytest
 
@@ -43,10 +42,8 @@ def test_fifty_concurrent_steps(grace: SlurmEnv) -> None:
     script = f"#!/bin/sh\n{launches}\nwait\necho ALLDONE\n"
     out = work / "batch.out"
     before = len(grace.audit_lines())
-    started = time.monotonic()
     job = grace.cluster.sbatch(script, ["-o", str(out), "-n1"], user="nobody")
     state = grace.cluster.wait_job(job, timeout=110)
-    elapsed = time.monotonic() - started
     assert state == "COMPLETED", (state, out.read_text() if out.exists() else "")
     assert "ALLDONE" in out.read_text()
 
@@ -73,4 +70,3 @@ def test_fifty_concurrent_steps(grace: SlurmEnv) -> None:
     assert sum(r["action"] == "allow" for r in mine) == STEPS // 2 + 1
     assert all(r["error"] is None and r["uid"] == 65534 for r in mine)
     assert f"{PREFIX}error: job {job} " not in grace.cluster.slurmd_log_text()
-    assert elapsed < 110

@@ -194,7 +194,8 @@ def test_4k_aligned_program_rejected_on_simulated_grace_node(slurm: SlurmEnv) ->
     res = slurm.cluster.srun(["-p", "gb200sim", str(slurm.files / "native-4k"), str(out)])
     assert res.returncode != 0
     assert PREFIX in res.stderr
-    assert "64" in res.stderr  # the page size the program does not fit
+    assert f"{PREFIX}ERROR page-congruence: {slurm.files / 'native-4k'}" in res.stderr
+    assert "64 KiB" in res.stderr  # the page size the program does not fit
     assert not out.exists(), "the program ran although it was rejected"
     # Same program, same node, a 4 KiB config: runs (the rejection was the page size).
     slurm.use("base")

@@ -205,12 +205,35 @@ def test_fifo_without_reader_does_not_block(tmp_path: Path) -> None:
     assert err is not None and "cannot open" in err
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere")
-def test_permission_denied(tmp_path: Path) -> None:  # pragma: no cover - root in CI
+def test_permission_denied(tmp_path: Path) -> None:
+    """An audit path the writer may not create: an error string, no raise.
+    Root may write anywhere, so as root (CI) the write is made by a forked
+    child that has dropped to nobody, as the check does in slurmstepd."""
     locked = tmp_path / "locked"
-    locked.mkdir(mode=0o500)
-    err = audit.write_decision(str(locked / "a.jsonl"), CLEAN)
-    assert err is not None and "Permission denied" in err
+    locked.mkdir(mode=0o555)
+    tmp_path.chmod(0o755)
+    target = str(locked / "a.jsonl")
+    if os.geteuid() != 0:
+        err = audit.write_decision(target, CLEAN)
+        assert err is not None and "Permission denied" in err
+        return
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(read_fd)
+            os.setgid(65534)
+            os.setuid(65534)
+            err = audit.write_decision(target, CLEAN) or ""
+            os.write(write_fd, err.encode())
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    with os.fdopen(read_fd) as fh:
+        err = fh.read()
+    os.waitpid(pid, 0)
+    assert "Permission denied" in err, err
+    assert not os.path.exists(target)
 
 
 def test_new_log_is_not_world_readable(tmp_path: Path) -> None:

@@ -100,6 +100,14 @@ def _one_line(text: str, limit: int = 900) -> str:
     return escape(first)[:limit]
 
 
+def _shown(text: str, limit: int = 900) -> str:
+    """A path or name in a slurmd log line: escaped whole (a newline in it
+    must not start a forged log line), bounded."""
+    from .messages import escape
+
+    return escape(text)[:limit]
+
+
 def run_step(step: StepInput) -> Outcome:
     """Judge one step. Never raises for a problem of the check itself: those
     come back as ``Outcome.failed`` (config) or as a verdict that already
@@ -114,15 +122,17 @@ def run_step(step: StepInput) -> Outcome:
     try:
         from .policy import ConfigError, load_policy
     except Exception as exc:
-        return Outcome.failed(f"cannot import grace_policy.policy: {type(exc).__name__}: {exc}")
+        return Outcome.failed(f"cannot import grace_policy.policy: {type(exc).__name__}: "
+                              f"{_one_line(str(exc))}")
     if not step.config:
         return Outcome.failed("no config=FILE in plugstack.conf")
     try:
         policy = load_policy(step.config)
     except ConfigError as exc:
-        return Outcome.failed(f"config {step.config}: {_one_line(str(exc))}")
+        return Outcome.failed(f"config {_shown(step.config)}: {_one_line(str(exc))}")
     except Exception as exc:
-        return Outcome.failed(f"config {step.config}: {type(exc).__name__}: {_one_line(str(exc))}")
+        return Outcome.failed(f"config {_shown(step.config)}: {type(exc).__name__}: "
+                              f"{_one_line(str(exc))}")
 
     from .decide import decide
 
@@ -144,9 +154,9 @@ def run_step(step: StepInput) -> Outcome:
     if "grace_policy.config" in sys.modules:
         # load_policy had no trustworthy compiled form and ran pydantic: the
         # step works, but every step pays ~0.5 s until the admin compiles it.
-        out.log.append(f"config {_one_line(step.config)} has no current compiled form, so "
+        out.log.append(f"config {_shown(step.config)} has no current compiled form, so "
                        "every step validates it again (slow): run 'grace-policy config "
-                       f"check --compile {_one_line(step.config)}' as root after each edit")
+                       f"check --compile {_shown(step.config)}' as root after each edit")
     if verdict.findings or not verdict.env.empty or verdict.action != "allow":
         # Only a step with something to say pays for messages (re, enum).
         out.user = _user_lines(policy, verdict)

@@ -366,3 +366,14 @@ def test_hard_linked_audit_log_is_refused(faults: SlurmEnv) -> None:
     assert linked.read_text() == ""
     assert any(f"job {job} " in line and "one link" in line
                for line in faults.cluster.slurmd_log_text().splitlines())
+
+
+def test_control_characters_in_log_lines_are_escaped(faults: SlurmEnv) -> None:
+    """A path with an escape sequence in the one slurmd.log line of a fault:
+    shown escaped, never raw. (plugstack.conf is line-based, so a newline
+    cannot reach the plugin through it.)"""
+    odd = faults.configs["base"].parent / "odd\x1b[31mRED.toml"
+    faults.use(odd)
+    line = _allowed_with_one_line(faults)
+    assert "odd\\x1b[31mRED.toml" in line, line
+    assert "\x1b" not in faults.cluster.slurmd_log_text()

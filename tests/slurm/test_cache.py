@@ -352,6 +352,13 @@ def test_srun_never_maps_libpython(cached: SlurmEnv) -> None:
     assert res.returncode == 0, res.stderr[-2000:]
     assert "spank_grace_policy.so" in res.stderr
     assert "libpython" not in res.stderr
+    # sbatch and salloc (allocator context) alike: the user's submission
+    # commands never map an interpreter.
+    for cmd in (["sbatch", "--wrap", "true"], ["salloc", "-N1", "/bin/true"]):
+        res = cached.cluster.run(cmd, user="nobody", env={"LD_DEBUG": "files"})
+        assert res.returncode == 0, res.stderr[-2000:]
+        assert "spank_grace_policy.so" in res.stderr, cmd
+        assert "libpython" not in res.stderr, cmd
 
 
 def test_a_block_without_the_step_inputs_never_matches(cached: SlurmEnv) -> None:

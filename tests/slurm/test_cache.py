@@ -389,3 +389,41 @@ def test_batch_steps_are_not_cached(cached: SlurmEnv) -> None:
     store = cache / f"{NOBODY}.v{VERSION}"
     entries = verdict_cache.parse(store.read_text()) if store.exists() else []
     assert not [e for e in entries if any("slurm_script" in v for _k, v in e[0])], entries
+
+
+def test_moved_symlink_to_the_same_file_is_a_miss(cached: SlurmEnv) -> None:
+    """The executable's $ORIGIN is its real directory. A symlink moved to a
+    hard link of the *same* file in another directory keeps every stat
+    answer, but the libraries now come from there: the recorded realpath
+    answer must catch it (here the other directory holds a foreign copy)."""
+    cache = _cache_dir(cached, "realpath")
+    cached.use("base", f"cache_dir={cache}")
+    base = cached.cluster.shared / "cache-realpath"
+    if base.exists():
+        shutil.rmtree(base)
+    good, bad = base / "good", base / "bad"
+    good.mkdir(parents=True)
+    bad.mkdir()
+    for d in (base, good, bad):
+        d.chmod(0o755)
+    lib_src = base / "lib.c"
+    lib_src.write_text("int greet(void) { return 0; }\n")
+    main_src = base / "main.c"
+    main_src.write_text("int greet(void);\nint main(void) { return greet(); }\n")
+    for cc, where in (("gcc", good), ("aarch64-linux-gnu-gcc", bad)):
+        subprocess.run([cc, "-shared", "-fPIC", "-o", str(where / "libgreet.so"),
+                        str(lib_src)], check=True)
+    subprocess.run(["gcc", "-o", str(good / "prog"), str(main_src), f"-L{good}", "-lgreet",
+                    "-Wl,--enable-new-dtags,-rpath,$ORIGIN"], check=True)
+    os.link(good / "prog", bad / "prog")  # the same inode in the other directory
+    link = base / "run"
+    link.symlink_to(good / "prog")
+    for _ in range(2):
+        res, records = _step(cached, [str(link)])
+        assert res.returncode == 0, res.stderr
+    assert _hit(records)  # the entry works as long as nothing moved
+    link.unlink()
+    link.symlink_to(bad / "prog")
+    res, records = _step(cached, [str(link)])
+    assert not _hit(records)
+    assert res.returncode != 0 and f"{PREFIX}ERROR lib-not-found" in res.stderr

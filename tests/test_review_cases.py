@@ -121,3 +121,22 @@ def test_system_python_venv_from_a_foreign_host(tmp_path: Path) -> None:
     os.symlink(system_python, venv / "bin" / "python3")
     env = {"PATH": f"{venv}/bin:/usr/bin", "VIRTUAL_ENV": str(venv)}
     assert _rules([f"{venv}/bin/python3", "-c", "1"], env, node=GRACE_FROM_HERE) == ("allow", [])
+
+
+def test_damaged_foreign_candidate_is_skipped_like_glibc(elf_builder: ElfBuilder,
+                                                         tmp_path: Path,
+                                                         have_cross: str) -> None:
+    """glibc decides from the first 64 bytes: a truncated aarch64 libgreet
+    earlier on the path is skipped (wrong machine), not fatal, even though
+    our reader cannot parse the rest of it."""
+    native = elf_builder.library("good/libgreet.so.1")
+    exe = elf_builder.compile(src("use_greet.c"), "bin/app", needed_libs=("greet",),
+                              lib_dirs=(native.parent,))
+    foreign = elf_builder.library("arm/libgreet.so.1", arch="aarch64")
+    damaged = tmp_path / "damaged"
+    damaged.mkdir()
+    (damaged / "libgreet.so.1").write_bytes(foreign.read_bytes()[:80])
+    llp = f"{damaged}:{native.parent}"
+    listing = loader_list(exe, arch="x86_64", env={"LD_LIBRARY_PATH": llp, "PATH": "/usr/bin"})
+    assert listing.libs["libgreet.so.1"] == str(native)
+    assert _rules([str(exe)], {"PATH": "/usr/bin", "LD_LIBRARY_PATH": llp}) == ("allow", [])

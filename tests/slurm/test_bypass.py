@@ -292,3 +292,25 @@ def test_tasks_inherit_no_descriptor_of_root(grace: SlurmEnv) -> None:
         assert held, "the task shows no descriptors at all: the probe is broken"
         leaked = [p for p in held if p == str(grace.audit_log) or p.startswith(str(cache))]
         assert leaked == [], leaked
+
+
+def test_audit_file_users_could_write_is_used_but_flagged(slurm: SlurmEnv) -> None:
+    """An existing audit log that is not root's (or is group/world-writable)
+    still gets its lines (dropping them would lose the record), but every
+    step tells the admin that users may be able to forge lines in it."""
+    loose = slurm.audit_log.parent / "loose-audit.log"
+    if loose.exists():
+        loose.unlink()
+    loose.touch()
+    os.chown(loose, 65534, 65534)
+    loose.chmod(0o666)
+    try:
+        slurm.use("base", f"audit={loose}")
+        res = slurm.cluster.srun(["true"], user="nobody")
+        assert res.returncode == 0, res.stderr
+        assert len(loose.read_text().splitlines()) == 1
+        assert any(str(loose) in line and "users may be able to write it" in line
+                   for line in slurm.cluster.slurmd_log_text().splitlines())
+    finally:
+        slurm.use("base")
+        loose.unlink()

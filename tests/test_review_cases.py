@@ -140,3 +140,21 @@ def test_damaged_foreign_candidate_is_skipped_like_glibc(elf_builder: ElfBuilder
     listing = loader_list(exe, arch="x86_64", env={"LD_LIBRARY_PATH": llp, "PATH": "/usr/bin"})
     assert listing.libs["libgreet.so.1"] == str(native)
     assert _rules([str(exe)], {"PATH": "/usr/bin", "LD_LIBRARY_PATH": llp}) == ("allow", [])
+
+
+def test_same_machine_other_class_is_foreign(tmp_path: Path) -> None:
+    """An ELFCLASS32 file with e_machine AArch64 (the ILP32 ABI) does not run
+    on a Grace node's 64-bit-only kernel: the class alone makes it foreign.
+    Hand-made header (no ILP32 toolchain here); judged for a Grace node."""
+    ehdr = (b"\x7fELF\x01\x01\x01" + bytes(9) + (2).to_bytes(2, "little")
+            + (183).to_bytes(2, "little") + (1).to_bytes(4, "little")
+            + (0x10054).to_bytes(4, "little") + (52).to_bytes(4, "little") + bytes(4)
+            + bytes(4) + (52).to_bytes(2, "little") + (32).to_bytes(2, "little")
+            + (1).to_bytes(2, "little") + bytes(6))
+    phdr = b"".join(x.to_bytes(4, "little") for x in
+                    (1, 0, 0x10000, 0x10000, 0x60, 0x60, 5, 0x10000))
+    prog = tmp_path / "ilp32"
+    prog.write_bytes(ehdr + phdr + bytes(12))
+    prog.chmod(0o755)
+    grace = NodeProfile(machine="aarch64", page_size=65536, glibc=(2, 34))
+    assert _rules([str(prog)], node=grace) == ("reject", ["exe-arch-mismatch"])

@@ -325,7 +325,7 @@ def test_nodeflib_skips_cache_and_system_dirs(target: Target, elf_builder: ElfBu
     assert via(tree, "libc.so.6") == "LD_LIBRARY_PATH"
 
 
-@pytest.mark.parametrize("lib", ["/usr/lib/x86_64-linux-gnu/libfakeroot/libfakeroot-sysv.so",
+@pytest.mark.parametrize("lib", ["/usr/lib/x86_64-linux-gnu/libfakeroot/libfakeroot-0.so",
                                  "/usr/local/cuda-13.0/lib/libnvvm.so.4"])
 def test_nodeflib_drops_cache_entries_by_system_dir_prefix(
         elf_builder: ElfBuilder, lib: str) -> None:

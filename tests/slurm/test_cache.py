@@ -359,6 +359,9 @@ def test_srun_never_maps_libpython(cached: SlurmEnv) -> None:
         assert res.returncode == 0, res.stderr[-2000:]
         assert "spank_grace_policy.so" in res.stderr, cmd
         assert "libpython" not in res.stderr, cmd
+        submitted = re.search(r"Submitted batch job (\d+)", res.stdout)
+        if submitted:  # let it finish while the cluster is up: no stray slurmstepd
+            cached.cluster.wait_job(int(submitted.group(1)))
 
 
 def test_a_block_without_the_step_inputs_never_matches(cached: SlurmEnv) -> None:

@@ -207,7 +207,21 @@ class Cluster:
         return "\n".join(out)
 
     def stop(self) -> None:
-        """Stop the daemons we started, by pid: TERM, then KILL after a grace time."""
+        """Stop the daemons we started, by pid: TERM, then KILL after a grace time.
+
+        Jobs still in the queue are cancelled first (bounded wait), so no
+        slurmstepd of ours outlives slurmd waiting to report to it."""
+        ctld = self.procs.get("slurmctld")
+        if ctld is not None and ctld.poll() is None:
+            try:
+                self.run(["scancel", "--full", "--quiet", "--user", "root"], timeout=15)
+                self.run(["scancel", "--full", "--quiet", "--user", "nobody"], timeout=15)
+                for _ in range(50):
+                    if not self.run(["squeue", "-h"], timeout=15).stdout.strip():
+                        break
+                    time.sleep(0.2)
+            except (OSError, subprocess.SubprocessError):
+                pass  # stopping must go on whatever the client says
         for name in ("slurmd", "slurmctld", "munged"):
             proc = self.procs.get(name)
             if proc is None or proc.poll() is not None:

@@ -121,73 +121,74 @@ def _stamp_ok(stamp: Path, want: dict[str, object]) -> bool:
         return False
 
 
-def fetch_debian_arm64(packages: tuple[str, ...] = DEBIAN_PACKAGES) -> Path:
-    """Download and unpack ``packages`` (arm64) once; return the unpacked root."""
-    base = cache_root() / "debian-arm64"
+def _cached_tree(name: str, want: dict[str, object], build: Callable[[Path], Path]) -> Path:
+    """``cache_root()/name/root``, built once by ``build(workdir)`` (which
+    returns the unpacked tree) under a lock, and rebuilt when ``want`` (what
+    the stamp records) changes."""
+    base = cache_root() / name
     root, stamp = base / "root", base / "stamp.json"
-    want: dict[str, object] = {"packages": list(packages)}
     if _stamp_ok(stamp, want) and root.is_dir():
         return root
     with _locked(base):
         if _stamp_ok(stamp, want) and root.is_dir():
             return root
         with tempfile.TemporaryDirectory(dir=base, prefix="work-") as tmp:
-            work = Path(tmp)
-            lists, cache, debs, unpack = (work / n for n in ("lists", "cache", "debs", "root"))
-            for d in (lists / "partial", cache / "archives" / "partial", debs, unpack):
-                d.mkdir(parents=True)
-            apt = [
-                "apt-get", "-q",
-                "-oAPT::Architecture=arm64", "-oAPT::Architectures=arm64",
-                f"-oDir::State::Lists={lists}", f"-oDir::Cache={cache}",
-                "-oDir::State::status=/dev/null",
-                "-oAcquire::Retries=1", f"-oAcquire::http::Timeout={NET_TIMEOUT}",
-                # apt's _apt sandbox user cannot write into root's private dirs.
-                "-oAPT::Sandbox::User=root",
-            ]
-            _run([*apt, "update"])
-            _run([*apt, "download", *packages], cwd=debs)
-            for deb in sorted(debs.glob("*.deb")):
-                _run(["dpkg-deb", "-x", str(deb), str(unpack)])
+            unpack = build(Path(tmp))
             if root.exists():
                 shutil.rmtree(root)
             os.replace(unpack, root)
-            got = sorted(p.name.split("_", 1)[0] for p in debs.glob("*.deb"))
-            (base / "versions.json").write_text(
-                json.dumps(sorted(p.name for p in debs.glob("*.deb")), indent=1))
-            if got != sorted(packages):
-                raise CorpusUnavailable(f"apt-get downloaded {got}, wanted {sorted(packages)}")
         stamp.write_text(json.dumps(want))
     return root
+
+
+def fetch_debian_arm64(packages: tuple[str, ...] = DEBIAN_PACKAGES) -> Path:
+    """Download and unpack ``packages`` (arm64) once; return the unpacked root."""
+
+    def build(work: Path) -> Path:
+        lists, cache, debs, unpack = (work / n for n in ("lists", "cache", "debs", "root"))
+        for d in (lists / "partial", cache / "archives" / "partial", debs, unpack):
+            d.mkdir(parents=True)
+        apt = [
+            "apt-get", "-q",
+            "-oAPT::Architecture=arm64", "-oAPT::Architectures=arm64",
+            f"-oDir::State::Lists={lists}", f"-oDir::Cache={cache}",
+            "-oDir::State::status=/dev/null",
+            "-oAcquire::Retries=1", f"-oAcquire::http::Timeout={NET_TIMEOUT}",
+            # apt's _apt sandbox user cannot write into root's private dirs.
+            "-oAPT::Sandbox::User=root",
+        ]
+        _run([*apt, "update"])
+        _run([*apt, "download", *packages], cwd=debs)
+        for deb in sorted(debs.glob("*.deb")):
+            _run(["dpkg-deb", "-x", str(deb), str(unpack)])
+        got = sorted(p.name.split("_", 1)[0] for p in debs.glob("*.deb"))
+        (work.parent / "versions.json").write_text(
+            json.dumps(sorted(p.name for p in debs.glob("*.deb")), indent=1))
+        if got != sorted(packages):
+            raise CorpusUnavailable(f"apt-get downloaded {got}, wanted {sorted(packages)}")
+        return unpack
+
+    return _cached_tree("debian-arm64", {"packages": list(packages)}, build)
 
 
 def fetch_aarch64_wheel(requirement: str = WHEEL_REQUIREMENT) -> Path:
     """Download one manylinux aarch64 wheel with pip and unzip it; return the root."""
-    base = cache_root() / "wheel-aarch64"
-    root, stamp = base / "root", base / "stamp.json"
-    want: dict[str, object] = {"requirement": requirement, "python": WHEEL_PYTHON}
-    if _stamp_ok(stamp, want) and root.is_dir():
-        return root
-    with _locked(base):
-        if _stamp_ok(stamp, want) and root.is_dir():
-            return root
-        with tempfile.TemporaryDirectory(dir=base, prefix="work-") as tmp:
-            work = Path(tmp)
-            _run(["python3", "-m", "pip", "download", "-q", "--only-binary=:all:", "--no-deps",
-                  "--platform", "manylinux2014_aarch64", "--python-version", WHEEL_PYTHON,
-                  "--implementation", "cp", "--timeout", str(NET_TIMEOUT),
-                  "-d", str(work / "dl"), requirement])
-            wheels = sorted((work / "dl").glob("*.whl"))
-            if len(wheels) != 1:
-                raise CorpusUnavailable(f"pip download gave {len(wheels)} wheels for {requirement}")
-            unpack = work / "root"
-            with zipfile.ZipFile(wheels[0]) as zf:
-                zf.extractall(unpack)
-            if root.exists():
-                shutil.rmtree(root)
-            os.replace(unpack, root)
-        stamp.write_text(json.dumps(want))
-    return root
+
+    def build(work: Path) -> Path:
+        _run(["python3", "-m", "pip", "download", "-q", "--only-binary=:all:", "--no-deps",
+              "--platform", "manylinux2014_aarch64", "--python-version", WHEEL_PYTHON,
+              "--implementation", "cp", "--timeout", str(NET_TIMEOUT),
+              "-d", str(work / "dl"), requirement])
+        wheels = sorted((work / "dl").glob("*.whl"))
+        if len(wheels) != 1:
+            raise CorpusUnavailable(f"pip download gave {len(wheels)} wheels for {requirement}")
+        unpack = work / "root"
+        with zipfile.ZipFile(wheels[0]) as zf:
+            zf.extractall(unpack)
+        return unpack
+
+    return _cached_tree("wheel-aarch64", {"requirement": requirement, "python": WHEEL_PYTHON},
+                        build)
 
 
 _failures: dict[str, str] = {}

@@ -224,17 +224,23 @@ def test_unsafe_cache_dir_is_ignored_and_logged(cached: SlurmEnv) -> None:
     assert list(cache.iterdir()) == []
 
 
-def test_cache_file_not_owned_by_root_is_ignored_and_logged(cached: SlurmEnv) -> None:
-    cache = _cache_dir(cached, "unsafe-file")
+def _store_with_an_entry(env: SlurmEnv, name: str) -> tuple[Path, Path]:
+    """nobody's cache file in a fresh root 0700 dir, holding the entry of a
+    clean step of a program of its own; returns (file, program)."""
+    cache = _cache_dir(env, name)
     cache.mkdir(mode=0o700)
     store = cache / f"{NOBODY}.v{VERSION}"
-    prog = _program(cached, "unsafe-file")
+    prog = _program(env, name)
+    env.use("base", f"cache_dir={cache}")
+    res, _ = _step(env, [str(prog)])
+    assert res.returncode == 0 and verdict_cache.parse(store.read_text())
+    return store, prog
+
+
+def test_cache_file_not_owned_by_root_is_ignored_and_logged(cached: SlurmEnv) -> None:
     # A forged entry that would match if it were believed: nobody "wrote" it.
-    cached.use("base", f"cache_dir={cache}")
-    res, _ = _step(cached, [str(prog)])
-    assert res.returncode == 0
+    store, prog = _store_with_an_entry(cached, "unsafe-file")
     text = store.read_text()
-    assert verdict_cache.parse(text)
     store.unlink()
     store.write_text(text)
     os.chown(store, NOBODY, NOBODY)
@@ -254,19 +260,13 @@ def test_cache_file_not_owned_by_root_is_ignored_and_logged(cached: SlurmEnv) ->
 def test_writable_or_linked_cache_file_is_ignored(cached: SlurmEnv) -> None:
     """A root-owned entry file that others may write, or that has a second
     hard link, is not believed (each holds a matching entry here)."""
-    cache = _cache_dir(cached, "loose-file")
-    cache.mkdir(mode=0o700)
-    store = cache / f"{NOBODY}.v{VERSION}"
-    prog = _program(cached, "loose-file")
-    cached.use("base", f"cache_dir={cache}")
-    res, _ = _step(cached, [str(prog)])
-    assert res.returncode == 0 and verdict_cache.parse(store.read_text())
+    store, prog = _store_with_an_entry(cached, "loose-file")
     store.chmod(0o666)
     lines = _runs_twice_uncached(cached, prog)
     assert any(f"{store} must be a regular file owned by root" in line and "mode 0666" in line
                for line in lines), lines
     store.chmod(0o600)
-    twin = cache.parent / "cache-loose-twin"
+    twin = store.parent.parent / "cache-loose-twin"
     if twin.exists():
         twin.unlink()
     os.link(store, twin)

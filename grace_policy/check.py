@@ -221,7 +221,8 @@ def check_elf(path: str, env: Mapping[str, str], cwd: str, node: NodeProfile, bu
             continue
         budget.tick()
         kernel = obj.found_via == "interp"
-        for issue in page_issues(obj.path, obj.info, node, mapped_by_kernel=kernel):
+        for issue in page_issues(obj.path, obj.info, node, mapped_by_kernel=kernel,
+                                 name=obj.name):
             issues.append(_with_causes(issue, causes(obj.path)))
     for miss in tree.missing:
         budget.tick()

@@ -20,13 +20,17 @@ def _seg(seg: LoadSegment) -> str:
             f"align 0x{seg.align:x}")
 
 
-def page_issues(path: str, info: ElfInfo, node: NodeProfile, *, mapped_by_kernel: bool
-                ) -> list[Issue]:
+def page_issues(path: str, info: ElfInfo, node: NodeProfile, *, mapped_by_kernel: bool,
+                name: str | None = None) -> list[Issue]:
     """Page-size problems of one file on ``node``.
 
     ``mapped_by_kernel``: the executable and its PT_INTERP are mapped by
     execve, which does not look at p_align; libraries are mapped by ld.so.
+    ``name``: what ld.so was asked to load (the DT_NEEDED text), which its
+    error message names instead of the path (seen on a 64 KiB kernel with
+    glibc 2.31 and 2.36); a dlopen or ``ld.so FILE`` names the path.
     """
+    shown = name or path
     page = node.page_size
     if page <= 0 or not info.load_segments:
         return []
@@ -40,7 +44,7 @@ def page_issues(path: str, info: ElfInfo, node: NodeProfile, *, mapped_by_kernel
         if bad is not None:
             issues.append(Issue(
                 "page-align", path,
-                f"error while loading shared libraries: {path}: "
+                f"error while loading shared libraries: {shown}: "
                 "ELF load command alignment not page-aligned",
                 facts=(*base, ("segment", _seg(bad))),
             ))
@@ -59,10 +63,10 @@ def page_issues(path: str, info: ElfInfo, node: NodeProfile, *, mapped_by_kernel
             error = ("the kernel maps the program at the wrong file offsets: execve fails "
                      "or the program crashes at start (Segmentation fault)")
         elif old:
-            error = (f"error while loading shared libraries: {path}: "
+            error = (f"error while loading shared libraries: {shown}: "
                      "ELF load command address/offset not properly aligned")
         else:
-            error = (f"error while loading shared libraries: {path}: "
+            error = (f"error while loading shared libraries: {shown}: "
                      "ELF load command address/offset not page-aligned")
         issues.append(Issue("page-congruence", path, error,
                             facts=(*base, ("segment", _seg(bad)))))

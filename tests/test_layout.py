@@ -135,3 +135,25 @@ def test_executable_is_mapped_by_the_kernel(elf_builder: ElfBuilder, tmp_path: P
     copy = tmp_path / "copy"
     shutil.copy(exe, copy)
     assert rules(copy, node("x86_64", K4, OLD), kernel=True) == {}
+
+
+def test_loader_error_names_what_was_needed(elf_builder: ElfBuilder) -> None:
+    """glibc's refusal of a DT_NEEDED library names the DT_NEEDED text, not
+    the path it found ("error while loading shared libraries: libgreet.so.1:
+    ELF load command ...", seen on a 64 KiB arm64 kernel with glibc 2.31 and
+    2.36: tests/test_page_oracle.py); dlopen and ``ld.so FILE`` name the path."""
+    from grace_policy.check import check_step
+
+    small = lib(elf_builder, "x86_64", K4)
+    exe = elf_builder.compile(src("use_greet.c"), "bin/app", page_size=K64,
+                              needed_libs=("greet",), lib_dirs=(small.parent,))
+    report = check_step([str(exe)], {"PATH": "/usr/bin:/bin",
+                                     "LD_LIBRARY_PATH": str(small.parent)},
+                        "/", node("x86_64", K64, NEW))
+    found = [i for i in report.issues if i.rule == "page-congruence" and i.path == str(small)]
+    assert [i.predicted_error for i in found] == [
+        "error while loading shared libraries: libgreet.so.1: "
+        "ELF load command address/offset not page-aligned"]
+    info = read_elf(str(small))
+    alone = page_issues(str(small), info, node("x86_64", K64, NEW), mapped_by_kernel=False)
+    assert f"shared libraries: {small}: ELF" in alone[0].predicted_error

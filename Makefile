@@ -6,7 +6,7 @@ PREFIX ?= /usr/local
 DESTDIR ?=
 BUILD ?= build
 
-.PHONY: all deps test test-fast lint verify-loader plugin install demo bench fuzz clean
+.PHONY: all deps test test-fast lint verify-loader verify-pages plugin install demo bench fuzz clean
 
 all: plugin
 
@@ -25,6 +25,12 @@ lint:
 
 verify-loader:
 	GRACE_VERIFY_FULL=1 $(PYTHON) -m pytest -q tests/test_loader_oracle.py
+
+# The page rules against real 64 KiB and 16 KiB arm64 kernels under qemu, with
+# glibc 2.31 and 2.36, on every page fixture and every aarch64 corpus file
+# (make test runs a sample). Builds and caches the 64 KiB kernel on first use.
+verify-pages: deps
+	GRACE_VERIFY_FULL=1 $(PYTHON) -m pytest -q tests/test_page_oracle.py
 
 # Long fuzz of the ELF reader (hypothesis; failures are kept in its database
 # under ~/.cache/grace-policy-tests/hypothesis and replayed on the next run).

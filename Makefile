@@ -6,7 +6,7 @@ PREFIX ?= /usr/local
 DESTDIR ?=
 BUILD ?= build
 
-.PHONY: all deps test test-fast lint verify-loader verify-pages plugin install demo bench fuzz clean
+.PHONY: all deps test test-fast lint verify-loader verify-pages demo-node plugin install demo bench fuzz clean
 
 all: plugin
 
@@ -31,6 +31,11 @@ verify-loader:
 # (make test runs a sample). Builds and caches the 64 KiB kernel on first use.
 verify-pages: deps
 	GRACE_VERIFY_FULL=1 $(PYTHON) -m pytest -q tests/test_page_oracle.py
+
+# The plugin on a real 64 KiB aarch64 node: Slurm inside the qemu guest, the
+# plugin cross-built for aarch64, what users see (first run: kernel build).
+demo-node: deps
+	$(PYTHON) tests/vm/demo_node.py
 
 # Long fuzz of the ELF reader (hypothesis; failures are kept in its database
 # under ~/.cache/grace-policy-tests/hypothesis and replayed on the next run).

@@ -1,0 +1,109 @@
+"""The plugin on a real Grace-like node (issue 10): aarch64, 64 KiB pages.
+
+One boot of the 64 KiB guest (:mod:`vm.slurmnode`): Debian 12 arm64's Slurm
+22.05 with the plugin cross-built for aarch64, a config without ``[node]``,
+and steps a user from an x86_64 login node would submit. Each must get the
+verdict, the message and the audit line it gets on x86_64 with a simulated
+node, here with the node detected. The verdict cache is the C one, so the
+second identical clean step must be a hit.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from corpus import CorpusUnavailable, _give_up
+from fixtures.build import CompileCache
+from vm import slurmnode
+from vm.qemu import BootError, qemu_binary
+
+from grace_policy.node import host_machine
+
+pytestmark = [
+    pytest.mark.vm, pytest.mark.network, pytest.mark.cross,
+    pytest.mark.skipif(host_machine() != "x86_64",
+                       reason="cross-builds with Debian's x86_64-hosted aarch64 toolchain"),
+]
+PREFIX = "grace-policy: "
+
+
+@pytest.fixture(scope="module")
+def node(tmp_path_factory: pytest.TempPathFactory,
+         compile_cache: CompileCache) -> slurmnode.NodeRun:
+    if qemu_binary() is None:
+        _give_up("qemu-system-aarch64 not installed (make deps: qemu-system-arm)")
+    try:
+        run = slurmnode.run_node(tmp_path_factory.mktemp("grace-node"), compile_cache)
+    except CorpusUnavailable as exc:
+        _give_up(f"grace node setup: {exc}")
+    except BootError as exc:
+        pytest.fail(f"the 64 KiB guest did not finish: {exc}")
+    steps = ", ".join(f"{k} {v.seconds:.1f} s" for k, v in run.steps.items())
+    print(f"\ngrace node: Slurm idle {run.boot_seconds:.1f} s after boot; steps: {steps}; "
+          f"whole qemu run {run.total_seconds:.1f} s")
+    return run
+
+
+def said(stderr: str) -> str:
+    """The plugin's lines as one text (their wrapping undone)."""
+    lines = [line[len(PREFIX):] for line in stderr.splitlines() if line.startswith(PREFIX)]
+    return " ".join(" ".join(lines).split())
+
+
+def audit_of(run: slurmnode.NodeRun) -> list[dict[str, object]]:
+    return [json.loads(line) for line in run.audit]
+
+
+def test_every_scenario_ran(node: slurmnode.NodeRun) -> None:
+    assert list(node.steps) == list(slurmnode.SCENARIOS), node.console[-2000:]
+    # One decision line per step, from this node.
+    records = audit_of(node)
+    assert len(records) == len(slurmnode.SCENARIOS), node.audit
+    assert {r["node"] for r in records} == {slurmnode.NODE}
+
+
+def test_clean_native_step_runs_and_is_then_cached(node: slurmnode.NodeRun) -> None:
+    first, again = node.steps["native"], node.steps["native-again"]
+    for step in (first, again):
+        assert step.rc == 0, step.stderr
+        assert step.stdout == "hello\n" and PREFIX not in step.stderr
+    records = audit_of(node)
+    assert records[0]["action"] == "allow" and records[0].get("cache") != "hit"
+    assert records[1]["action"] == "allow" and records[1].get("cache") == "hit"
+
+
+def test_x86_program_is_refused_with_the_remedy(node: slurmnode.NodeRun) -> None:
+    step = node.steps["x86-program"]
+    assert step.rc != 0 and "hello" not in step.stdout
+    assert f"{PREFIX}ERROR exe-arch-mismatch: /cases/bin/tool-x86" in step.stderr
+    assert "built for x86_64; these nodes are aarch64" in said(step.stderr)
+    assert "without this check: slurmstepd: error: execve(): /cases/bin/tool-x86: Exec " \
+           "format error" in said(step.stderr)
+    record = audit_of(node)[2]
+    assert (record["action"], record["rules"]) == ("reject", ["exe-arch-mismatch"])
+
+
+def test_leaked_x86_venv_is_removed_and_the_step_runs(node: slurmnode.NodeRun) -> None:
+    step = node.steps["x86-venv-leak"]
+    assert step.rc == 0 and step.stdout == "hello\n", step.stderr
+    assert "removed from the step's environment: VIRTUAL_ENV" in said(step.stderr)
+    record = audit_of(node)[3]
+    assert "VIRTUAL_ENV" in record["env_unset"]  # type: ignore[operator]
+
+
+def test_4k_build_is_refused_on_the_detected_64k_node(node: slurmnode.NodeRun) -> None:
+    """The config names no page size and this host has 4 KiB pages: the
+    64 KiB in the message can only come from the node itself."""
+    step = node.steps["4k-build"]
+    assert step.rc != 0 and "hello" not in step.stdout
+    assert f"{PREFIX}ERROR page-congruence: /cases/bin/hello-4k" in step.stderr
+    assert "pages smaller than this node's 64 KiB" in said(step.stderr)
+    record = audit_of(node)[4]
+    assert record["action"] == "reject" and "page-congruence" in record["rules"]  # type: ignore[operator]
+
+
+def test_the_guest_had_no_network_device(node: slurmnode.NodeRun) -> None:
+    """Everything ran over loopback: qemu gets -nodefaults and no NIC, so the
+    guest's kernel has no interface but lo."""
+    assert node.netdevs == ("lo",)

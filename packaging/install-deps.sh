@@ -5,7 +5,7 @@ set -euo pipefail
 need_apt=()
 for pkg in slurmd slurmctld slurm-client libslurm-dev munge gcc-aarch64-linux-gnu \
            libc6-dev-arm64-cross qemu-user python3-dev python3-pip python3-venv \
-           fakeroot qemu-system-arm flex bison bc xz-utils \
+           fakeroot qemu-system-arm flex bison bc xz-utils libssl-dev libelf-dev \
            mmdebstrap; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done

@@ -118,6 +118,15 @@ def test_glibc_235_changed_what_loads(kernel: str, case_set: oracle.CaseSet,
         old, new = got[("glibc231", mode)], got[("glibc236", mode)]
         assert old.kind == "loader" and "alignment not page-aligned" in old.text, (mode, old)
         assert new.kind == "runs", (mode, new)
+    if kernel == "16k":
+        # p_align 64 KiB, congruent modulo the 16 KiB page only: 2.31 tests
+        # modulo p_align ("not properly aligned"), 2.36 modulo the page.
+        got = {(r.userland, r.case.mode): r.got for r in rows
+               if r.case.id.startswith("lib-16k-last-align-64k-")}
+        for mode in oracle.LIB_MODES:
+            old, new = got[("glibc231", mode)], got[("glibc236", mode)]
+            assert old.kind == "loader" and "not properly aligned" in old.text, (mode, old)
+            assert new.kind == "runs", (mode, new)
 
 
 def test_the_kernels_have_the_page_sizes_they_claim(case_set: oracle.CaseSet,

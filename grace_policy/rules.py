@@ -35,18 +35,23 @@ RULE_IDS = (
     "page-overlap",
     "relro-tail",
     "env-leak",
+    "py-ext-arch",
+    "py-ext-foreign",
+    "py-dist-broken",
     "check-limit",
 )
 
 #: Causes the checks may put in ``Issue.causes``, most specific first.
 CAUSES = (
     "leaked-env",
+    "pythonpath",
     "conda",
     "venv",
     "user-local",
     "pip-wheel",
     "jit-cache",
     "jemalloc",
+    "bundled-lib",
     "home",
     "system",
 )

@@ -281,9 +281,14 @@ def stdlib_versions(node: NodeProfile, prefix: str, budget: Budget) -> list[tupl
     return found
 
 
+#: fsprobe.listdir records the listing (op "D", issue 8); until it is merged
+#: everywhere, os.listdir keeps this module working (unrecorded).
+_listdir = getattr(fsprobe, "listdir", None) or os.listdir
+
+
 def listdir(path: str) -> list[str]:
-    """The one place this subpackage lists a directory (recorded as op "D")."""
-    return fsprobe.listdir(path)
+    """The one place this subpackage lists a directory."""
+    return _listdir(path)
 
 
 def identify(exe_path: str, info: ElfInfo, node: NodeProfile, budget: Budget,

@@ -147,6 +147,23 @@ class _Map:
             self.names.add(info.soname)
 
 
+def host_path(node: NodeProfile, path: str, cwd: str = "/") -> str:
+    """A node path as a path on this host.
+
+    Relative paths are relative to the job's cwd. With a node image, a
+    path is looked up in the image first and on this host after (shared
+    storage such as /home is the same on both), as ``qemu -L`` does.
+    Module-level so the Python-step model (grace_policy/python/) reads
+    node paths by the same rule as the loader.
+    """
+    if not path.startswith("/"):
+        return os.path.join(cwd, path)
+    if node.root in ("", "/"):
+        return path
+    inside = node.in_root(path)
+    return inside if fsprobe.lexists(inside) else path
+
+
 class _Searcher:
     def __init__(self, node: NodeProfile, env: Mapping[str, str], cwd: str,
                  budget: Budget | None, cache: ldcache.LdCache | None) -> None:
@@ -270,18 +287,7 @@ class _Searcher:
         return out
 
     def to_host(self, path: str) -> str:
-        """A node path as a path on this host.
-
-        Relative paths are relative to the job's cwd. With a node image, a
-        path is looked up in the image first and on this host after (shared
-        storage such as /home is the same on both), as ``qemu -L`` does.
-        """
-        if not path.startswith("/"):
-            return os.path.join(self.cwd, path)
-        if self.node.root in ("", "/"):
-            return path
-        inside = self.node.in_root(path)
-        return inside if fsprobe.lexists(inside) else path
+        return host_path(self.node, path, self.cwd)
 
     # -- verifying one candidate (open_verify) -----------------------------------
 

@@ -243,7 +243,7 @@ def test_other_real_interpreters(tree: dict[str, Path], version: str) -> None:
 
 _SPEC_ORACLE = r"""
 import importlib.util, json, sys
-sys.path[:] = [sys.argv[1]]
+sys.path[:] = [sys.argv[1], *sys.path]   # stdlib kept: parents get executed
 out = {}
 for name in json.loads(sys.argv[2]):
     try:
@@ -360,3 +360,61 @@ def test_package_extensions_budget(tmp_path: Path) -> None:
     b.deadline = 0.0
     with pytest.raises(BudgetExceeded):
         package_extensions(str(p), X86, b)
+
+
+# -- real wheels, installed by pip ---------------------------------------------
+
+
+def _tagged_files(site: Path, top: str, suffix: str) -> set[str]:
+    return {str(p) for p in (site / top).rglob(f"*{suffix}") if "__pycache__" not in p.parts}
+
+
+@pytest.mark.network
+def test_numpy_aarch64_wheel_seen_by_each_node() -> None:
+    from python.wheels import wheel_site
+    site = wheel_site("numpy-1.19.0-aarch64")
+    arm38 = extension_suffixes((3, 8), "aarch64")
+    top = model("numpy", [str(site)], suffixes=arm38)
+    assert top.kind == "package" and top.path == str(site / "numpy")
+    loaded, foreign = package_extensions(top.path, arm38, Budget(deadline_ms=10_000))
+    files = _tagged_files(site, "numpy", arm38[0])
+    assert {f for _, f in loaded} == files and len(files) >= 15
+    assert ("numpy.core._multiarray_umath",
+            str(site / "numpy/core/_multiarray_umath.cpython-38-aarch64-linux-gnu.so")) in loaded
+    assert foreign == []
+    # the libraries auditwheel bundled are not modules
+    assert not any(".libs" in f for _, f in loaded)
+    # an x86_64 3.8, or an aarch64 3.11, sees none of them: all foreign
+    for sfx in (extension_suffixes((3, 8), "x86_64"), extension_suffixes((3, 11), "aarch64")):
+        loaded2, foreign2 = package_extensions(top.path, sfx, Budget(deadline_ms=10_000))
+        assert loaded2 == []
+        assert {f for _, fs in foreign2 for f in fs} == files
+
+
+@pytest.mark.network
+def test_markupsafe_x86_64_wheel_on_aarch64_node() -> None:
+    from python.wheels import wheel_site
+    site = wheel_site("markupsafe-2.1.5-x86_64")
+    arm = extension_suffixes((3, 11), "aarch64")
+    loaded, foreign = package_extensions(str(site / "markupsafe"), arm, Budget(deadline_ms=10_000))
+    assert loaded == []
+    assert foreign == [("markupsafe._speedups",
+                        (str(site / "markupsafe/_speedups.cpython-311-x86_64-linux-gnu.so"),))]
+    # and the real x86_64 3.11 picks it up (the oracle for the x86_64 view)
+    if HOST_VERSION == (3, 11):
+        want = _spec_oracle(site, ["markupsafe._speedups"])
+        loaded_x86, _ = package_extensions(str(site / "markupsafe"), X86, Budget(deadline_ms=1e4))
+        assert dict(loaded_x86) == want
+
+
+@pytest.mark.network
+def test_bcrypt_abi3_x86_64_is_loaded_by_aarch64_node() -> None:
+    """abi3 carries no machine: the aarch64 importer picks the x86_64 file (and
+    dlopen then fails) — it is 'loaded', not 'foreign'."""
+    from python.wheels import wheel_site
+    site = wheel_site("bcrypt-4.1.2-abi3-x86_64")
+    arm = extension_suffixes((3, 11), "aarch64")
+    assert model("bcrypt", [str(site)], suffixes=arm).kind == "package"
+    loaded, foreign = package_extensions(str(site / "bcrypt"), arm, Budget(deadline_ms=10_000))
+    assert loaded == [("bcrypt._bcrypt", str(site / "bcrypt/_bcrypt.abi3.so"))]
+    assert foreign == []

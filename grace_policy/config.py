@@ -333,6 +333,7 @@ Template = Annotated[str, AfterValidator(_template)]
 # pydantic evaluates these annotations at runtime; ``X | None`` fails there on
 # Python 3.9, so the optional forms are spelled out once here.
 CudaIndex = Annotated[str, AfterValidator(_cuda_index)]
+OptCudaIndex = Optional[CudaIndex]
 OptArch = Optional[Arch]
 OptPageSize = Optional[PageSize]
 OptGlibc = Optional[Glibc]
@@ -361,7 +362,7 @@ class PartitionModel(_Model):
     page_size: OptPageSize = None
     glibc: OptGlibc = None
     allow_user_lower: bool = False
-    cuda_index: Optional[CudaIndex] = None
+    cuda_index: OptCudaIndex = None
 
 
 class EnvModel(_Model):

@@ -4,9 +4,11 @@ pip writes every installed file into ``*.dist-info/RECORD``. Reading that one
 file instead of walking a package tree is what keeps a 30,000-file torch
 environment within the launch budget, and it is what makes the verdict
 cache sound for Python steps: a reinstall replaces RECORD (a new identity),
-an install or removal changes the site directory's listing. Files copied
-into a package by hand, past pip, are not seen here; the step check walks
-only top-level entries that no RECORD claims.
+an install or removal changes the site directory's listing. RECORD only
+says *where* compiled files live: the step check lists those directories to
+see what is there now (a site directory filled from two machines holds both
+machines' files, RECORD only the last install's), and walks the top-level
+entries that no RECORD claims.
 """
 
 from __future__ import annotations
@@ -66,10 +68,9 @@ def _record_path(line: str) -> str:
 class Files:
     """What RECORD lists that matters for imports."""
 
-    #: Paths of files whose name holds ``.so`` (modules and libraries).
+    #: Paths of files whose name holds ``.so`` (modules and libraries): the
+    #: directories to look into.
     shared: tuple[str, ...]
-    #: Module paths without suffix (``dir/name``) that have Python source.
-    sources: frozenset[str]
     #: The site directory's entries it installed (``numpy``, ``numpy.libs``,
     #: ``six.py``): what no RECORD claims is walked instead.
     entries: tuple[str, ...]
@@ -83,7 +84,6 @@ def record_files(meta_dir: str, site_dir: str, budget: Budget) -> Files | None:
     if text is None:
         return None
     shared: list[str] = []
-    sources: set[str] = set()
     tops: dict[str, None] = {}
     base = site_dir.rstrip("/") + "/"
     for line in text.split("\n"):
@@ -96,10 +96,8 @@ def record_files(meta_dir: str, site_dir: str, budget: Budget) -> Files | None:
         name = rel.rsplit("/", 1)[-1]
         if ".so" in name:
             shared.append(base + rel)
-        elif name.endswith(".py"):
-            sources.add(base + rel[:-3])
     budget.tick()
-    return Files(tuple(shared), frozenset(sources), tuple(tops))
+    return Files(tuple(shared), tuple(tops))
 
 
 @dataclass(frozen=True)

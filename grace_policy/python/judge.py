@@ -11,6 +11,7 @@ loader model and page rules as a program's, within one
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 from ..budget import Budget
@@ -50,9 +51,10 @@ class Judge:
         the file is imported as ("" for a library loaded with ctypes).
         ``required``: a file that is not ELF is a problem (an extension
         module) rather than something to pass over (a stray ``.so`` name)."""
-        if path in self._seen:
+        key = os.path.normpath(path)
+        if key in self._seen:
             return []
-        self._seen.add(path)
+        self._seen.add(key)
         via = "ImportError" if module else "OSError"
         try:
             info = read_elf(self.process.searcher.to_host(path), budget=self.budget)
@@ -80,9 +82,11 @@ class Judge:
                        for i in self.extra(path, info, node, self.budget)]
         tree = self.process.dlopen(path, info)
         for obj in tree.objects[1:]:
-            if obj.by_name_only or obj.path in self._seen:
+            # RUNPATH $ORIGIN/../PKG.libs gives paths with "..": one file, one finding.
+            key = os.path.normpath(obj.path)
+            if obj.by_name_only or key in self._seen:
                 continue
-            self._seen.add(obj.path)
+            self._seen.add(key)
             self.budget.tick()
             found = page_issues(obj.path, obj.info, node, mapped_by_kernel=False)
             if self.extra is not None:

@@ -21,6 +21,7 @@ import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from .. import fsprobe
+from .._record import dataclass
 from ..budget import Budget
 from ..elf import ElfInfo
 from ..findings import Issue
@@ -28,7 +29,10 @@ from ..launch import Hop
 from ..loader import Process
 from ..node import NodeProfile
 from .contents import Loadables, classify, record_files
+from .dists import Dist
+from .finder import Located
 from .judge import Judge
+from .sitepath import SysPath
 
 Causes = Callable[[str], tuple[str, ...]]
 
@@ -129,17 +133,32 @@ def _compiled_page_rule() -> Callable[..., list[Issue]] | None:
     return getattr(pagecode, "compiled_page_issues", None)
 
 
+#: sys.path entries that hold no distributions of their own.
+_NO_DISTS = frozenset({"stdlib", "stdlib-zip", "lib-dynload", "script-dir", "cwd"})
+
+
+@dataclass(frozen=True)
+class Group:
+    """The problems of one distribution (or the standard library, or a
+    package without metadata), and whether the step is known to use it."""
+
+    label: str
+    path: str
+    used: bool
+    issues: tuple[Issue, ...]
+
+
 class Environment:
     """One interpreter's import world: its ``sys.path`` and what lies there."""
 
-    def __init__(self, version: tuple[int, int], paths: object, process: Process,
+    def __init__(self, version: tuple[int, int], paths: SysPath, process: Process,
                  env: Mapping[str, str], cwd: str, node: NodeProfile, budget: Budget,
                  causes: Causes, *, cuda_index: str | None = None,
                  all_warnings: bool = False) -> None:
         from .suffixes import extension_suffixes
 
         self.version = version
-        self.paths = paths  # sitepath.SysPath
+        self.paths = paths
         self.env = env
         self.cwd = cwd
         self.node = node
@@ -154,97 +173,125 @@ class Environment:
     # -- the whole environment ------------------------------------------------
 
     def issues(self, used_names: Iterable[str]) -> list[Issue]:
+        """What the step's users see: the problems of what it imports with
+        their rules' severities, one ``py-dist-broken`` warning per other
+        broken distribution."""
+        out: list[Issue] = []
+        for group in self.groups(used_names):
+            if group.used and not self.all_warnings:
+                out += group.issues
+            elif group.issues:
+                out.append(self._dist_warning(group.label, group.path, group.issues))
+        return out
+
+    def groups(self, used_names: Iterable[str]) -> list[Group]:
+        """Every problem of the environment, by the distribution (or the
+        standard library, or a package without metadata) it belongs to."""
         from .dists import closure, dists_in
 
-        entries = self.paths.entries  # type: ignore[attr-defined]
+        entries = self.paths.entries
         search = [e.path for e in entries]
-        out: list[Issue] = []
+        out: list[Group] = []
         # The standard library's extension modules load for nearly every
         # step: judged with normal severities.
         for e in entries:
             if e.kind == "lib-dynload" and (self.node.root_is_native or not e.system):
-                names = [f"{e.path}/{n}" for n in _listdir(e.path) if ".so" in n]
-                out += self._loadables(classify(names, e.path, self.suffixes))
+                names = [f"{e.path}/{n}" for n in _listdir(self._host(e.path)) if ".so" in n]
+                found = self._loadables(classify(names, e.path, self.suffixes))
+                out.append(Group("the standard library", e.path, True, tuple(found)))
         # Distributions, per sys.path entry that holds metadata.
-        by_dir: dict[str, tuple[object, ...]] = {}
+        by_dir: dict[str, tuple[Dist, ...]] = {}
         for e in entries:
-            if e.system or e.kind in ("stdlib", "stdlib-zip", "lib-dynload", "script-dir",
-                                      "cwd"):
-                continue
-            if e.path in by_dir:
+            if e.system or e.kind in _NO_DISTS or e.path in by_dir:
                 continue
             by_dir[e.path] = tuple(dists_in(e.path, self.node, self.version, self.budget))
         every = [d for ds in by_dir.values() for d in ds]
         used_names = tuple(dict.fromkeys(used_names))
         roots, located = self._owners(used_names, search, by_dir)
         used = closure(roots, every) if roots else set()
+        # sys.path order: the first copy of a distribution shadows the others.
         effective: set[tuple[str, str]] = set()
         seen_names: set[str] = set()
-        for site_dir in search:  # sys.path order: the first copy of a name wins
+        for site_dir in search:
             for d in by_dir.get(site_dir, ()):
-                if d.name not in seen_names:  # type: ignore[attr-defined]
-                    seen_names.add(d.name)  # type: ignore[attr-defined]
-                    effective.add((site_dir, d.name))  # type: ignore[attr-defined]
+                if d.name not in seen_names:
+                    seen_names.add(d.name)
+                    effective.add((site_dir, d.name))
         for site_dir, dists in by_dir.items():
             claimed: set[str] = set()
             for d in dists:
                 problems, entries_of = self._dist(d, site_dir)
                 claimed.update(entries_of)
-                in_use = (not self.all_warnings and d.name in used  # type: ignore[attr-defined]
-                          and (site_dir, d.name) in effective)  # type: ignore[attr-defined]
+                in_use = d.name in used and (site_dir, d.name) in effective
                 if in_use:
-                    out += problems
-                    out += self._special(d, site_dir)
-                elif problems:
-                    out.append(self._dist_warning(d.name, d.version,  # type: ignore[attr-defined]
-                                                  d.meta_dir, problems))  # type: ignore[attr-defined]
+                    problems += self._special(d, site_dir)
+                out.append(Group(f"{d.name} {d.version}".strip(), d.meta_dir, in_use,
+                                 tuple(problems)))
             out += self._unclaimed(site_dir, claimed, used_names)
         # Modules the command imports from where no distribution lives
         # (a PYTHONPATH directory of plain packages, the script's directory).
         for name, loc in located.items():
             if loc.kind == "missing" and loc.foreign:
-                out.append(self._foreign_issue(name, loc.foreign))
-            elif loc.entry not in by_dir and loc.kind in ("package", "extension") \
-                    and not self._system_entry(loc.entry):
-                out += self._tree(loc.path, name) if loc.kind == "package" else \
-                    self.judge.file(loc.path, module=name)
+                out.append(Group(name, loc.foreign[0], True,
+                                 (self._foreign_issue(name, loc.foreign),)))
+            elif (loc.entry not in by_dir and loc.kind in ("package", "extension")
+                  and not self._system_entry(loc.entry)):
+                found = (self._tree(loc.path, name) if loc.kind == "package"
+                         else self.judge.file(loc.path, module=name))
+                out.append(Group(name, loc.path, True, tuple(found)))
         return out
 
     def _system_entry(self, path: str) -> bool:
-        return any(e.system for e in self.paths.entries if e.path == path)  # type: ignore[attr-defined]
+        return any(e.system for e in self.paths.entries if e.path == path)
 
     def _owners(self, names: Sequence[str], search: Sequence[str],
-                by_dir: Mapping[str, tuple[object, ...]]) -> tuple[set[str], dict[str, object]]:
+                by_dir: Mapping[str, tuple[Dist, ...]]) -> tuple[set[str], dict[str, Located]]:
         """The distributions that provide the used top-level names, as the
         finder would find them (the first entry of sys.path wins)."""
         from .finder import find_top_level
 
         roots: set[str] = set()
-        located: dict[str, object] = {}
+        located: dict[str, Located] = {}
+        listings: dict[str, object] = {}
         for name in names:
             self.budget.tick()
-            loc = find_top_level(name, search, self.suffixes, self.budget)
+            loc = find_top_level(name, search, self.suffixes, self.budget, node=self.node,
+                                 cwd=self.cwd, listings=listings)  # type: ignore[arg-type]
             located[name] = loc
             for d in by_dir.get(loc.entry, ()):
-                if name in d.top_level:  # type: ignore[attr-defined]
-                    roots.add(d.name)  # type: ignore[attr-defined]
+                if name in d.top_level:
+                    roots.add(d.name)
                     break
         return roots, located
 
     # -- one distribution -----------------------------------------------------
 
-    def _dist(self, dist: object, site_dir: str) -> tuple[list[Issue], tuple[str, ...]]:
-        files = record_files(dist.meta_dir, site_dir, self.budget)  # type: ignore[attr-defined]
+    def _dist(self, dist: Dist, site_dir: str) -> tuple[list[Issue], tuple[str, ...]]:
+        files = record_files(self._host(dist.meta_dir), site_dir, self.budget)
         if files is None:
             # No RECORD (egg-info, a hand-made install): walk what it names.
             problems: list[Issue] = []
-            for top in dist.top_level:  # type: ignore[attr-defined]
+            for top in dist.top_level:
                 path = f"{site_dir.rstrip('/')}/{top}"
                 if fsprobe.isdir(path):
                     problems += self._tree(path, top)
-            return problems, tuple(dist.top_level)  # type: ignore[attr-defined]
-        found = classify(files.shared, site_dir, self.suffixes, files.sources)
+            return problems, tuple(dist.top_level)
+        # RECORD says where compiled files are; the directories themselves say
+        # what is there now: one site dir filled from two machines keeps the
+        # files of both, while RECORD lists only the last install's.
+        shared: list[str] = []
+        sources: set[str] = set()
+        for directory in sorted({p.rsplit("/", 1)[0] for p in files.shared}):
+            for name in _listdir(self._host(directory)):
+                if ".so" in name:
+                    shared.append(f"{directory}/{name}")
+                elif name.endswith(".py"):
+                    sources.add(f"{directory}/{name[:-3]}")
+        found = classify(shared, site_dir, self.suffixes, sources)
         return self._loadables(found), files.entries
+
+    def _host(self, path: str) -> str:
+        return self.judge.process.searcher.to_host(path)
 
     def _loadables(self, found: Loadables) -> list[Issue]:
         out: list[Issue] = []
@@ -269,15 +316,17 @@ class Environment:
         """A package directory no RECORD describes, walked."""
         from .finder import package_extensions
 
-        modules, foreign = package_extensions(pkg_dir, self.suffixes, self.budget)
+        modules, foreign = package_extensions(pkg_dir, self.suffixes, self.budget,
+                                              node=self.node)
         return self._loadables(Loadables(tuple(modules), (),
                                          tuple((m, tuple(f)) for m, f in foreign)))
 
-    def _unclaimed(self, site_dir: str, claimed: set[str], used: Sequence[str]) -> list[Issue]:
+    def _unclaimed(self, site_dir: str, claimed: set[str], used: Sequence[str]
+                   ) -> list[Group]:
         """Top-level entries of a site directory that no RECORD lists."""
-        out: list[Issue] = []
+        out: list[Group] = []
         base = site_dir.rstrip("/")
-        for name in _listdir(site_dir):
+        for name in _listdir(self._host(site_dir)):
             if name in claimed or name.endswith(_META_SUFFIXES) or name == "__pycache__":
                 continue
             self.budget.tick()
@@ -285,27 +334,23 @@ class Environment:
             top = name.split(".", 1)[0]
             if ".so" in name:
                 problems = self._loadables(classify([path], site_dir, self.suffixes))
-            elif "." not in name and fsprobe.isdir(path):
+            elif "." not in name and fsprobe.isdir(self._host(path)):
                 problems = self._tree(path, name)
             else:
                 continue
-            if not problems:
-                continue
-            if top in used and not self.all_warnings:
-                out += problems
-            else:
-                out.append(self._dist_warning(top, "", path, problems))
+            out.append(Group(f"{top} (no package metadata)", path, top in used,
+                             tuple(problems)))
         return out
 
-    def _special(self, dist: object, site_dir: str) -> list[Issue]:
+    def _special(self, dist: Dist, site_dir: str) -> list[Issue]:
         """Rules of particular distributions the step uses."""
-        name = dist.name  # type: ignore[attr-defined]
+        name = dist.name
         out: list[Issue] = []
         base = site_dir.rstrip("/")
         if name == _TORCH:
             from .torch_build import torch_issues
 
-            out += torch_issues(f"{base}/torch", dist.meta_dir,  # type: ignore[attr-defined]
+            out += torch_issues(f"{base}/torch", dist.meta_dir,
                                 self.env, self.node, cuda_index=self.cuda_index,
                                 budget=self.budget)
         elif name == _TORCHCODEC:
@@ -342,17 +387,15 @@ class Environment:
             causes=self.causes(files[0]), facts=facts,
         )
 
-    def _dist_warning(self, name: str, version: str, path: str,
-                      problems: Sequence[Issue]) -> Issue:
+    def _dist_warning(self, label: str, path: str, problems: Sequence[Issue]) -> Issue:
         shown = []
         for p in problems[:5]:
             shown.append(f"{p.path} ({p.rule})")
         more = len(problems) - len(shown)
         detail = "; ".join(shown) + (f"; and {more} more" if more > 0 else "")
-        label = f"{name} {version}".strip()
         return Issue(
             "py-dist-broken", path,
-            f"import {name} would fail: {problems[0].predicted_error}",
+            f"importing {label} would fail: {problems[0].predicted_error}",
             causes=problems[0].causes or self.causes(path),
             facts=(("name", label), ("detail", detail), ("rules", ", ".join(
                 dict.fromkeys(p.rule for p in problems)))),

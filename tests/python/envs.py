@@ -84,7 +84,7 @@ def build_wheel(out_dir: Path, name: str, version: str, files: dict[str, bytes],
                 requires: tuple[str, ...] = (), tag: str = "py3-none-any") -> Path:
     """A real wheel file (zip with dist-info and RECORD) that pip installs."""
     dist_info = f"{name}-{version}.dist-info"
-    meta = [f"Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+    meta = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
     meta += [f"Requires-Dist: {r}" for r in requires]
     content = dict(files)
     content[f"{dist_info}/METADATA"] = ("\n".join(meta) + "\n").encode()

@@ -21,7 +21,7 @@ import pytest
 from .harness import SlurmEnv
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from python import envs  # noqa: E402
+from python import envs
 
 pytestmark = pytest.mark.slurm
 
@@ -123,9 +123,8 @@ def test_clean_python_step_is_cached_and_a_new_package_is_a_miss(slurm: SlurmEnv
     slurm.use("base", f"cache_dir={cache}")
     try:
         hits = []
-        for i in range(2):
-            res, out, records = _step(slurm, python, "import cleanpkg",
-                                      marker=f"py-cache{i}.out")
+        for _ in range(2):  # the same step twice (same arguments)
+            res, out, records = _step(slurm, python, "import cleanpkg", marker="py-cache.out")
             assert res.returncode == 0 and out.exists(), res.stderr
             assert PREFIX not in res.stderr, res.stderr
             hits.append(records[0].get("cache") == "hit")
@@ -137,15 +136,15 @@ def test_clean_python_step_is_cached_and_a_new_package_is_a_miss(slurm: SlurmEnv
         envs.pip_install(envs.build_wheel(tmp_path, "laterpkg", "1.0", {
             "laterpkg/__init__.py": b""}), site)
         subprocess.run(["chmod", "-R", "a+rX", str(root)], check=True)
-        res, out, records = _step(slurm, python, "import cleanpkg", marker="py-cache3.out")
+        res, out, records = _step(slurm, python, "import cleanpkg", marker="py-cache.out")
         assert out.exists() and records[0].get("cache") != "hit"
-        res, out, records = _step(slurm, python, "import cleanpkg", marker="py-cache4.out")
+        res, out, records = _step(slurm, python, "import cleanpkg", marker="py-cache.out")
         assert records[0].get("cache") == "hit"
         # The imported package replaced by pip (same name, new files): a miss.
         envs.pip_install(envs.build_wheel(tmp_path / "v2", "cleanpkg", "1.0", {
             "cleanpkg/__init__.py": b"VALUE = 2\n"}), site)
         subprocess.run(["chmod", "-R", "a+rX", str(root)], check=True)
-        res, out, records = _step(slurm, python, "import cleanpkg", marker="py-cache5.out")
+        res, out, records = _step(slurm, python, "import cleanpkg", marker="py-cache.out")
         assert records[0].get("cache") != "hit"
     finally:
         slurm.use("base")

@@ -192,10 +192,9 @@ class _Model:
                     search_dir = next((val for key, val in cfg_pairs(data) if key == "home"),
                                       None)
                     break
+        self.search_origin = "pyvenv.cfg" if search_dir is not None else "prefix"
         if search_dir is None:
             search_dir = os.path.dirname(self.interp.real)
-        self.search_origin = "pyvenv.cfg" if search_dir != os.path.dirname(
-            self.interp.real) else "prefix"
         if platlibdir is None:
             platlibdir = self.guess_platlibdir(home, search_dir)
         self.platlibdir = platlibdir
@@ -420,6 +419,17 @@ class _Model:
         cmd = self.command
         if cmd.kind == "none":
             return
+        if cmd.kind == "script":
+            script = cmd.value
+            full = script if script.startswith("/") else (
+                self.cwd.rstrip("/") + "/" + script)
+            if self.is_importable_main(full):
+                # a directory or zip with __main__ is its own sys.path[0],
+                # even under -I/-P (pymain_run_python adds the importer's
+                # path first); as given before 3.9, made absolute after
+                p = script if v < (3, 9) else full
+                self.entries.insert(0, PathEntry(p, "script-dir", script, is_system(p)))
+                return
         if self.flags.isolated:
             return
         if v >= (3, 11) and (self.flags.safe_path or self.getenv("PYTHONSAFEPATH")):
@@ -430,15 +440,7 @@ class _Model:
         elif cmd.kind == "module":
             entry = PathEntry(self.cwd, "cwd", "-m", is_system(self.cwd))
         else:
-            script = cmd.value
-            full = script if script.startswith("/") else (
-                self.cwd.rstrip("/") + "/" + script)
-            if self.is_importable_main(full):
-                # a directory or zip with __main__: it is its own sys.path[0],
-                # as given (3.9+: made absolute, not normalised)
-                p = script if v < (3, 9) else full
-            else:
-                p = os.path.dirname(node_realpath(self.node, full))
+            p = os.path.dirname(node_realpath(self.node, full))
             entry = PathEntry(p, "script-dir", script, is_system(p))
         self.entries.insert(0, entry)
 

@@ -114,22 +114,33 @@ def _read_head(host: str, budget: Budget, limit: int = MAX_META_BYTES) -> str | 
     return b"".join(chunks).decode("utf-8", "surrogateescape")
 
 
+_WANTED = frozenset({"name", "version", "requires-dist"})
+
+
 def _headers(text: str) -> dict[str, list[str]]:
-    """RFC 822-style headers up to the first blank line (METADATA, PKG-INFO)."""
+    """The headers this module uses (Name, Version, Requires-Dist) up to the
+    first blank line of METADATA / PKG-INFO (RFC 822 style: a line starting
+    with whitespace continues the previous header, even when blank)."""
     out: dict[str, list[str]] = {}
     last: list[str] | None = None
     for line in text.splitlines():
-        if line[:1] in (" ", "\t"):       # a continuation, even when blank
-            if last:
+        first = line[:1]
+        if first == " " or first == "\t":
+            if last is not None:
                 last[-1] += " " + line.strip()
             continue
         if not line:
             break
+        last = None
+        if first not in "NnVvRr":
+            continue
         key, colon, value = line.partition(":")
         if not colon:
             continue
-        last = out.setdefault(key.strip().lower(), [])
-        last.append(value.strip())
+        key = key.strip().lower()
+        if key in _WANTED:
+            last = out.setdefault(key, [])
+            last.append(value.strip())
     return out
 
 
@@ -184,9 +195,17 @@ def _top_name(rel: str) -> str | None:
 
 
 def _top_from_paths(paths: Iterable[str]) -> tuple[str, ...]:
-    found: dict[str, None] = {}
+    """Import names provided by site-relative paths. A RECORD has thousands of
+    lines and a handful of distinct first components: reduce first."""
+    firsts: dict[tuple[str, bool], None] = {}
     for rel in paths:
-        name = _top_name(os.path.normpath(rel) if rel else rel)
+        if rel.startswith("./") or "/./" in rel or "//" in rel or "/../" in rel:
+            rel = os.path.normpath(rel)
+        first, slash, _ = rel.partition("/")
+        firsts[(first, bool(slash))] = None
+    found: dict[str, None] = {}
+    for first, slash in firsts:
+        name = _top_name(first + "/x" if slash else first)
         if name:
             found[name] = None
     return tuple(found)

@@ -307,3 +307,35 @@ def test_dist_is_a_record() -> None:
     assert d == Dist(name="a", version="1", meta_dir="/s/a-1.dist-info", site_dir="/s",
                      top_level=("a",), requires=())
     assert hash(d) == hash(d)
+
+
+def test_hostile_site(tmp_path: Path) -> None:
+    s = tmp_path / "site"
+    s.mkdir()
+    (s / "loop-1.dist-info").symlink_to(s / "loop-1.dist-info")
+    big = s / "big-1.dist-info"
+    write(big / "METADATA", "Name: big\nVersion: 1\n" + "Classifier: x\n" * 300_000)  # 4 MB
+    write(big / "RECORD", '"unterminated,\n\0\0,\n' + "a" * 100_000 + ",,\n,,\n\"q\"\"x\",,\n")
+    odd = s / os.fsdecode(b"odd\xff-2.dist-info")
+    odd.mkdir()
+    (odd / "METADATA").write_bytes(b"Name: odd\xff\nVersion: 2\n")     # not UTF-8
+    write(s / "dangling-3.dist-info" / "RECORD", "dangling/__init__.py,,\n")
+    (s / "dangling-3.dist-info" / "METADATA").symlink_to(tmp_path / "nowhere")
+    write(s / "notmeta.dist-infox", "")
+    b = budget()
+    dists = {d.name: d for d in dists_in(str(s), ARM, (3, 11), b)}
+    assert dists["big"].version == "1"
+    assert b.bytes_read < 1024 * 1024     # headers and a RECORD: the 4 MB body is never read
+    assert set(dists) == {"loop", "big", normalize(os.fsdecode(b"odd\xff")), "dangling"}
+    assert dists["dangling"].top_level == ("dangling",)
+    assert dists_in(str(tmp_path / "absent"), ARM, (3, 11), budget()) == ()
+    assert dists_in(str(big / "METADATA"), ARM, (3, 11), budget()) == ()
+
+
+def test_budget_stops_a_huge_site(tmp_path: Path) -> None:
+    s = tmp_path / "site"
+    for i in range(30):
+        write(s / f"p{i}-1.dist-info" / "METADATA", f"Name: p{i}\nVersion: 1\n")
+    from grace_policy.budget import BudgetExceeded
+    with pytest.raises(BudgetExceeded):
+        dists_in(str(s), ARM, (3, 11), Budget(deadline_ms=60_000, max_files=10))

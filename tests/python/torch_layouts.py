@@ -153,3 +153,36 @@ def install_torch(site: Path, *, version_py: str | None, libs: tuple[str, ...] |
 
 def copy_tree(src: Path, dest: Path) -> None:
     shutil.copytree(src, dest, dirs_exist_ok=True)
+
+
+#: The smallest torchcodec with aarch64 wheels (field notes §8: none before
+#: 0.11): a CUDA 13 build with libtorchcodec_core{4..8}.so, 2.4 MB.
+TORCHCODEC_WHEEL = ("torchcodec==0.11.0", "manylinux_2_28_aarch64", "3.11",
+                    "5562c28dce8114597116f0884908745c29ce401e4a9d0ae46853cbcd858d4f52")
+
+
+def _fetch_torchcodec() -> Path:
+    requirement, platform, python, sha = TORCHCODEC_WHEEL
+
+    def build(work: Path) -> Path:
+        _run(["python3", "-m", "pip", "download", "-q", "--only-binary=:all:", "--no-deps",
+              "--platform", platform, "--python-version", python, "--implementation", "cp",
+              "--timeout", str(NET_TIMEOUT), "-d", str(work / "dl"), requirement])
+        wheels = sorted((work / "dl").glob("*.whl"))
+        if len(wheels) != 1:
+            raise CorpusUnavailable(f"pip download gave {len(wheels)} wheels for {requirement}")
+        got = _sha256(wheels[0])
+        if got != sha:
+            raise CorpusUnavailable(f"{wheels[0].name}: sha256 {got}, pinned {sha}")
+        out = work / "site-packages"
+        with zipfile.ZipFile(wheels[0]) as zf:
+            zf.extractall(out)
+        return out
+
+    return _cached_tree("torchcodec-aarch64-wheel",
+                        {"wheel": requirement, "platform": platform, "sha256": sha}, build)
+
+
+def torchcodec_site() -> Path:
+    """A site-packages holding the real torchcodec 0.11.0 aarch64 wheel, unpacked."""
+    return _or_skip("torchcodec-wheel", _fetch_torchcodec)

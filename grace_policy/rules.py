@@ -39,6 +39,9 @@ RULE_IDS = (
     "py-ext-foreign",
     "py-dist-broken",
     "check-limit",
+    "torch-cpu-only",
+    "torchcodec-no-ffmpeg",
+    "jit-cache-foreign",
 )
 
 #: Causes the checks may put in ``Issue.causes``, most specific first.
@@ -79,6 +82,16 @@ TEMPLATE_FIELDS = frozenset(
         "detail",
         "limit",
         "error",
+        # Python steps (issue 8): torch, torchcodec, JIT caches.
+        "version",
+        "pin",
+        "gpus",
+        "cuda_index",
+        "index_note",
+        "majors",
+        "missing",
+        "count",
+        "files",
     }
 )
 

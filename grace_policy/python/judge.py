@@ -46,11 +46,17 @@ class Judge:
         self.extra = extra
         self._seen: set[str] = set()
 
-    def file(self, path: str, *, module: str = "", required: bool = True) -> list[Issue]:
+    def file(self, path: str, *, module: str = "", required: bool = True,
+             deps: bool = True) -> list[Issue]:
         """Issues of ``path`` and what it loads. ``module``: the dotted name
         the file is imported as ("" for a library loaded with ctypes).
         ``required``: a file that is not ELF is a problem (an extension
-        module) rather than something to pass over (a stray ``.so`` name)."""
+        module) rather than something to pass over (a stray ``.so`` name).
+        ``deps``: resolve what it needs too. A library a package loads
+        itself, if and when it chooses (torchcodec tries one core per FFmpeg
+        major; torch loads its CUDA parts only on GPUs), is judged for
+        architecture and layout only: a missing dependency of one is no
+        certain failure."""
         key = os.path.normpath(path)
         if key in self._seen:
             return []
@@ -80,6 +86,8 @@ class Judge:
         if self.extra is not None:
             issues += [self._own(i, path, via)
                        for i in self.extra(path, info, node, self.budget)]
+        if not deps:
+            return issues
         tree = self.process.dlopen(path, info)
         for obj in tree.objects[1:]:
             # RUNPATH $ORIGIN/../PKG.libs gives paths with "..": one file, one finding.

@@ -177,9 +177,15 @@ class Environment:
         their rules' severities, one ``py-dist-broken`` warning per other
         broken distribution."""
         out: list[Issue] = []
+        seen: set[tuple[str, str]] = set()
         for group in self.groups(used_names):
             if group.used and not self.all_warnings:
-                out += group.issues
+                # A file reached two ways (a RECORD-less site entry that is
+                # also the imported name) is one finding.
+                for issue in group.issues:
+                    if (issue.rule, issue.path) not in seen:
+                        seen.add((issue.rule, issue.path))
+                        out.append(issue)
             elif group.issues:
                 out.append(self._dist_warning(group.label, group.path, group.issues))
         return out
@@ -298,28 +304,27 @@ class Environment:
         for module, path in found.modules:
             out += self.judge.file(path, module=module)
         for path in found.libraries:
-            out += self.judge.file(path, required=False)
-        if found.foreign and not found.modules:
-            # Every compiled module is another platform's build: the package
-            # was installed by another interpreter and its import fails
-            # (unless it falls back to pure Python, which few packages do).
-            module, files = found.foreign[0]
-            out.append(self._foreign_issue(module, [f for _m, fs in found.foreign for f in fs]))
-        else:
-            # Some modules lack a build for this node: optional speedups are
-            # often imported inside try/except, so this alone rejects nothing.
-            for module, files in found.foreign:
-                out.append(self._foreign_issue(module, files, optional=True))
+            out += self.judge.file(path, required=False, deps=False)
+        for module, files in found.foreign:
+            # A submodule without a build for this node is a failure only if
+            # the package has no pure-Python fallback, which the files cannot
+            # tell (PyYAML, MarkupSafe and msgpack fall back; numpy does not):
+            # a warning. A top-level module is imported by name: certain.
+            out.append(self._foreign_issue(module, files, optional="." in module))
         return out
 
     def _tree(self, pkg_dir: str, top: str) -> list[Issue]:
         """A package directory no RECORD describes, walked."""
         from .finder import package_extensions
 
+        from .contents import is_library
+
         modules, foreign = package_extensions(pkg_dir, self.suffixes, self.budget,
                                               node=self.node)
-        return self._loadables(Loadables(tuple(modules), (),
-                                         tuple((m, tuple(f)) for m, f in foreign)))
+        libraries = tuple(p for _m, p in modules if is_library(os.path.basename(p)))
+        return self._loadables(Loadables(
+            tuple((m, p) for m, p in modules if p not in libraries), libraries,
+            tuple((m, tuple(f)) for m, f in foreign)))
 
     def _unclaimed(self, site_dir: str, claimed: set[str], used: Sequence[str]
                    ) -> list[Group]:

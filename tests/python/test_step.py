@@ -132,9 +132,41 @@ def test_module_only_built_for_another_platform_is_not_found(
                                 "_core.cpython-38-x86_64-linux-gnu.so"), site)
     verdict = _decide([grace_venv, "-c", "import tagged"], tmp_path)
     (finding,) = [f for f in verdict.findings if f.rule == "py-ext-foreign"]
-    assert finding.severity == "error"
-    assert "ModuleNotFoundError" in finding.predicted_error
+    # A submodule: the package may fall back to pure Python (files cannot tell).
+    assert finding.severity == "warning" and verdict.action == "warn"
+    assert "ModuleNotFoundError: No module named 'tagged._core'" in finding.predicted_error
     assert "x86_64" in finding.predicted_error
+    # A top-level extension module that exists only for x86_64: certain.
+    so = elf_builder.compile("int f(void) { return 1; }\n", "x/fastjson.so", shared=True)
+    (site / "fastjson.cpython-38-x86_64-linux-gnu.so").write_bytes(so.read_bytes())
+    verdict = _decide([grace_venv, "-c", "import fastjson"], tmp_path)
+    (finding,) = [f for f in verdict.findings if f.rule == "py-ext-foreign"]
+    assert finding.severity == "error" and verdict.action == "reject"
+
+
+@pytest.mark.network
+def test_user_site_filled_on_the_x86_64_login_node(elf_builder: ElfBuilder,
+                                                   tmp_path: Path) -> None:
+    # pip install --user on the login node: ~/.local is shared with the node.
+    base = envs.base_python(elf_builder, "base311", "3.11")
+    home = tmp_path / "home"
+    user_site = home / ".local" / "lib" / "python3.11" / "site-packages"
+    user_site.mkdir(parents=True)
+    envs.copy_site(wheel_site("bcrypt-4.1.2-abi3-x86_64"), user_site)
+    envs.copy_site(wheel_site("markupsafe-2.1.5-x86_64"), user_site)
+    env = {"HOME": str(home)}
+    verdict = _decide([base, "-c", "import bcrypt"], tmp_path, env=env)
+    assert verdict.action == "reject"
+    (finding,) = [f for f in verdict.findings if f.rule == "py-ext-arch"]
+    assert finding.path.endswith("bcrypt/_bcrypt.abi3.so")
+    assert "~/.local" in finding.remediation and "x86_64" in finding.remediation
+    # MarkupSafe's speedups exist only as an x86_64 build; it falls back to
+    # pure Python, so this is a warning, not a rejection.
+    verdict = _decide([base, "-c", "import markupsafe"], tmp_path, env=env)
+    assert verdict.action == "warn", verdict.findings
+    assert {f.rule for f in verdict.findings} == {"py-ext-foreign", "py-dist-broken"}
+    # -s (no user site): nothing from ~/.local is imported or judged.
+    assert _decide([base, "-s", "-c", "import bcrypt"], tmp_path, env=env).action == "allow"
 
 
 def test_native_build_next_to_a_foreign_one_is_fine(grace_venv: Path, elf_builder: ElfBuilder,
@@ -165,3 +197,27 @@ def test_pythonpath_dir_of_another_machine(grace_venv: Path, elf_builder: ElfBui
     # -E: PYTHONPATH is ignored, so mylib is not even found: nothing to judge.
     assert _decide([grace_venv, "-E", "-c", "import mylib"], tmp_path,
                    env={"PYTHONPATH": str(shared)}).action == "allow"
+
+
+def test_cpu_only_torch_on_a_gpu_step_is_warned_with_the_partition_index(
+        grace_venv: Path, tmp_path: Path) -> None:
+    from python import torch_layouts
+
+    from grace_policy.policy import PartitionPolicy
+
+    site = envs.site_packages(grace_venv.parent.parent)
+    cpu = torch_layouts.cpu_files()
+    torch_layouts.copy_tree(cpu, site)
+    policy = Policy(partitions=(PartitionPolicy(name="gb200", cuda_index="cu130"),))
+
+    def judge(env: dict[str, str]):
+        return decide(policy, partition="gb200", argv=[str(grace_venv), "-c", "import torch"],
+                      env={"PATH": "/usr/bin", "HOME": str(tmp_path), **env},
+                      cwd=str(tmp_path), node=GRACE)
+
+    gpu = judge({"SLURM_GPUS_ON_NODE": "4"})
+    (finding,) = [f for f in gpu.findings if f.rule == "torch-cpu-only"]
+    assert finding.severity == "warning" and gpu.action == "warn"
+    assert "cu130" in finding.remediation
+    # No GPUs asked for: a CPU build is what the step needs.
+    assert not [f for f in judge({}).findings if f.rule == "torch-cpu-only"]

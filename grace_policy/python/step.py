@@ -315,9 +315,8 @@ class Environment:
 
     def _tree(self, pkg_dir: str, top: str) -> list[Issue]:
         """A package directory no RECORD describes, walked."""
-        from .finder import package_extensions
-
         from .contents import is_library
+        from .finder import package_extensions
 
         modules, foreign = package_extensions(pkg_dir, self.suffixes, self.budget,
                                               node=self.node)

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 from fixtures.build import ElfBuilder
-from python import envs
-from python.wheels import wheel_site
 
 from grace_policy.decide import decide
 from grace_policy.node import NodeProfile
 from grace_policy.policy import Policy
+from python import envs
+from python.wheels import wheel_site
 
 pytestmark = pytest.mark.cross
 
@@ -201,9 +201,8 @@ def test_pythonpath_dir_of_another_machine(grace_venv: Path, elf_builder: ElfBui
 
 def test_cpu_only_torch_on_a_gpu_step_is_warned_with_the_partition_index(
         grace_venv: Path, tmp_path: Path) -> None:
-    from python import torch_layouts
-
     from grace_policy.policy import PartitionPolicy
+    from python import torch_layouts
 
     site = envs.site_packages(grace_venv.parent.parent)
     cpu = torch_layouts.cpu_files()

@@ -342,8 +342,9 @@ class Environment:
                 problems = self._tree(path, name)
             else:
                 continue
-            out.append(Group(f"{top} (no package metadata)", path, top in used,
-                             tuple(problems)))
+            if problems:  # a directory of data or scripts is nothing to report
+                out.append(Group(f"{top} (no package metadata)", path, top in used,
+                                 tuple(problems)))
         return out
 
     def _special(self, dist: Dist, site_dir: str) -> list[Issue]:
@@ -404,3 +405,36 @@ class Environment:
             facts=(("name", label), ("detail", detail), ("rules", ", ".join(
                 dict.fromkeys(p.rule for p in problems)))),
         )
+
+
+def environment_report(python: str, env: Mapping[str, str], cwd: str, node: NodeProfile,
+                       budget: Budget, *, imports: Sequence[str] = (),
+                       cuda_index: str | None = None
+                       ) -> tuple[list[Issue], list[Group] | None]:
+    """Everything an environment's interpreter would meet on ``node``, for a
+    user asking from the login node: the interpreter's own issues, and every
+    group of its environment (``None`` when ``python`` is no CPython or cannot
+    run there). ``imports``: the modules the user's program imports, marked
+    as used; every group is judged either way."""
+    from ..causes import path_causes
+    from ..check import check_elf
+    from .interp import PyCommand, PyFlags, identify
+    from .sitepath import sys_path
+
+    def causes(path: str) -> tuple[str, ...]:
+        return path_causes(path, env)
+
+    issues: list[Issue] = []
+    kept: dict[str, object] = {}
+    check_elf(python, env, cwd, node, budget, issues, causes, via_script=None, keep=kept)
+    process = kept.get("process")
+    if not isinstance(process, Process) or any(
+            i.rule in ("exe-arch-mismatch", "elf-invalid", "interp-missing") for i in issues):
+        return issues, None
+    interp = identify(python, process.main.info, node, budget)
+    if interp is None:
+        return issues, None
+    paths = sys_path(interp, PyFlags(), PyCommand("stdin", ""), env, cwd, node, budget)
+    groups = Environment(interp.version, paths, process, env, cwd, node, budget, causes,
+                         cuda_index=cuda_index).groups(imports)
+    return issues, groups

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 from fixtures.build import ElfBuilder
-from python import envs
-from python.wheels import wheel_site
 
 from grace_policy.cli.main import main
+from python import envs
+from python.wheels import wheel_site
 
 pytestmark = pytest.mark.cross
 

@@ -100,6 +100,8 @@ def python_issues(exe: str, info: ElfInfo, process: Process, hops: Sequence[Hop]
 
     interp = identify(exe, info, node, budget)
     if interp is None:
+        if os.path.basename(exe) in _SHELLS:
+            return shell_env_issues(env, cwd, node, budget, causes, cuda_index=cuda_index)
         return []
     args = interpreter_args(hops, argv)
     _note_inputs(argv[1:] if len(hops) < 2 else args, env)
@@ -115,6 +117,46 @@ def python_issues(exe: str, info: ElfInfo, process: Process, hops: Sequence[Hop]
                                  budget=budget)
     return Environment(interp.version, paths, process, env, cwd, node, budget, causes,
                        cuda_index=cuda_index).issues(used_names)
+
+
+#: Programs whose steps usually start Python from the environment they inherit.
+_SHELLS = frozenset({"bash", "sh", "dash", "zsh", "ksh", "mksh", "tcsh", "csh", "fish"})
+
+
+def shell_env_issues(env: Mapping[str, str], cwd: str, node: NodeProfile, budget: Budget,
+                     causes: Causes, *, cuda_index: str | None = None) -> list[Issue]:
+    """A shell step (``bash job.sh``) that keeps a user environment active (a
+    native ``VIRTUAL_ENV``/``CONDA_PREFIX``, or the first ``python3`` of its
+    PATH in a user environment) will most likely run that Python: its
+    environment is judged, and everything found is a warning, since which
+    modules the script's python imports is not known."""
+    from ..elf import ElfError, read_elf
+    from ..launch import which
+    from ..node import node_owns
+    from .interp import PyCommand, PyFlags, identify
+    from .sitepath import sys_path
+
+    candidates = [f"{env[v].rstrip('/')}/bin/python" for v in ("VIRTUAL_ENV", "CONDA_PREFIX")
+                  if env.get(v, "").startswith("/")]
+    first = which("python3", env.get("PATH"), cwd, budget)
+    if first is not None and not node_owns(first):
+        candidates.append(first)
+    for python in candidates:
+        budget.tick()
+        try:
+            info = read_elf(python, budget=budget)
+        except (ElfError, OSError):
+            continue
+        if info.machine != node.machine_number or info.elf_class != node.elf_class:
+            continue  # another machine's env: the env-leak rule speaks for it
+        process = Process(python, info, node, env, cwd=cwd, budget=budget)
+        interp = identify(python, info, node, budget)
+        if interp is None:
+            continue
+        paths = sys_path(interp, PyFlags(), PyCommand("stdin", ""), env, cwd, node, budget)
+        return Environment(interp.version, paths, process, env, cwd, node, budget, causes,
+                           cuda_index=cuda_index, all_warnings=True).issues(())
+    return []
 
 
 def _listdir(path: str) -> list[str]:

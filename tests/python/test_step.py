@@ -220,3 +220,27 @@ def test_cpu_only_torch_on_a_gpu_step_is_warned_with_the_partition_index(
     assert "cu130" in finding.remediation
     # No GPUs asked for: a CPU build is what the step needs.
     assert not [f for f in judge({}).findings if f.rule == "torch-cpu-only"]
+
+
+def test_shell_step_in_an_active_env_gets_it_judged_as_warnings(
+        elf_builder: ElfBuilder, tmp_path: Path) -> None:
+    # An aarch64 shell stand-in and a venv with a foreign module, as seen on
+    # Grace: bash job.sh with VIRTUAL_ENV set by 'source venv/bin/activate'.
+    base = envs.base_python(elf_builder, "base", "3.8")
+    venv = tmp_path / "venv"
+    envs.make_venv(base, venv)
+    site = envs.site_packages(venv)
+    envs.pip_install(_ext_wheel(elf_builder, tmp_path, "fastthing", "x86_64",
+                                "_core.abi3.so"), site)
+    shell = elf_builder.compile("int main(void) { return 0; }\n", "sbin/bash", arch="aarch64",
+                                page_size=65536)
+    script = tmp_path / "job.sh"
+    script.write_text(f"#!{shell}\npython -c 'import fastthing'\n")
+    script.chmod(0o755)
+    env = {"VIRTUAL_ENV": str(venv), "PATH": f"{venv}/bin:/usr/bin"}
+    verdict = _decide([script], tmp_path, env=env)
+    assert verdict.action == "warn", verdict.findings
+    assert [f.rule for f in verdict.findings] == ["py-dist-broken"]
+    assert "fastthing" in verdict.findings[0].remediation
+    # Without an active environment the shell step is what it was.
+    assert _decide([script], tmp_path).action == "allow"

@@ -244,3 +244,24 @@ def test_shell_step_in_an_active_env_gets_it_judged_as_warnings(
     assert "fastthing" in verdict.findings[0].remediation
     # Without an active environment the shell step is what it was.
     assert _decide([script], tmp_path).action == "allow"
+
+
+@pytest.mark.network
+def test_a_huge_environment_ends_in_check_limit_never_a_hang(grace_venv: Path,
+                                                             tmp_path: Path) -> None:
+    from grace_policy.budget import Budget
+    from grace_policy.check import check_step
+
+    py = _with(grace_venv, "numpy-1.19.0-aarch64")
+    env = {"PATH": "/usr/bin", "HOME": str(tmp_path)}
+    for budget in (Budget(max_files=12), Budget(max_bytes=200_000), Budget(deadline_ms=0)):
+        report = check_step([str(py), "-c", "import numpy"], env, str(tmp_path), GRACE,
+                            budget=budget)
+        assert report.limit is not None, budget
+    # And decide() turns that into check-limit under the site's on_error.
+    from grace_policy.policy import Limits
+
+    verdict = decide(Policy(limits=Limits(max_files=12)), partition=None,
+                     argv=[str(py), "-c", "import numpy"], env=env, cwd=str(tmp_path),
+                     node=GRACE)
+    assert "check-limit" in verdict.rule_ids

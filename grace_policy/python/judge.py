@@ -61,6 +61,7 @@ class Judge:
         if key in self._seen:
             return []
         self._seen.add(key)
+        self.budget.take_file()
         via = "ImportError" if module else "OSError"
         try:
             info = read_elf(self.process.searcher.to_host(path), budget=self.budget)

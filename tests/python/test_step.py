@@ -254,7 +254,7 @@ def test_a_huge_environment_ends_in_check_limit_never_a_hang(grace_venv: Path,
 
     py = _with(grace_venv, "numpy-1.19.0-aarch64")
     env = {"PATH": "/usr/bin", "HOME": str(tmp_path)}
-    for budget in (Budget(max_files=12), Budget(max_bytes=200_000), Budget(deadline_ms=0)):
+    for budget in (Budget(max_files=12), Budget(max_bytes=50_000), Budget(deadline_ms=0)):
         report = check_step([str(py), "-c", "import numpy"], env, str(tmp_path), GRACE,
                             budget=budget)
         assert report.limit is not None, budget

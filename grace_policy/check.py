@@ -25,6 +25,7 @@ from .launch import Hop, build_path, c_string, follow
 from .layout import page_issues
 from .loader import LoadTree, resolve
 from .node import NodeProfile, is_system_path, node_owns
+from .pagecode import compiled_page_issues
 
 #: Variables the check itself reads, besides the policy's env-leak names.
 _READ_VARS = ("PATH", "LD_LIBRARY_PATH", "HOME")
@@ -212,7 +213,9 @@ def check_elf(path: str, env: Mapping[str, str], cwd: str, node: NodeProfile, bu
 
     # The executable's own layout first: it is known before the (possibly
     # long) library search, and survives a budget that runs out there.
-    for issue in page_issues(path, info, node, mapped_by_kernel=as_program):
+    for issue in page_issues(path, info, node, mapped_by_kernel=as_program, budget=budget):
+        issues.append(_with_causes(issue, causes(path)))
+    for issue in _code_page_issues(path, info, node, budget):
         issues.append(_with_causes(issue, causes(path)))
 
     tree = resolve(path, info, node, env, cwd=cwd, budget=budget, exec_origin=as_program)
@@ -221,8 +224,12 @@ def check_elf(path: str, env: Mapping[str, str], cwd: str, node: NodeProfile, bu
             continue
         budget.tick()
         kernel = obj.found_via == "interp"
-        for issue in page_issues(obj.path, obj.info, node, mapped_by_kernel=kernel):
+        for issue in page_issues(obj.path, obj.info, node, mapped_by_kernel=kernel,
+                                 budget=budget):
             issues.append(_with_causes(issue, causes(obj.path)))
+        if not kernel:
+            for issue in _code_page_issues(obj.path, obj.info, node, budget):
+                issues.append(_with_causes(issue, causes(obj.path)))
     for miss in tree.missing:
         budget.tick()
         if miss.name == info.interp:
@@ -258,6 +265,16 @@ def check_elf(path: str, env: Mapping[str, str], cwd: str, node: NodeProfile, bu
                    ("detail", fatal.reason)),
         ))
     return tree
+
+
+def _code_page_issues(path: str, info: ElfInfo, node: NodeProfile, budget: Budget
+                      ) -> list[Issue]:
+    """Page sizes compiled into the code of one object (embedded jemalloc).
+    The node's own system files are built for it and are not read: that
+    keeps the rule's reads to what users bring."""
+    if is_system_path(path):
+        return []
+    return compiled_page_issues(path, info, node, budget)
 
 
 def _with_causes(issue: Issue, causes: tuple[str, ...]) -> Issue:

@@ -36,6 +36,8 @@ RULE_IDS = (
     "relro-tail",
     "env-leak",
     "check-limit",
+    "page-size-compiled",
+    "page-bss-clobber",
 )
 
 #: Causes the checks may put in ``Issue.causes``, most specific first.
@@ -74,6 +76,9 @@ TEMPLATE_FIELDS = frozenset(
         "detail",
         "limit",
         "error",
+        "allocator",
+        "compiled_page_kib",
+        "fix_hint",
     }
 )
 

@@ -25,7 +25,6 @@ from .launch import Hop, build_path, c_string, follow
 from .layout import page_issues
 from .loader import LoadTree, resolve
 from .node import NodeProfile, is_system_path, node_owns
-from .pagecode import compiled_page_issues
 
 #: Variables the check itself reads, besides the policy's env-leak names.
 _READ_VARS = ("PATH", "LD_LIBRARY_PATH", "HOME")
@@ -270,10 +269,12 @@ def check_elf(path: str, env: Mapping[str, str], cwd: str, node: NodeProfile, bu
 def _code_page_issues(path: str, info: ElfInfo, node: NodeProfile, budget: Budget
                       ) -> list[Issue]:
     """Page sizes compiled into the code of one object (embedded jemalloc).
-    The node's own system files are built for it and are not read: that
-    keeps the rule's reads to what users bring."""
-    if is_system_path(path):
+    On 4 KiB nodes nothing can be compiled for smaller pages, and the module
+    is not even imported."""
+    if node.page_size <= 4096:
         return []
+    from .pagecode import compiled_page_issues
+
     return compiled_page_issues(path, info, node, budget)
 
 

@@ -42,7 +42,7 @@ from . import a64, fsprobe
 from ._record import dataclass
 from .elf import ELFCLASS64, ELFDATA2LSB, ElfError, ElfInfo, open_regular
 from .findings import Issue
-from .node import NodeProfile
+from .node import NodeProfile, is_system_path
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -257,9 +257,9 @@ def _adrp_before(data: bytes, add_at: int, base: int, page: int) -> int | None:
     return None
 
 
-def _guard_page(f: _File, sec: Section, ref: int) -> int | None:
-    """The page constant of the compare whose branch leads to the block that
-    starts at (or a few instructions before) ``ref``; None unless exactly one."""
+def _guards(f: _File, sec: Section, ref: int) -> set[tuple[int, int]]:
+    """(address, constant) of each compare whose branch leads to the block
+    that starts at (or a few instructions before) ``ref``."""
     start = max(sec.addr, ref - WINDOW)
     end = min(sec.addr + sec.size, ref + WINDOW)
     data = f.read(sec.offset + (start - sec.addr), end - start)
@@ -274,15 +274,15 @@ def _guard_page(f: _File, sec: Section, ref: int) -> int | None:
             break
         block -= 4
         entries.add(block)
-    readings: set[int] = set()
+    readings: set[tuple[int, int]] = set()
     # b.ls just before the block (the block is the fall-through path).
     before = block - 4
     if before >= start:
         br = a64.b_cond(word(before), before)
         if br is not None and br[0] == a64.COND_LS and br[1] > ref:
-            value = _compare_before(word, before, start)
-            if value is not None:
-                readings.add(value)
+            found = _compare_before(word, before, start)
+            if found is not None:
+                readings.add(found)
     # b.hi into the block from anywhere in the window; the compare words
     # are found by their fixed bytes (cmp xN, #imm, lsl #12: 0x40|imm>>6, 0xf1).
     at = data.find(b"\xf1")
@@ -299,20 +299,16 @@ def _guard_page(f: _File, sec: Section, ref: int) -> int | None:
                     br = a64.b_cond(w, pc)
                     if br is not None:
                         if br[0] == a64.COND_HI and br[1] in entries:
-                            readings.add(cmp[1])
+                            readings.add((addr, cmp[1]))
                         break
                     if a64.sets_flags(w) or a64.is_branch(w):
                         break
         at = data.find(b"\xf1", at + 1)
-    if len(readings) != 1:
-        return None
-    value = readings.pop()
-    if value < SMALLEST_PAGE or value & (value - 1):
-        return None
-    return value
+    return readings
 
 
-def _compare_before(word, branch_at: int, start: int) -> int | None:  # type: ignore[no-untyped-def]
+def _compare_before(word, branch_at: int, start: int  # type: ignore[no-untyped-def]
+                    ) -> tuple[int, int] | None:
     for k in range(1, 4):
         pc = branch_at - 4 * k
         if pc < start:
@@ -320,7 +316,7 @@ def _compare_before(word, branch_at: int, start: int) -> int | None:  # type: ig
         w = word(pc)
         cmp = a64.cmp_imm(w)
         if cmp is not None:
-            return cmp[1]
+            return pc, cmp[1]
         if a64.sets_flags(w) or a64.is_branch(w):
             return None
     return None
@@ -356,26 +352,59 @@ def read_compiled_page(path: str, budget: Budget | None = None) -> int | None:
     return value if value >= 0 else None
 
 
+@dataclass(frozen=True)
+class Reading:
+    """What the code scan saw in one file (for tests and ``inspect``)."""
+
+    #: Compiled page size; 0: no jemalloc message; -1: not readable with certainty.
+    page: int
+    #: Virtual address of the message, None when absent.
+    message: int | None = None
+    #: Addresses of the ``adrp`` instructions that build its address.
+    refs: tuple[int, ...] = ()
+    #: (address, constant) of the compares guarding those blocks.
+    compares: tuple[tuple[int, int], ...] = ()
+
+
 def _read(f: _File) -> int:
+    return scan(f).page
+
+
+def scan(f: _File) -> Reading:
+    unsure = Reading(-1)
     if f.size < 64:
-        return -1
+        return unsure
     ident = f.read(0, 20)
     if (ident[:4] != b"\x7fELF" or ident[4] != ELFCLASS64 or ident[5] != ELFDATA2LSB
             or int.from_bytes(ident[18:20], "little") != EM_AARCH64):
-        return -1
+        return unsure
     secs = sections(f)
     if not secs:
-        return -1
+        return unsure
     if not _imports_sysconf(f, secs):
-        return 0
+        return Reading(0)
     target = _find_message(f, secs)
     if target is None:
-        return 0
-    pages = {_guard_page(f, sec, ref) for sec, ref in _xrefs(f, secs, target)}
-    if len(pages) != 1:
-        return -1
-    page = pages.pop()
-    return page if page is not None else -1
+        return Reading(0)
+    refs = _xrefs(f, secs, target)
+    compares: set[tuple[int, int]] = set()
+    for sec, ref in refs:
+        compares |= _guards(f, sec, ref)
+    values = {value for _addr, value in compares}
+    page = values.pop() if len(values) == 1 else -1
+    if page < SMALLEST_PAGE or page & (page - 1):
+        page = -1
+    return Reading(page, target, tuple(sorted(ref for _s, ref in refs)),
+                   tuple(sorted(compares)))
+
+
+def inspect_file(path: str) -> Reading:
+    """:func:`scan` of ``path`` without budget or cache (tests, ``inspect``)."""
+    fd, st = open_regular(path)
+    try:
+        return scan(_File(fd, st.st_size, None))
+    finally:
+        os.close(fd)
 
 
 def _package(path: str) -> str | None:
@@ -394,11 +423,14 @@ def compiled_page_issues(path: str, info: ElfInfo, node: NodeProfile,
     or Python extension module) on ``node``, or nothing.
 
     Never raises for bad files; only the budget's own ``BudgetExceeded``
-    (deadline) propagates, as in every other check.
+    (deadline) propagates, as in every other check. The node's own system
+    files (:func:`~grace_policy.node.is_system_path`) are built for it and
+    are not read, which keeps the rule's reads to what users bring.
     """
     page = node.page_size
     if (page <= SMALLEST_PAGE or info.machine != EM_AARCH64 or info.elf_class != ELFCLASS64
-            or info.data != ELFDATA2LSB or node.machine != "aarch64"):
+            or info.data != ELFDATA2LSB or node.machine != "aarch64"
+            or is_system_path(path)):
         return []
     compiled = read_compiled_page(path, budget)
     if not compiled or compiled >= page:

@@ -67,6 +67,11 @@ MAX_SECTIONS = 65535
 LOOKBACK = 8
 #: Bytes of code around the message's block searched for the guarding compare.
 WINDOW = 64 * 1024
+#: Candidate ``add`` words looked at, and references followed, per file: a
+#: real build has a few hundred and one; past these the file is crafted or
+#: unusual, and the reading gives up (silence) instead of taking long.
+MAX_CANDIDATES = 20_000
+MAX_REFS = 4
 #: Per-process memory of readings: identity -> compiled page (0: no jemalloc
 #: message, -1: present but not readable).
 _known: dict[tuple[int, int, int, int], int] = {}
@@ -192,6 +197,10 @@ class _TooDear(Exception):
     """Reading what the rule needs would take too much of the budget."""
 
 
+class _Unusual(Exception):
+    """The code does not look like a build: stop, the reading is unsure."""
+
+
 def _xrefs(f: _File, secs: list[Section], target: int) -> list[tuple[Section, int]]:
     """(section, address of the ``adrp``) of each ``adrp``+``add`` pair that
     computes ``target``, found by the ``add``'s fixed bytes."""
@@ -213,6 +222,7 @@ def _scan(f: _File, code: list[Section], needles: list[bytes], page: int
           ) -> list[tuple[Section, int]]:
     found: dict[int, Section] = {}
     back = 4 * LOOKBACK
+    seen = 0
     for s in code:
         pos = 0
         while pos < s.size:
@@ -226,6 +236,9 @@ def _scan(f: _File, code: list[Section], needles: list[bytes], page: int
                 at = data.find(needle, lead)
                 while at >= 0:
                     word_at = at - 1
+                    seen += 1
+                    if seen > MAX_CANDIDATES or len(found) > MAX_REFS:
+                        raise _Unusual
                     if word_at % 4 == 0:
                         ref = _adrp_before(data, word_at, base, page)
                         if ref is not None:
@@ -342,7 +355,7 @@ def read_compiled_page(path: str, budget: Budget | None = None) -> int | None:
         value = _read(_File(fd, st.st_size, budget))
     except _TooDear:
         return None
-    except (ElfError, OSError, struct.error):
+    except (ElfError, OSError, struct.error, _Unusual):
         value = -1
     finally:
         os.close(fd)
@@ -403,6 +416,8 @@ def inspect_file(path: str) -> Reading:
     fd, st = open_regular(path)
     try:
         return scan(_File(fd, st.st_size, None))
+    except _Unusual:
+        return Reading(-1)
     finally:
         os.close(fd)
 

@@ -366,21 +366,67 @@ def test_message_without_a_readable_guard_is_silent(elf_builder: ElfBuilder,
                                                     have_cross: str) -> None:
     """The message alone (no compare against an immediate guarding it) is no
     reading: here the page constant is in a register, so nothing is said."""
-    source = r"""
-    #include <stdio.h>
-    #include <unistd.h>
-    volatile long limit = 4096;
-    int main(void) {
-        if (sysconf(_SC_PAGESIZE) > limit) {
-            fputs("<jemalloc>: Unsupported system page size\n", stderr);
-            return 1;
-        }
-        return 0;
-    }
-    """
-    exe = elf_builder.compile(source, "bin/regcmp", arch="aarch64")
+    exe = elf_builder.compile(REGISTER_COMPARE, "bin/regcmp", arch="aarch64")
     reading = pagecode.inspect_file(str(exe))
     assert reading.message is not None and reading.refs
     assert reading.page == -1
     info = read_elf(str(exe))
     assert pagecode.compiled_page_issues(str(exe), info, grace()) == []
+
+
+REGISTER_COMPARE = r"""
+#include <stdio.h>
+#include <unistd.h>
+volatile long limit = 4096;
+int main(void) {
+    if (sysconf(_SC_PAGESIZE) > limit) {
+        fputs("<jemalloc>: Unsupported system page size\n", stderr);
+        return 1;
+    }
+    return 0;
+}
+"""
+
+
+@pytest.mark.cross
+def test_code_made_of_candidates_gives_up_instead_of_taking_long(
+        elf_builder: ElfBuilder, have_cross: str) -> None:
+    """A file whose whole .text is the ``add`` that would build the message's
+    address (a crafted file): the scan stops at its candidate cap, unsure."""
+    from elftools.elf.elffile import ELFFile
+
+    exe = elf_builder.compile(REGISTER_COMPARE, "bin/static", arch="aarch64",
+                              extra_flags=("-static",))
+    message = pagecode.inspect_file(str(exe)).message
+    assert message is not None
+    with open(exe, "rb") as fh:
+        text = ELFFile(fh).get_section_by_name(".text")
+        start, size = text["sh_offset"], text["sh_size"]
+    assert size // 4 > pagecode.MAX_CANDIDATES
+    word = (0x91000000 | (message & 0xFFF) << 10).to_bytes(4, "little")  # add x0, x0, #lo
+    data = bytearray(exe.read_bytes())
+    data[start:start + size - size % 4] = word * (size // 4)
+    exe.write_bytes(bytes(data))
+    assert a64.add_imm(int.from_bytes(word, "little")) == (0, 0, message & 0xFFF)
+    assert pagecode.inspect_file(str(exe)).page == -1
+    assert pagecode.read_compiled_page(str(exe), Budget()) is None
+
+
+@pytest.mark.network
+def test_truncated_and_damaged_copies_never_raise(tmp_path: Path) -> None:
+    corpus = wheel_or_skip(POLARS_4K)
+    whole = (corpus.root / "site-packages" / "polars" / "polars.abi3.so").read_bytes()
+    info = read_elf(str(corpus.root / "site-packages" / "polars" / "polars.abi3.so"))
+    for i, cut in enumerate((64, 4096, len(whole) // 3, len(whole) - 4096)):
+        path = tmp_path / f"cut{i}.so"
+        path.write_bytes(whole[:cut])
+        assert pagecode.read_compiled_page(str(path), Budget()) in (None, 0)
+        assert pagecode.compiled_page_issues(str(path), info, grace(), Budget()) == []
+    # Section header fields pointing anywhere: no exception, no reading.
+    for i, (field, value) in enumerate(((0x28, len(whole) - 8), (0x3C, 0xFFFF), (0x3E, 0xFFF0))):
+        data = bytearray(whole)
+        size = 8 if field == 0x28 else 2
+        data[field:field + size] = value.to_bytes(size, "little")
+        path = tmp_path / f"bad{i}.so"
+        path.write_bytes(bytes(data))
+        assert pagecode.read_compiled_page(str(path), Budget()) in (None, 0, K4)

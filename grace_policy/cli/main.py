@@ -26,6 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "inspect": ("main_inspect", "ELF facts and load tree of a file, as a node's loader sees it"),
     "explain": ("main_explain", "what a rule checks and what users are told"),
     "config": ("main_config", "validate (and compile) the site's config"),
+    "report": ("main_report", "what the plugin did, from its audit logs (--json, --metrics)"),
 }
 
 

@@ -4,6 +4,7 @@ themselves, and that an exempted verdict is never a verdict-cache entry."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 from pathlib import Path
@@ -269,3 +270,23 @@ def test_a_user_cannot_exempt_their_own_file(vendor: Path, tmp_path: Path) -> No
     assert user_controlled(str(sticky / "theirs"), NOBODY) is True
     assert user_controlled("relative/path", NOBODY) is True
     assert user_controlled(str(tmp_path / "missing"), NOBODY) is True
+
+
+def test_check_cli_shows_what_the_exemption_released(vendor: Path, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    from grace_policy.cli.main import main
+
+    cfg = _write(tmp_path, f"""\
+[[rules.exe-arch-mismatch.exempt]]
+paths = ["{vendor}"]
+until = 2999-01-01
+reason = "ticket 5"
+""")
+    assert main(["check", "--config", cfg, "--json", "--", str(vendor)]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["exempted"] == [{"rule": "exe-arch-mismatch", "path": str(vendor),
+                                "reason": "ticket 5", "until": "2999-01-01",
+                                "where": "rules.exe-arch-mismatch.exempt[0]"}]
+    assert main(["check", "--config", cfg, "--", str(vendor)]) == 0
+    assert (f"grace-policy: exempted: exe-arch-mismatch for {vendor} until 2999-01-01 "
+            "(rules.exe-arch-mismatch.exempt[0]: ticket 5)") in capsys.readouterr().out

@@ -37,6 +37,8 @@ MAX_LINE = 1 << 20
 #: "other" so a hostile log cannot exhaust memory.
 MAX_KEYS = 50_000
 _GZIP_MAGIC = b"\x1f\x8b"
+_loads = json.JSONDecoder().decode
+_OPT_STR_KEYS = ("error", "skipped", "program", "node", "job_id")
 _CHUNK = 1 << 16
 SKIP_KINDS = ("torn", "foreign", "invalid", "oversized")
 
@@ -79,6 +81,14 @@ def _opt_str(value: Any) -> bool:
     return value is None or isinstance(value, str)
 
 
+def _opt_strs(obj: dict[str, Any]) -> bool:
+    for key in _OPT_STR_KEYS:
+        value = obj.get(key)
+        if value is not None and not isinstance(value, str):
+            return False
+    return True
+
+
 def _str_list(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(x, str) for x in value)
 
@@ -86,8 +96,8 @@ def _str_list(value: Any) -> bool:
 def classify(line: bytes) -> tuple[str, Decision | None]:
     """(kind, decision): kind is ``decision`` or one of :data:`SKIP_KINDS`."""
     try:
-        obj = json.loads(line)
-    except (ValueError, RecursionError):
+        obj = _loads(line.decode("utf-8"))
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
         return "torn", None
     if not isinstance(obj, dict) or obj.get("event") != "decision":
         return "foreign", None
@@ -109,8 +119,7 @@ def _decision(obj: dict[str, Any]) -> Decision:
             or not _str_list(obj["rules"]) or not _str_list(obj["paths"])
             or not (elapsed is None or (type(elapsed) in (int, float) and math.isfinite(elapsed)
                                         and elapsed >= 0))
-            or not all(_opt_str(obj.get(k)) for k in ("error", "skipped", "program", "node",
-                                                      "job_id"))
+            or not _opt_strs(obj)
             or not (enforce is None or enforce in ACTIONS)
             or obj.get("cache") not in (None, "hit")
             or not isinstance(exempt_raw, list)):

@@ -110,6 +110,12 @@ def today_utc(now: float | None = None) -> str:
 
 def glob_match(pattern: str, path: str) -> bool:
     """``pattern`` against ``path``, component-wise (see the module text)."""
+    stars, marks = pattern.find("*"), pattern.find("?")
+    cut = min(i for i in (stars, marks, len(pattern)) if i >= 0)
+    if not path.startswith(pattern[:cut]):
+        return False  # the literal prefix decides most non-matches at once
+    if cut == len(pattern):
+        return path == pattern
     return _match_parts(pattern.split("/"), path.split("/"))
 
 
@@ -206,12 +212,21 @@ def user_controlled(path: str, who: Who) -> bool:
         return True
 
 
-def _path_selected(patterns: Sequence[str], path: str, who: Who) -> bool:
+def _real(path: str, memo: dict[str, str | None]) -> str | None:
+    if path not in memo:
+        try:
+            memo[path] = os.path.realpath(path)
+        except (OSError, ValueError):
+            memo[path] = None
+    return memo[path]
+
+
+def _path_selected(patterns: Sequence[str], path: str, who: Who,
+                   memo: dict[str, str | None]) -> bool:
     if not path or not path.startswith("/"):
         return False
-    try:
-        real = os.path.realpath(path)
-    except (OSError, ValueError):
+    real = _real(path, memo)
+    if real is None:
         return False
     for candidate in dict.fromkeys((path, real)):
         if any(glob_match(p, candidate) for p in patterns):
@@ -221,14 +236,16 @@ def _path_selected(patterns: Sequence[str], path: str, who: Who) -> bool:
     return False
 
 
-def matches(ex: Exemption, finding: Finding, who: Who, today: str) -> bool:
+def matches(ex: Exemption, finding: Finding, who: Who, today: str,
+            memo: dict[str, str | None] | None = None) -> bool:
     if finding.rule != ex.rule or today > ex.until:
         return False
     if ex.users and not set(ex.users).intersection(who.user_names()):
         return False
     if ex.groups and not set(ex.groups).intersection(who.group_names()):
         return False
-    return not ex.paths or _path_selected(ex.paths, finding.path, who)
+    return not ex.paths or _path_selected(ex.paths, finding.path, who,
+                                          {} if memo is None else memo)
 
 
 def apply(policy: Policy, findings: Iterable[Finding], who: Who | None,
@@ -241,8 +258,9 @@ def apply(policy: Policy, findings: Iterable[Finding], who: Who | None,
     day = today or today_utc()
     kept: list[Finding] = []
     released: list[Exempted] = []
+    memo: dict[str, str | None] = {}  # one realpath per finding path, not per exemption
     for finding in findings:
-        ex = next((e for e in policy.exemptions if matches(e, finding, who, day)), None)
+        ex = next((e for e in policy.exemptions if matches(e, finding, who, day, memo)), None)
         if ex is None:
             kept.append(finding)
         else:

@@ -222,6 +222,22 @@ def test_user_exemption_comes_from_slurm_not_the_environment(
         res, rec = _step(slurm, log, [str(vendor / "other"), str(out)], env=fake)
         assert res.returncode != 0 and not out.exists()
         assert (rec["uid"], rec["action"], rec["exempt"]) == (0, "reject", [])
+
+        # A group exemption: the groups slurmstepd gave the step (nobody's
+        # nogroup), not the submitting shell's.
+        by_group = EXEMPT_CONFIG.replace('users = ["{user}"]', 'groups = ["nogroup"]')
+        cfg = _config(slurm, "exempt-group", by_group.format(
+            vendor=vendor, until=_days(1), reason=REASON, user=""))
+        slurm.set_plugin_line(slurm.plugin, f"config={cfg}", f"audit={log}",
+                              f"cache_dir={_fresh_cache(slurm, 'exempt-user')}")
+        out = slurm.side_file("exempt-group.out")
+        res, rec = _step(slurm, log, [str(vendor / "other"), str(out)], user="nobody")
+        assert res.returncode == 0 and out.exists(), res.stderr
+        assert "rules.page-congruence.exempt[1]" in {e["where"] for e in rec["exempt"]}  # type: ignore[union-attr]
+        out = slurm.side_file("exempt-group-root.out")
+        res, rec = _step(slurm, log, [str(vendor / "other"), str(out)])
+        assert res.returncode != 0 and not out.exists()
+        assert (rec["uid"], rec["exempt"]) == (0, [])
     finally:
         slurm.use("base")
 

@@ -42,6 +42,8 @@ RULE_IDS = (
     "torch-cpu-only",
     "torchcodec-no-ffmpeg",
     "jit-cache-foreign",
+    "page-size-compiled",
+    "page-bss-clobber",
 )
 
 #: Causes the checks may put in ``Issue.causes``, most specific first.
@@ -92,6 +94,9 @@ TEMPLATE_FIELDS = frozenset(
         "missing",
         "count",
         "files",
+        "allocator",
+        "compiled_page_kib",
+        "fix_hint",
     }
 )
 

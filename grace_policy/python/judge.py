@@ -61,6 +61,7 @@ class Judge:
         if key in self._seen:
             return []
         self._seen.add(key)
+        self.budget.take_file()
         via = "ImportError" if module else "OSError"
         try:
             info = read_elf(self.process.searcher.to_host(path), budget=self.budget)
@@ -81,8 +82,8 @@ class Judge:
                 causes=self.causes(path),
                 facts=(("file_arch", info.machine_name), ("name", module or path)),
             )]
-        issues = [self._own(i, path, via) for i in page_issues(path, info, node,
-                                                               mapped_by_kernel=False)]
+        issues = [self._own(i, path, via) for i in page_issues(
+            path, info, node, mapped_by_kernel=False, budget=self.budget)]
         if self.extra is not None:
             issues += [self._own(i, path, via)
                        for i in self.extra(path, info, node, self.budget)]
@@ -96,7 +97,8 @@ class Judge:
                 continue
             self._seen.add(key)
             self.budget.tick()
-            found = page_issues(obj.path, obj.info, node, mapped_by_kernel=False)
+            found = page_issues(obj.path, obj.info, node, mapped_by_kernel=False,
+                                budget=self.budget)
             if self.extra is not None:
                 found += self.extra(obj.path, obj.info, node, self.budget)
             issues += [self._own(i, obj.path, via) for i in found]

@@ -166,13 +166,11 @@ def _listdir(path: str) -> list[str]:
         return []
 
 
-def _compiled_page_rule() -> Callable[..., list[Issue]] | None:
-    """The page-size-in-code rule (issue 11), when this install has it."""
-    try:
-        from .. import pagecode  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    return getattr(pagecode, "compiled_page_issues", None)
+def _compiled_page_rule() -> Callable[..., list[Issue]]:
+    """The page-size-in-code rule (jemalloc), as programs get it."""
+    from ..check import code_page_issues
+
+    return code_page_issues
 
 
 #: sys.path entries that hold no distributions of their own.

@@ -254,7 +254,7 @@ def test_a_huge_environment_ends_in_check_limit_never_a_hang(grace_venv: Path,
 
     py = _with(grace_venv, "numpy-1.19.0-aarch64")
     env = {"PATH": "/usr/bin", "HOME": str(tmp_path)}
-    for budget in (Budget(max_files=12), Budget(max_bytes=200_000), Budget(deadline_ms=0)):
+    for budget in (Budget(max_files=12), Budget(max_bytes=50_000), Budget(deadline_ms=0)):
         report = check_step([str(py), "-c", "import numpy"], env, str(tmp_path), GRACE,
                             budget=budget)
         assert report.limit is not None, budget
@@ -265,3 +265,27 @@ def test_a_huge_environment_ends_in_check_limit_never_a_hang(grace_venv: Path,
                      argv=[str(py), "-c", "import numpy"], env=env, cwd=str(tmp_path),
                      node=GRACE)
     assert "check-limit" in verdict.rule_ids
+
+
+@pytest.mark.network
+def test_extension_with_a_4k_jemalloc_is_rejected_on_64k(elf_builder: ElfBuilder,
+                                                         tmp_path: Path) -> None:
+    # polars 0.14.8's aarch64 wheel embeds a jemalloc built for 4 KiB pages:
+    # on a 64 KiB node 'import polars' prints jemalloc's message and aborts.
+    from corpus import POLARS_4K, wheel_or_skip
+
+    corpus = wheel_or_skip(POLARS_4K)
+    base = envs.base_python(elf_builder, "base311", "3.11")
+    py = envs.make_venv(base, tmp_path / "venv")
+    pkg = envs.site_packages(tmp_path / "venv") / "polars"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from .polars import *\n")
+    (pkg / "polars.abi3.so").write_bytes(corpus.find("polars.abi3.so").read_bytes())
+    verdict = _decide([py, "-c", "import polars"], tmp_path)
+    assert verdict.action == "reject", verdict.findings
+    assert "page-size-compiled" in verdict.rule_ids
+    four_k = NodeProfile(machine="aarch64", page_size=4096, glibc=(2, 36), root="/",
+                         root_is_native=False)
+    assert decide(Policy(), partition=None, argv=[str(py), "-c", "import polars"],
+                  env={"PATH": "/usr/bin", "HOME": str(tmp_path)}, cwd=str(tmp_path),
+                  node=four_k).action == "allow"

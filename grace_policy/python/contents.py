@@ -44,18 +44,21 @@ def record_files(meta_dir: str, site_dir: str, budget: Budget) -> Files | None:
     text = read_text(os.path.join(meta_dir, "RECORD"), MAX_RECORD_BYTES, budget)
     if text is None:
         return None
-    shared: list[str] = []
-    tops: dict[str, None] = {}
+    # A torch RECORD has ~30,000 lines and only a few hundred name a ".so":
+    # the full CSV parse is kept for those, the rest is split in bulk.
+    lines = text.split("\n")
     base = site_dir.rstrip("/") + "/"
-    for rel in record_paths(text):
+    shared: list[str] = []
+    for rel in record_paths("\n".join(line for line in lines if ".so" in line)):
         if not rel or rel.startswith(("/", "../")) or "/../" in rel:
             continue
-        tops.setdefault(rel.split("/", 1)[0])
-        name = rel.rsplit("/", 1)[-1]
-        if ".so" in name:
+        if ".so" in rel.rsplit("/", 1)[-1]:
             shared.append(base + rel)
+    tops = {line.lstrip('"').split("/", 1)[0].split(",", 1)[0] for line in lines}
+    tops.discard("")
+    tops.discard("..")
     budget.tick()
-    return Files(tuple(shared), tuple(tops))
+    return Files(tuple(shared), tuple(sorted(tops)))
 
 
 @dataclass(frozen=True)

@@ -269,11 +269,14 @@ class Environment:
             for d in dists:
                 problems, entries_of = self._dist(d, site_dir)
                 claimed.update(entries_of)
+                label = f"{d.name} {d.version}".strip()
+                # Remedies can name what is installed: "upgrade numpy 1.19.0".
+                problems = [Issue(i.rule, i.path, i.predicted_error, i.causes,
+                                  (*i.facts, ("dist", label))) for i in problems]
                 in_use = d.name in used and (site_dir, d.name) in effective
                 if in_use:
                     problems += self._special(d, site_dir)
-                out.append(Group(f"{d.name} {d.version}".strip(), d.meta_dir, in_use,
-                                 tuple(problems)))
+                out.append(Group(label, d.meta_dir, in_use, tuple(problems)))
             out += self._unclaimed(site_dir, claimed, used_names)
         # Modules the command imports from where no distribution lives
         # (a PYTHONPATH directory of plain packages, the script's directory).

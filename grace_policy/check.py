@@ -25,6 +25,7 @@ from .launch import Hop, build_path, c_string, follow
 from .layout import page_issues
 from .loader import LoadTree, Process
 from .node import NodeProfile, node_owns
+from .python.names import may_run_python
 
 #: Variables the check itself reads, besides the policy's env-leak names.
 _READ_VARS = ("PATH", "LD_LIBRARY_PATH", "HOME")
@@ -132,7 +133,7 @@ def _check(argv: Sequence[str], job_env: Mapping[str, str], cwd: str, node: Node
         state["tree"] = check_elf(last.path, job_env, cwd, node, budget, issues, causes,
                                    via_script=script, keep=kept)
         process = kept.get("process")
-        if process is not None and not any(
+        if process is not None and may_run_python(last.path) and not any(
                 i.rule in _BLOCKING and i.fact("max_severity") != "info"
                 for i in issues[before:]):
             from .python.step import python_issues

@@ -32,6 +32,7 @@ from .contents import Loadables, classify, record_files
 from .dists import Dist
 from .finder import Located
 from .judge import Judge
+from .names import SHELLS
 from .nodepath import listdir
 from .sitepath import SysPath
 
@@ -101,7 +102,7 @@ def python_issues(exe: str, info: ElfInfo, process: Process, hops: Sequence[Hop]
 
     interp = identify(exe, info, node, budget)
     if interp is None:
-        if os.path.basename(exe) in _SHELLS:
+        if os.path.basename(exe) in SHELLS:
             return shell_env_issues(env, cwd, node, budget, causes, cuda_index=cuda_index)
         return []
     args = interpreter_args(hops, argv)
@@ -118,10 +119,6 @@ def python_issues(exe: str, info: ElfInfo, process: Process, hops: Sequence[Hop]
                                  budget=budget)
     return Environment(interp.version, paths, process, env, cwd, node, budget, causes,
                        cuda_index=cuda_index).issues(used_names)
-
-
-#: Programs whose steps usually start Python from the environment they inherit.
-_SHELLS = frozenset({"bash", "sh", "dash", "zsh", "ksh", "mksh", "tcsh", "csh", "fish"})
 
 
 def shell_env_issues(env: Mapping[str, str], cwd: str, node: NodeProfile, budget: Budget,

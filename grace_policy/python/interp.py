@@ -260,6 +260,15 @@ def _parents(directory: str) -> Iterator[str]:
         d = up
 
 
+def _evidence_dirs(start: str) -> Iterator[str]:
+    """Where a stdlib above the executable counts as evidence: not "/", whose
+    lib/python3.X is the system's on a merged-/usr system (/lib -> usr/lib),
+    so that any program in /tmp/x/bin would look like a CPython."""
+    for d in _parents(start):
+        if d != "/":
+            yield d
+
+
 def stdlib_versions(node: NodeProfile, prefix: str, budget: Budget) -> list[tuple[int, int]]:
     """The X.Y of every ``lib/pythonX.Y/os.py`` (or lib64) under ``prefix``."""
     found: list[tuple[int, int]] = []
@@ -347,7 +356,7 @@ def _identify(exe_path: str, info: ElfInfo, node: NodeProfile, budget: Budget,
         if cfg_version[0] == 3 and _stdlib_above(node, start, cfg_version, budget):
             return Interpreter(exe_path, real, cfg_version, "pyvenv.cfg version")
         return None
-    for d in _parents(start):
+    for d in _evidence_dirs(start):
         got = stdlib_versions(node, d, budget)
         if got:
             if len(got) == 1:
@@ -369,7 +378,7 @@ def has_stdlib(node: NodeProfile, prefix: str, version: tuple[int, int]) -> bool
 
 def _stdlib_above(node: NodeProfile, start: str, version: tuple[int, int],
                   budget: Budget) -> bool:
-    for d in _parents(start):
+    for d in _evidence_dirs(start):
         budget.tick()
         if has_stdlib(node, d, version):
             return True

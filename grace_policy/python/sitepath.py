@@ -153,11 +153,11 @@ class _Model:
 
     def isdir(self, path: str) -> bool:
         self.budget.tick()
-        return fsprobe.isdir(host_path(self.node, path))
+        return fsprobe.isdir(host_path(self.node, path, self.cwd))
 
     def exists(self, path: str) -> bool:
         self.budget.tick()
-        return fsprobe.exists(host_path(self.node, path))
+        return fsprobe.exists(host_path(self.node, path, self.cwd))
 
     def add(self, path: str, kind: str, origin: str) -> None:
         self.entries.append(PathEntry(path, kind, origin, is_system(path)))

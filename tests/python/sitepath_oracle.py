@@ -147,6 +147,21 @@ def build_world(label: str, base_exe: str, root: Path) -> World:
             subprocess.run([base_exe, "-m", "venv", "--without-pip", *opts, str(root / name)],
                            check=True, capture_output=True, timeout=120)
         _pth_tree(Path(w.site_packages(str(root / name))), root, stdlib, name)
+    # pyvenv.cfg next to the executable instead of one up (getpath looks one
+    # up first, site next to it first), and one with odd spelling
+    cfgbin = root / "venv-cfgbin"
+    if not cfgbin.exists():
+        subprocess.run([base_exe, "-m", "venv", "--without-pip", "--copies", str(cfgbin)],
+                       check=True, capture_output=True, timeout=120)
+        (cfgbin / "pyvenv.cfg").rename(cfgbin / "bin" / "pyvenv.cfg")
+    odd = root / "venv-odd"
+    if not odd.exists():
+        subprocess.run([base_exe, "-m", "venv", "--without-pip", "--symlinks", str(odd)],
+                       check=True, capture_output=True, timeout=120)
+        cfg = (odd / "pyvenv.cfg").read_text().replace(
+            "include-system-site-packages = false", "Include-System-Site-Packages=TRUE ")
+        (odd / "pyvenv.cfg").write_text("a line without equals\n# home = /nowhere\n" + cfg)
+    _pth_tree(Path(w.site_packages(str(odd))), root, stdlib, "venv-odd")
     # a user base (PYTHONUSERBASE) and a HOME with ~/.local
     _pth_tree(Path(w.site_packages(str(root / "userbase"))), root, stdlib, "ub")
     _pth_tree(Path(w.site_packages(str(root / "home-user" / ".local"))), root, stdlib, "hu")
@@ -158,6 +173,12 @@ def build_world(label: str, base_exe: str, root: Path) -> World:
     _write(work / "script.py", PROBE)
     _write(work / "real" / "target.py", PROBE)
     _write(work / "app" / "__main__.py", PROBE)
+    if not (work / "app.pyz").exists():
+        import zipfile
+        with zipfile.ZipFile(work / "app.pyz", "w") as z:
+            z.writestr("__main__.py", PROBE)
+    if not (root / "worklink").is_symlink():
+        (root / "worklink").symlink_to("work")
     link = work / "sub" / "linked.py"
     if not link.is_symlink():
         link.symlink_to("../real/target.py")

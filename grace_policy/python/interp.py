@@ -349,7 +349,8 @@ def _identify(exe_path: str, info: ElfInfo, node: NodeProfile, budget: Budget,
     if linked is not None:
         return Interpreter(exe_path, real, linked[0], f"DT_NEEDED {linked[1]}")
     if by_name is not None:
-        if cfg_version == by_name or _stdlib_above(node, start, by_name, budget):
+        thread = "t" if any(n.startswith("python3.") and n.endswith("t") for n in names) else ""
+        if cfg_version == by_name or _stdlib_above(node, start, by_name, budget, thread):
             return Interpreter(exe_path, real, by_name, f"name python{by_name[0]}.{by_name[1]}")
         return None
     if cfg_version is not None:
@@ -365,21 +366,33 @@ def _identify(exe_path: str, info: ElfInfo, node: NodeProfile, budget: Budget,
     return None
 
 
-def has_stdlib(node: NodeProfile, prefix: str, version: tuple[int, int]) -> bool:
-    """getpath's prefix landmark: ``lib/pythonX.Y/os.py`` (or .pyc, or lib64)."""
+def has_stdlib(node: NodeProfile, prefix: str, version: tuple[int, int],
+               abi_thread: str = "") -> bool:
+    """getpath's prefix landmark: ``lib/pythonX.Y/os.py`` (or .pyc, or lib64;
+    ``pythonX.Yt`` for a free-threaded build)."""
     base = prefix.rstrip("/")
     for libdir in ("lib", "lib64"):
         for landmark in ("os.py", "os.pyc"):
-            if fsprobe.isfile(host_path(
-                    node, f"{base}/{libdir}/python{version[0]}.{version[1]}/{landmark}")):
+            if fsprobe.isfile(host_path(node, f"{base}/{libdir}/python{version[0]}."
+                                              f"{version[1]}{abi_thread}/{landmark}")):
                 return True
     return False
 
 
+def abi_thread(interp: Interpreter) -> str:
+    """"t" for a free-threaded build (python3.13t), whose directories carry
+    the suffix too (lib/python3.13t, python313t.zip); else ""."""
+    for path in (interp.real, interp.executable):
+        name = os.path.basename(path)
+        if name.startswith("python3.") and name.endswith("t"):
+            return "t"
+    return ""
+
+
 def _stdlib_above(node: NodeProfile, start: str, version: tuple[int, int],
-                  budget: Budget) -> bool:
+                  budget: Budget, thread: str = "") -> bool:
     for d in _evidence_dirs(start):
         budget.tick()
-        if has_stdlib(node, d, version):
+        if has_stdlib(node, d, version, thread):
             return True
     return False

@@ -44,6 +44,7 @@ from .interp import (
     Interpreter,
     PyCommand,
     PyFlags,
+    abi_thread,
     cfg_pairs,
     has_stdlib,
     listdir,
@@ -131,14 +132,12 @@ class _Model:
         self.pth_imports: list[tuple[str, str]] = []
         self.site_dirs: list[str] = []
         self.pth_lines = 0
+        self.pth_cache: dict[str, list[str]] = {}
         try:
             self.cwd = node_realpath(node, cwd) if cwd.startswith("/") else "/"
         except (OSError, ValueError):
             self.cwd = cwd
-        self.abi_thread = ""
-        for name in (os.path.basename(interp.real), os.path.basename(interp.executable)):
-            if name.startswith("python3.") and name.endswith("t"):
-                self.abi_thread = "t"
+        self.abi_thread = abi_thread(interp)
 
     # -- small helpers --------------------------------------------------------
 
@@ -246,7 +245,7 @@ class _Model:
         start = home.partition(":")[0] if home else search_dir
         for d in _parents(start):
             self.budget.tick()
-            if has_stdlib(self.node, d, self.version):
+            if has_stdlib(self.node, d, self.version, self.abi_thread):
                 for landmark in ("os.py", "os.pyc"):
                     lib = f"{d.rstrip('/')}/lib/python{self.xy}/{landmark}"
                     if fsprobe.isfile(host_path(self.node, lib)):
@@ -330,7 +329,10 @@ class _Model:
 
     def is_debian_site(self) -> bool:
         """Debian and Ubuntu patch site.py to use dist-packages; the patched
-        file says so, whichever prefix the interpreter lives in."""
+        file says so. Only a distribution's interpreter (its stdlib under
+        /usr/) carries the patch, so other prefixes are not read."""
+        if not self.stdlib.startswith("/usr/"):
+            return False
         data = read_small(self.node, _join(self.stdlib, "site.py"), self.budget, 256 * 1024)
         return bool(data) and b'"dist-packages"' in data
 
@@ -381,24 +383,12 @@ class _Model:
 
     def addpackage(self, sitedir: str, name: str) -> None:
         fullname = _join(sitedir, name)
-        data = read_small(self.node, fullname, self.budget, MAX_PTH_BYTES)
-        if data is None:
-            return
-        if self.version >= (3, 13):
-            if data.startswith(b"\xef\xbb\xbf"):
-                data = data[3:]
-            lines = data.decode("utf-8", "surrogateescape").splitlines()
-        else:
-            # text-mode iteration: universal newlines, lines keep no ending
-            # after rstrip, which is all site.py looks at
-            text = data.decode("utf-8", "surrogateescape")
-            lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+        # site.py reads a venv's site-packages twice (venv() and again as a
+        # PREFIXES entry); its lines are read once here
+        lines = self.pth_cache.get(fullname)
+        if lines is None:
+            lines = self.pth_cache[fullname] = self.pth_file_lines(fullname)
         for line in lines:
-            self.pth_lines += 1
-            if self.pth_lines > MAX_PTH_LINES:
-                self.notes.append(f"more than {MAX_PTH_LINES} .pth lines; the rest not read")
-                return
-            self.budget.tick()
             if line.startswith("#") or not line.strip():
                 continue
             if line.startswith(("import ", "import\t")):
@@ -411,6 +401,25 @@ class _Model:
             if d not in self.known and self.exists(d):
                 self.known.add(d)
                 self.add(d, "pth", fullname)
+
+    def pth_file_lines(self, fullname: str) -> list[str]:
+        data = read_small(self.node, fullname, self.budget, MAX_PTH_BYTES)
+        if data is None:
+            return []
+        if self.version >= (3, 13):
+            if data.startswith(b"\xef\xbb\xbf"):
+                data = data[3:]
+            lines = data.decode("utf-8", "surrogateescape").splitlines()
+        else:
+            # text-mode iteration: universal newlines, lines keep no ending
+            # after rstrip, which is all site.py looks at
+            text = data.decode("utf-8", "surrogateescape")
+            lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+        self.pth_lines += len(lines)
+        if self.pth_lines > MAX_PTH_LINES:
+            self.notes.append(f"more than {MAX_PTH_LINES} .pth lines; {fullname} not read")
+            return []
+        return lines
 
     # -- sys.path[0] ----------------------------------------------------------
 

@@ -348,3 +348,46 @@ def test_node_image_root(tmp_path: Path) -> None:
                         f"{node_prefix}/lib/python3.11",
                         f"{node_prefix}/lib/python3.11/lib-dynload",
                         f"{node_prefix}/lib/python3.11/site-packages", "/opt/extra"]
+
+
+def test_free_threaded_build_directories(tmp_path: Path) -> None:
+    """python3.13t: getpath's STDLIB_SUBDIR/ZIP_LANDMARK and site's paths
+    carry the "t" (no free-threaded CPython is installable here, so this
+    follows Modules/getpath.py and Lib/site.py of 3.13)."""
+    prefix = tmp_path / "ft"
+    std = prefix / "lib" / "python3.13t"
+    (std / "lib-dynload").mkdir(parents=True)
+    (std / "os.py").write_text("")
+    (std / "site-packages").mkdir()
+    (prefix / "bin").mkdir()
+    import shutil
+    shutil.copy2("/bin/true", prefix / "bin" / "python3.13t")
+    found = interp.identify(str(prefix / "bin" / "python3.13t"), _elf("/bin/true"),
+                            _node.detect(), Budget())
+    assert found is not None and found.version == (3, 13)
+    home = tmp_path / "home"
+    sp = sitepath.sys_path(found, interp.PyFlags(), interp.PyCommand("code", "pass"),
+                           {"HOME": str(home)}, "/", _node.detect(), Budget())
+    assert sp.paths == ["", f"{prefix}/lib/python313t.zip", str(std), f"{std}/lib-dynload",
+                        f"{std}/site-packages"]
+    assert sp.user_site == f"{home}/.local/lib/python3.13t/site-packages"
+
+
+def test_home_unset_is_a_note(tmp_path: Path) -> None:
+    it, _ = _fake_python(tmp_path)
+    sp = sitepath.sys_path(it, interp.PyFlags(), interp.PyCommand("code", "pass"), {}, "/",
+                           _node.detect(), Budget())
+    assert sp.user_site is None
+    assert any("HOME" in n for n in sp.notes)
+    # with -s nobody would have looked: no note
+    sp = sitepath.sys_path(it, interp.PyFlags(no_user_site=True),
+                           interp.PyCommand("code", "pass"), {}, "/", _node.detect(), Budget())
+    assert not sp.notes
+
+
+def test_too_many_pth_lines_is_a_note(tmp_path: Path) -> None:
+    it, site = _fake_python(tmp_path)
+    (site / "big.pth").write_text("#\n" * (sitepath.MAX_PTH_LINES + 5))
+    sp = sitepath.sys_path(it, interp.PyFlags(), interp.PyCommand("code", "pass"),
+                           {"HOME": str(tmp_path)}, "/", _node.detect(), Budget())
+    assert any(".pth lines" in n for n in sp.notes)

@@ -329,10 +329,8 @@ class _Model:
 
     def is_debian_site(self) -> bool:
         """Debian and Ubuntu patch site.py to use dist-packages; the patched
-        file says so. Only a distribution's interpreter (its stdlib under
-        /usr/) carries the patch, so other prefixes are not read."""
-        if not self.stdlib.startswith("/usr/"):
-            return False
+        file says so, wherever the interpreter lives (a copy of Debian's
+        python in another prefix keeps the patch)."""
         data = read_small(self.node, _join(self.stdlib, "site.py"), self.budget, 256 * 1024)
         return bool(data) and b'"dist-packages"' in data
 

@@ -45,11 +45,9 @@ def _cases() -> list[Case]:
     for label, exe in INTERPRETERS:
         full = label in FULL
         for e in EXES:
-            if e == "conda" and not (label.startswith("pyenv") and _ge311(label)):
+            if not full and e in ("venv-copy", "venv-cfgbin", "venv-odd"):
                 continue
-            if not full and e in ("venv-copy", "conda", "venv-cfgbin", "venv-odd"):
-                continue
-            few = e in ("venv-copy", "venv-cfgbin", "venv-odd")
+            few = e in ("venv-copy", "venv-cfgbin", "venv-odd") or (not full and e == "conda")
             for env in ENVS + ENVS_EXTRA:
                 if few and env not in ("plain", "pythonpath", "home-local", "pythonhome",
                                        "pythonhome2"):

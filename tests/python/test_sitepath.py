@@ -35,7 +35,7 @@ FLAGS: dict[str, list[str]] = {"none": [], "s": ["-s"], "E": ["-E"], "I": ["-I"]
 #: Environments tried with fewer flags.
 ENVS_EXTRA = ("pythonpath-empty", "home-slash", "userbase-rel", "pythonhome2")
 CMDS = ("module", "script", "linked", "dir", "stdin", "dash", "abs-script",
-        "console-script", "zip", "module-symcwd", "script-symcwd")
+        "console-script", "zip", "module-symcwd", "script-symcwd", "module-pp")
 
 Case = tuple[str, str, str, str, str, str]
 
@@ -67,7 +67,9 @@ def _cases() -> list[Case]:
                 if cmd == "console-script" and e != "venv-sym":
                     continue
                 for fl in ("none", "I", "P", "S"):
-                    if cmd.startswith("module") and (fl == "I" or (fl == "P" and _ge311(label))):
+                    if cmd.startswith("module") and fl == "I":
+                        continue  # neither cwd nor PYTHONPATH: nothing to run
+                    if cmd in ("module", "module-symcwd") and fl == "P" and _ge311(label):
                         continue  # cwd is not on sys.path: nothing to run
                     if cmd == "console-script" and fl != "none":
                         continue
@@ -146,6 +148,9 @@ def _setup(w: World, exe_kind: str, env_kind: str, flag_kind: str, cmd: str,
         args = [*flags, "sub/linked.py"]
     elif cmd == "dir":
         args = [*flags, "app"]
+    elif cmd == "module-pp":  # found through PYTHONPATH, so -I/-P can run it too
+        env["PYTHONPATH"] = cwd
+        args = [*flags, "-m", "probe_mod"]
     elif cmd == "zip":
         args = [*flags, "app.pyz"]
     elif cmd in ("module-symcwd", "script-symcwd"):

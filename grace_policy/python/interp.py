@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 from .. import fsprobe
 from .._record import dataclass
-from ..budget import Budget
+from ..budget import Budget, BudgetExceeded
 from ..elf import ElfInfo
 from ..loader import host_path
 from ..node import NodeProfile
@@ -311,7 +311,9 @@ def identify(exe_path: str, info: ElfInfo, node: NodeProfile, budget: Budget,
     taken for an interpreter."""
     try:
         return _identify(exe_path, info, node, budget)
-    except (OSError, ValueError, UnicodeError):
+    except BudgetExceeded:
+        raise
+    except Exception:  # odd files or names: not known to be a CPython
         return None
 
 

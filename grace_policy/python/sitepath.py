@@ -33,11 +33,11 @@ from __future__ import annotations
 
 import os
 import stat as _stat
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from .. import fsprobe
 from .._record import dataclass
-from ..budget import Budget
+from ..budget import Budget, BudgetExceeded
 from ..loader import host_path
 from ..node import NodeProfile
 from .interp import (
@@ -103,10 +103,6 @@ class SysPath:
         return [e.path for e in self.entries]
 
 
-def normpath(path: str) -> str:
-    return os.path.normpath(path) if path else path
-
-
 def abspath(path: str, cwd: str) -> str:
     """os.path.abspath against the step's (real) working directory."""
     if not path.startswith("/"):
@@ -157,6 +153,10 @@ class _Model:
     def exists(self, path: str) -> bool:
         self.budget.tick()
         return fsprobe.exists(host_path(self.node, path, self.cwd))
+
+    def isfile(self, path: str) -> bool:
+        self.budget.tick()
+        return fsprobe.isfile(host_path(self.node, path, self.cwd))
 
     def add(self, path: str, kind: str, origin: str) -> None:
         self.entries.append(PathEntry(path, kind, origin, is_system(path)))
@@ -212,10 +212,10 @@ class _Model:
             origin = self.search_origin
             prefix = None
             if v >= (3, 11):
-                prefix = self.search_up(search_dir, lambda d: self.exists(_join(d, zip_name)))
+                prefix = self.search_up(search_dir, lambda d: self.isfile(_join(d, zip_name)))
             if prefix is None:
                 prefix = self.search_up(search_dir, lambda d: any(
-                    self.exists(_join(d, f"{stdlib_sub}/{lm}")) for lm in ("os.py", "os.pyc")))
+                    self.isfile(_join(d, f"{stdlib_sub}/{lm}")) for lm in ("os.py", "os.pyc")))
             if prefix is None:
                 prefix = os.path.dirname(search_dir.rstrip("/")) or "/"
                 self.notes.append(
@@ -255,10 +255,11 @@ class _Model:
                 break
         return "lib"
 
-    def search_up(self, start: str, test: object) -> str | None:
+    def search_up(self, start: str, test: Callable[[str], bool]) -> str | None:
+        """getpath's search_up: ``start`` and its parents, first that passes."""
         for d in _parents(start):
             self.budget.tick()
-            if test(d):  # type: ignore[operator]
+            if test(d):
                 return d
         return None
 
@@ -503,8 +504,10 @@ def sys_path(interp: Interpreter, flags: PyFlags, command: PyCommand, env: Mappi
         if not flags.no_site:
             m.site()
         m.path0()
-    except (OSError, ValueError, UnicodeError) as exc:
-        m.notes.append(f"the path model stopped: {exc}")
+    except BudgetExceeded:
+        raise
+    except Exception as exc:  # odd input must not break the step launch
+        m.notes.append(f"the path model stopped: {exc!r}")
     return SysPath(
         entries=tuple(m.entries),
         prefix=getattr(m, "prefix", ""),

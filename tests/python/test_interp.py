@@ -239,3 +239,27 @@ def test_identify_never_raises_on_odd_paths(tmp_path: Path) -> None:
 ])
 def test_version_of_name(name: str, version: tuple[int, int] | None) -> None:
     assert interp.version_of_name(name) == version
+
+
+def test_uv_style_pyvenv_cfg(tmp_path: Path) -> None:
+    """uv and virtualenv write ``version_info = X.Y.Z...`` instead of venv's
+    ``version = X.Y.Z``; a --copies venv of a static python is told by it."""
+    if not os.path.exists("/usr/bin/python3.11"):
+        pytest.skip("no Debian python3.11 here")
+    venv = tmp_path / "uv"
+    subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", "--copies", str(venv)],
+                   check=True, capture_output=True)
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\nimplementation = CPython\n"
+                                     "uv = 0.5.0\nversion_info = 3.11.2\n"
+                                     "include-system-site-packages = false\n")
+    found = _identify(venv / "bin" / "python3")
+    assert found is not None
+    assert (found.version, found.evidence) == ((3, 11), "pyvenv.cfg version")
+    # the real interpreter agrees
+    assert _version(str(venv / "bin" / "python3")) == (3, 11)
+
+
+def test_the_oracle_has_interpreters() -> None:
+    """The oracle tests are generated per interpreter found: none found must
+    fail, not pass with nothing run."""
+    assert INTERPRETERS, "no CPython 3 of the oracle list is installed"

@@ -97,6 +97,10 @@ class SysPath:
     site_dirs: tuple[str, ...]
     pth_imports: tuple[tuple[str, str], ...]
     notes: tuple[str, ...] = ()
+    #: the error this interpreter would stop with before running anything
+    #: (a PYTHONHOME without a stdlib, a .pth or pyvenv.cfg that is not
+    #: UTF-8), or None. An addition to the shared interface (defaulted).
+    startup_error: str | None = None
 
     @property
     def paths(self) -> list[str]:
@@ -129,6 +133,7 @@ class _Model:
         self.site_dirs: list[str] = []
         self.pth_lines = 0
         self.pth_cache: dict[str, list[str]] = {}
+        self.startup_error: str | None = None
         try:
             self.cwd = node_realpath(node, cwd) if cwd.startswith("/") else "/"
         except (OSError, ValueError):
@@ -157,6 +162,22 @@ class _Model:
     def isfile(self, path: str) -> bool:
         self.budget.tick()
         return fsprobe.isfile(host_path(self.node, path, self.cwd))
+
+    def fail(self, error: str) -> None:
+        if self.startup_error is None:
+            self.startup_error = error
+
+    def decode(self, data: bytes, path: str, encoding: str) -> str:
+        """Text as site.py decodes it; bytes it cannot decode stop CPython at
+        start-up (site.py reads .pth files in the locale's encoding, UTF-8
+        or ASCII on a node; pyvenv.cfg as UTF-8), so that is recorded and
+        the rest read leniently."""
+        try:
+            return data.decode(encoding)
+        except UnicodeDecodeError as exc:
+            self.fail(f"{_fatal_site(self.version)} (UnicodeDecodeError: {exc.reason} at "
+                      f"byte {exc.start} of {path})")
+            return data.decode("utf-8", "surrogateescape")
 
     def add(self, path: str, kind: str, origin: str) -> None:
         self.entries.append(PathEntry(path, kind, origin, is_system(path)))
@@ -207,6 +228,10 @@ class _Model:
             if not self.isdir(prefix):
                 self.notes.append(f"PYTHONHOME={home} does not exist on the node: "
                                   "the interpreter would fail to start")
+            if not has_stdlib(self.node, prefix, v, self.abi_thread) and not self.isfile(
+                    _join(prefix, zip_name)):
+                self.fail(f"{_fatal_encodings(v)} (ModuleNotFoundError: No module named "
+                          f"'encodings'): PYTHONHOME={home} holds no standard library")
             origin = home_origin
         else:
             origin = self.search_origin
@@ -289,6 +314,7 @@ class _Model:
             if not fsprobe.isfile(host_path(self.node, conf)):
                 continue
             data = read_small(self.node, conf, self.budget, MAX_CFG_BYTES) or b""
+            self.decode(data, conf, "utf-8")  # site.py opens it as UTF-8
             system_site = "true"
             for key, value in cfg_pairs(data):
                 if key == "include-system-site-packages":
@@ -408,11 +434,11 @@ class _Model:
         if self.version >= (3, 13):
             if data.startswith(b"\xef\xbb\xbf"):
                 data = data[3:]
-            lines = data.decode("utf-8", "surrogateescape").splitlines()
+            lines = self.decode(data, fullname, "utf-8").splitlines()
         else:
             # text-mode iteration: universal newlines, lines keep no ending
             # after rstrip, which is all site.py looks at
-            text = data.decode("utf-8", "surrogateescape")
+            text = self.decode(data, fullname, "utf-8")
             lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
         self.pth_lines += len(lines)
         if self.pth_lines > MAX_PTH_LINES:
@@ -475,6 +501,23 @@ class _Model:
             return False
 
 
+def _fatal_encodings(v: tuple[int, int]) -> str:
+    """What CPython prints when it finds no ``encodings`` (pylifecycle.c)."""
+    if v < (3, 8):  # the rest of 3.7's line depends on the locale
+        return "Fatal Python error: initfsencoding"
+    if v < (3, 13):
+        return ("Fatal Python error: init_fs_encoding: failed to get the Python codec of the "
+                "filesystem encoding")
+    return "Fatal Python error: Failed to import encodings module"
+
+
+def _fatal_site(v: tuple[int, int]) -> str:
+    """What CPython prints when ``import site`` raises (3.8 really says
+    "init_import_size")."""
+    name = "initsite" if v < (3, 8) else "init_import_size" if v < (3, 9) else "init_import_site"
+    return f"Fatal Python error: {name}: Failed to import the site module"
+
+
 def _join(directory: str, name: str) -> str:
     return directory.rstrip("/") + "/" + name if directory else name
 
@@ -519,4 +562,5 @@ def sys_path(interp: Interpreter, flags: PyFlags, command: PyCommand, env: Mappi
         site_dirs=tuple(m.site_dirs),
         pth_imports=tuple(m.pth_imports),
         notes=tuple(m.notes),
+        startup_error=m.startup_error,
     )

@@ -394,3 +394,54 @@ def test_too_many_pth_lines_is_a_note(tmp_path: Path) -> None:
     sp = sitepath.sys_path(it, interp.PyFlags(), interp.PyCommand("code", "pass"),
                            {"HOME": str(tmp_path)}, "/", _node.detect(), Budget())
     assert any(".pth lines" in n for n in sp.notes)
+
+
+# -- what stops the real interpreter before it runs anything --------------------
+
+def _startup_failure(argv: list[str], env: dict[str, str]) -> str:
+    import subprocess
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0, proc.stdout
+    return proc.stderr
+
+
+@pytest.mark.parametrize(("label", "exe"), INTERPRETERS, ids=[lab for lab, _ in INTERPRETERS])
+@pytest.mark.parametrize("what", ["pth", "pyvenv.cfg"])
+def test_non_utf8_site_file_stops_cpython(label: str, exe: str, what: str,
+                                          tmp_path: Path) -> None:
+    """A .pth or pyvenv.cfg that is not UTF-8 makes site.py raise at start-up
+    (Fatal Python error: init_import_site) under a UTF-8 or C locale: the
+    model says so in startup_error."""
+    import subprocess
+    venv = tmp_path / "v"
+    subprocess.run([exe, "-m", "venv", "--without-pip", str(venv)], check=True,
+                   capture_output=True, timeout=120)
+    site_dir = next(venv.glob("lib/python3*/site-packages"))
+    if what == "pth":
+        (site_dir / "x.pth").write_bytes(b"okdir\n\xff\xfe latin-1\n")
+    else:
+        with open(venv / "pyvenv.cfg", "ab") as f:
+            f.write(b"# \xff\n")
+    exe_v = str(venv / "bin" / "python")
+    env = {"HOME": str(tmp_path), "LC_ALL": "C.UTF-8", "PATH": "/usr/bin:/bin"}
+    stderr = _startup_failure([exe_v, "-c", "pass"], env)
+    assert "UnicodeDecodeError" in stderr
+    _, _, sp = model(exe_v, ["-c", "pass"], env, str(tmp_path))
+    assert sp.startup_error is not None
+    assert sp.startup_error.split(" (")[0] in stderr  # CPython's own words
+    assert "UnicodeDecodeError" in sp.startup_error
+    # -S: site is not imported, nothing fails
+    _, _, sp = model(exe_v, ["-S", "-c", "pass"], env, str(tmp_path))
+    assert sp.startup_error is None
+
+
+@pytest.mark.parametrize(("label", "exe"), INTERPRETERS, ids=[lab for lab, _ in INTERPRETERS])
+def test_pythonhome_without_stdlib_stops_cpython(label: str, exe: str, tmp_path: Path) -> None:
+    env = {"HOME": str(tmp_path), "PYTHONHOME": str(tmp_path / "nope"), "PATH": "/usr/bin"}
+    stderr = _startup_failure([exe, "-c", "pass"], env)
+    _, _, sp = model(exe, ["-c", "pass"], env, str(tmp_path))
+    assert sp.startup_error is not None
+    assert sp.startup_error.split(" (")[0] in stderr  # CPython's own words
+    # -E: PYTHONHOME is ignored, the interpreter starts
+    _, _, sp = model(exe, ["-E", "-c", "pass"], env, str(tmp_path))
+    assert sp.startup_error is None

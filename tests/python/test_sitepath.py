@@ -431,6 +431,8 @@ def test_non_utf8_site_file_stops_cpython(label: str, exe: str, what: str,
     assert sp.startup_error.split(" (")[0] in stderr  # CPython's own words
     assert "UnicodeDecodeError" in sp.startup_error
     # -S: site is not imported, nothing fails
+    import subprocess as sp_
+    assert sp_.run([exe_v, "-S", "-c", "pass"], env=env, timeout=60).returncode == 0
     _, _, sp = model(exe_v, ["-S", "-c", "pass"], env, str(tmp_path))
     assert sp.startup_error is None
 
@@ -443,5 +445,7 @@ def test_pythonhome_without_stdlib_stops_cpython(label: str, exe: str, tmp_path:
     assert sp.startup_error is not None
     assert sp.startup_error.split(" (")[0] in stderr  # CPython's own words
     # -E: PYTHONHOME is ignored, the interpreter starts
+    import subprocess
+    assert subprocess.run([exe, "-E", "-c", "pass"], env=env, timeout=60).returncode == 0
     _, _, sp = model(exe, ["-E", "-c", "pass"], env, str(tmp_path))
     assert sp.startup_error is None

@@ -97,6 +97,8 @@ TEMPLATE_FIELDS = frozenset(
         "allocator",
         "compiled_page_kib",
         "fix_hint",
+        # the installed distribution a file belongs to ("numpy 1.19.0")
+        "dist",
     }
 )
 
@@ -265,6 +267,7 @@ class Catalogue:
             raw["candidates_note"] = (
                 f" (skipped, built for another architecture: {candidates})" if candidates else ""
             )
+        raw.setdefault("dist", "the package")
         values = {k: escape(v) for k, v in raw.items()}
         if "build_hint" not in values:
             partition = values.get("partition", "")

@@ -27,8 +27,9 @@ from .. import fsprobe
 from .._record import dataclass
 from ..budget import Budget
 from ..node import NodeProfile
-from .finder import _listdir, host_path
 from .markers import required
+from .nodepath import host_path, read_text
+from .nodepath import listdir as _listdir
 from .suffixes import split_extension
 
 #: Per metadata file: what is read at most (a METADATA with a 10 MB README
@@ -69,20 +70,7 @@ def normalize(name: str) -> str:
 
 def _read(host: str, budget: Budget, limit: int) -> str | None:
     """A regular file's first ``limit`` bytes as text, or None."""
-    try:
-        st = fsprobe.stat(host)
-    except OSError:
-        return None
-    if not _stat.S_ISREG(st.st_mode):
-        return None
-    size = min(st.st_size, limit)
-    budget.take_file(size)
-    try:
-        with open(host, "rb") as fh:
-            data = fh.read(size)
-    except OSError:
-        return None
-    return data.decode("utf-8", "surrogateescape")
+    return read_text(host, limit, budget)
 
 
 def _read_head(host: str, budget: Budget, limit: int = MAX_META_BYTES) -> str | None:
@@ -154,7 +142,7 @@ def requirement_name(spec: str) -> tuple[str, str | None]:
     return normalize(body[:i]), (marker.strip() if semi else None)
 
 
-def _record_paths(text: str) -> list[str]:
+def record_paths(text: str) -> list[str]:
     """The path column of a RECORD (CSV: a path holding a comma is quoted)."""
     out: list[str] = []
     for line in text.splitlines():
@@ -269,7 +257,7 @@ def _read_dist(meta_host: str, meta_node: str, site_dir: str, entry: str, node: 
                                                      budget, MAX_META_BYTES))
             if t.split("/", 1)[0] and "." not in t.split("/", 1)[0]))
         if not top and is_dist_info:
-            top = _top_from_paths(_record_paths(
+            top = _top_from_paths(record_paths(
                 _read(os.path.join(meta_host, "RECORD"), budget, MAX_RECORD_BYTES) or ""))
         elif not top:
             files = _lines(_read(os.path.join(meta_host, "installed-files.txt"), budget,
@@ -353,7 +341,7 @@ def _record_of(dist: Dist, node: NodeProfile | None, budget: Budget) -> frozense
     key = (host, fsprobe.signature(st))
     got = _records.get(key)
     if got is None:
-        got = frozenset(os.path.normpath(p) for p in _record_paths(
+        got = frozenset(os.path.normpath(p) for p in record_paths(
             _read(host, budget, MAX_RECORD_BYTES) or "") if p)
         _records[key] = got
     return got

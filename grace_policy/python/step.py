@@ -32,6 +32,7 @@ from .contents import Loadables, classify, record_files
 from .dists import Dist
 from .finder import Located
 from .judge import Judge
+from .nodepath import listdir
 from .sitepath import SysPath
 
 Causes = Callable[[str], tuple[str, ...]]
@@ -161,7 +162,7 @@ def shell_env_issues(env: Mapping[str, str], cwd: str, node: NodeProfile, budget
 
 def _listdir(path: str) -> list[str]:
     try:
-        return sorted(fsprobe.listdir(path))
+        return sorted(listdir(path))
     except (OSError, ValueError):
         return []
 
@@ -268,11 +269,14 @@ class Environment:
             for d in dists:
                 problems, entries_of = self._dist(d, site_dir)
                 claimed.update(entries_of)
+                label = f"{d.name} {d.version}".strip()
+                # Remedies can name what is installed: "upgrade numpy 1.19.0".
+                problems = [Issue(i.rule, i.path, i.predicted_error, i.causes,
+                                  (*i.facts, ("dist", label))) for i in problems]
                 in_use = d.name in used and (site_dir, d.name) in effective
                 if in_use:
                     problems += self._special(d, site_dir)
-                out.append(Group(f"{d.name} {d.version}".strip(), d.meta_dir, in_use,
-                                 tuple(problems)))
+                out.append(Group(label, d.meta_dir, in_use, tuple(problems)))
             out += self._unclaimed(site_dir, claimed, used_names)
         # Modules the command imports from where no distribution lives
         # (a PYTHONPATH directory of plain packages, the script's directory).

@@ -26,10 +26,9 @@ from __future__ import annotations
 
 import os
 
-from .. import fsprobe
 from ..budget import Budget, BudgetExceeded
 from ..node import NodeProfile
-from .finder import host_path
+from .nodepath import host_path, read_small
 
 _PYCF_ONLY_AST = 0x400
 #: Statement bodies that run when the module runs.
@@ -229,20 +228,7 @@ def read_script(path: str, *, cwd: str, node: NodeProfile, budget: Budget,
     """The first ``max_bytes`` of a script (node path, relative to ``cwd``),
     stat'ed through fsprobe and charged to the budget; None if unreadable."""
     node_path = path if path.startswith("/") else os.path.join(cwd or "/", path)
-    host = host_path(node_path, node, cwd)
-    try:
-        st = fsprobe.stat(host)
-    except OSError:
-        return None
-    if (st.st_mode & 0o170000) != 0o100000:
-        return None
-    size = min(st.st_size, max_bytes)
-    budget.take_file(size)
-    try:
-        with open(host, "rb") as fh:
-            return fh.read(size)
-    except OSError:
-        return None
+    return read_small(host_path(node_path, node, cwd), max_bytes, budget)
 
 
 def command_imports(kind: str, value: str, *, cwd: str, node: NodeProfile, budget: Budget,

@@ -289,3 +289,45 @@ def test_extension_with_a_4k_jemalloc_is_rejected_on_64k(elf_builder: ElfBuilder
     assert decide(Policy(), partition=None, argv=[str(py), "-c", "import polars"],
                   env={"PATH": "/usr/bin", "HOME": str(tmp_path)}, cwd=str(tmp_path),
                   node=four_k).action == "allow"
+
+
+@pytest.mark.network
+def test_bundled_library_remedy_names_the_installed_package(grace_venv: Path,
+                                                            tmp_path: Path) -> None:
+    py = _with(grace_venv, "numpy-1.19.0-aarch64")
+    verdict = _decide([py, "-c", "import numpy"], tmp_path)
+    (blas,) = [f for f in verdict.findings if "libopenblas" in f.path]
+    assert blas.cause == "bundled-lib"
+    assert "Upgrade numpy 1.19.0" in blas.remediation
+
+
+@pytest.mark.network
+def test_torchcodec_without_ffmpeg_and_a_foreign_jit_cache(elf_builder: ElfBuilder,
+                                                          tmp_path: Path) -> None:
+    # The real torchcodec 0.11.0 aarch64 wheel: its cores need FFmpeg 4..8,
+    # which this "node" (its system judged by name, no FFmpeg on
+    # LD_LIBRARY_PATH) does not have for aarch64.
+    from python import torch_layouts
+
+    base = envs.base_python(elf_builder, "base311", "3.11")
+    py = envs.make_venv(base, tmp_path / "venv")
+    site = envs.site_packages(tmp_path / "venv")
+    torch_layouts.copy_tree(torch_layouts.torchcodec_site(), site)
+    verdict = _decide([py, "-c", "import torchcodec"], tmp_path)
+    assert "torchcodec-no-ffmpeg" in verdict.rule_ids, verdict.findings
+    # The per-major core libraries it tries one by one are not each an error.
+    assert "lib-not-found" not in verdict.rule_ids
+    # Nobody imports it: one warning for the package, nothing more.
+    quiet = _decide([py, "-c", "import json"], tmp_path)
+    assert "torchcodec-no-ffmpeg" not in quiet.rule_ids
+
+    # torch in use, and a Triton cache shared with an x86_64 machine.
+    torch_layouts.copy_tree(torch_layouts.cpu_files(), site)
+    cache = tmp_path / "triton-cache" / "abc123"
+    cache.mkdir(parents=True)
+    so = elf_builder.compile("int k(void) { return 0; }\n", "x/kernel.so", shared=True)
+    (cache / "kernel.so").write_bytes(so.read_bytes())
+    verdict = _decide([py, "-c", "import torch"], tmp_path,
+                      env={"TRITON_CACHE_DIR": str(tmp_path / "triton-cache")})
+    (finding,) = [f for f in verdict.findings if f.rule == "jit-cache-foreign"]
+    assert finding.severity == "warning"

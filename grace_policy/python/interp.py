@@ -305,8 +305,10 @@ def _identify(exe_path: str, info: ElfInfo, node: NodeProfile, budget: Budget,
     if by_name is not None and by_name[0] != 3:
         return None
     linked = _libpython_version(info.needed)
-    if linked is not None and linked[0][0] != 3:
-        return None
+    if linked is not None:
+        if linked[0][0] != 3:
+            return None
+        return Interpreter(exe_path, real, linked[0], f"DT_NEEDED {linked[1]}")
 
     # pyvenv.cfg: one directory up from the executable first, then next to
     # it (getpath.py); its "home" is where the prefix search starts.
@@ -325,8 +327,6 @@ def _identify(exe_path: str, info: ElfInfo, node: NodeProfile, budget: Budget,
             if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit():
                 cfg_version = (int(parts[0]), int(parts[1]))
     start = home if home else os.path.dirname(real)
-    if linked is not None:
-        return Interpreter(exe_path, real, linked[0], f"DT_NEEDED {linked[1]}")
     if by_name is not None:
         thread = "t" if any(n.startswith("python3.") and n.endswith("t") for n in names) else ""
         if cfg_version == by_name or _stdlib_above(node, start, by_name, budget, thread):

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 from .. import fsprobe
 from .._record import dataclass
-from ..budget import Budget
+from ..budget import Budget, BudgetExceeded
 from ..elf import ElfInfo
 from ..loader import host_path
 from ..node import NodeProfile
@@ -247,6 +247,15 @@ def _parents(directory: str) -> Iterator[str]:
         d = up
 
 
+def _evidence_dirs(start: str) -> Iterator[str]:
+    """Where a stdlib above the executable counts as evidence: not "/", whose
+    lib/python3.X is the system's on a merged-/usr system (/lib -> usr/lib),
+    so that any program in /tmp/x/bin would look like a CPython."""
+    for d in _parents(start):
+        if d != "/":
+            yield d
+
+
 def stdlib_versions(node: NodeProfile, prefix: str, budget: Budget) -> list[tuple[int, int]]:
     """The X.Y of every ``lib/pythonX.Y/os.py`` (or lib64) under ``prefix``."""
     found: list[tuple[int, int]] = []
@@ -279,7 +288,9 @@ def identify(exe_path: str, info: ElfInfo, node: NodeProfile, budget: Budget,
     taken for an interpreter."""
     try:
         return _identify(exe_path, info, node, budget)
-    except (OSError, ValueError, UnicodeError):
+    except BudgetExceeded:
+        raise
+    except Exception:  # odd files or names: not known to be a CPython
         return None
 
 
@@ -294,8 +305,10 @@ def _identify(exe_path: str, info: ElfInfo, node: NodeProfile, budget: Budget,
     if by_name is not None and by_name[0] != 3:
         return None
     linked = _libpython_version(info.needed)
-    if linked is not None and linked[0][0] != 3:
-        return None
+    if linked is not None:
+        if linked[0][0] != 3:
+            return None
+        return Interpreter(exe_path, real, linked[0], f"DT_NEEDED {linked[1]}")
 
     # pyvenv.cfg: one directory up from the executable first, then next to
     # it (getpath.py); its "home" is where the prefix search starts.
@@ -314,17 +327,16 @@ def _identify(exe_path: str, info: ElfInfo, node: NodeProfile, budget: Budget,
             if len(parts) >= 2 and parts[0].isdigit() and parts[1].isdigit():
                 cfg_version = (int(parts[0]), int(parts[1]))
     start = home if home else os.path.dirname(real)
-    if linked is not None:
-        return Interpreter(exe_path, real, linked[0], f"DT_NEEDED {linked[1]}")
     if by_name is not None:
-        if cfg_version == by_name or _stdlib_above(node, start, by_name, budget):
+        thread = "t" if any(n.startswith("python3.") and n.endswith("t") for n in names) else ""
+        if cfg_version == by_name or _stdlib_above(node, start, by_name, budget, thread):
             return Interpreter(exe_path, real, by_name, f"name python{by_name[0]}.{by_name[1]}")
         return None
     if cfg_version is not None:
         if cfg_version[0] == 3 and _stdlib_above(node, start, cfg_version, budget):
             return Interpreter(exe_path, real, cfg_version, "pyvenv.cfg version")
         return None
-    for d in _parents(start):
+    for d in _evidence_dirs(start):
         got = stdlib_versions(node, d, budget)
         if got:
             if len(got) == 1:
@@ -333,21 +345,33 @@ def _identify(exe_path: str, info: ElfInfo, node: NodeProfile, budget: Budget,
     return None
 
 
-def has_stdlib(node: NodeProfile, prefix: str, version: tuple[int, int]) -> bool:
-    """getpath's prefix landmark: ``lib/pythonX.Y/os.py`` (or .pyc, or lib64)."""
+def has_stdlib(node: NodeProfile, prefix: str, version: tuple[int, int],
+               abi_thread: str = "") -> bool:
+    """getpath's prefix landmark: ``lib/pythonX.Y/os.py`` (or .pyc, or lib64;
+    ``pythonX.Yt`` for a free-threaded build)."""
     base = prefix.rstrip("/")
     for libdir in ("lib", "lib64"):
         for landmark in ("os.py", "os.pyc"):
-            if fsprobe.isfile(host_path(
-                    node, f"{base}/{libdir}/python{version[0]}.{version[1]}/{landmark}")):
+            if fsprobe.isfile(host_path(node, f"{base}/{libdir}/python{version[0]}."
+                                              f"{version[1]}{abi_thread}/{landmark}")):
                 return True
     return False
 
 
+def abi_thread(interp: Interpreter) -> str:
+    """"t" for a free-threaded build (python3.13t), whose directories carry
+    the suffix too (lib/python3.13t, python313t.zip); else ""."""
+    for path in (interp.real, interp.executable):
+        name = os.path.basename(path)
+        if name.startswith("python3.") and name.endswith("t"):
+            return "t"
+    return ""
+
+
 def _stdlib_above(node: NodeProfile, start: str, version: tuple[int, int],
-                  budget: Budget) -> bool:
-    for d in _parents(start):
+                  budget: Budget, thread: str = "") -> bool:
+    for d in _evidence_dirs(start):
         budget.tick()
-        if has_stdlib(node, d, version):
+        if has_stdlib(node, d, version, thread):
             return True
     return False

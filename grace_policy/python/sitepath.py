@@ -33,17 +33,18 @@ from __future__ import annotations
 
 import os
 import stat as _stat
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from .. import fsprobe
 from .._record import dataclass
-from ..budget import Budget
+from ..budget import Budget, BudgetExceeded
 from ..loader import host_path
 from ..node import NodeProfile
 from .interp import (
     Interpreter,
     PyCommand,
     PyFlags,
+    abi_thread,
     cfg_pairs,
     has_stdlib,
     listdir,
@@ -96,14 +97,14 @@ class SysPath:
     site_dirs: tuple[str, ...]
     pth_imports: tuple[tuple[str, str], ...]
     notes: tuple[str, ...] = ()
+    #: the error this interpreter would stop with before running anything
+    #: (a PYTHONHOME without a stdlib, a .pth or pyvenv.cfg that is not
+    #: UTF-8), or None. An addition to the shared interface (defaulted).
+    startup_error: str | None = None
 
     @property
     def paths(self) -> list[str]:
         return [e.path for e in self.entries]
-
-
-def normpath(path: str) -> str:
-    return os.path.normpath(path) if path else path
 
 
 def abspath(path: str, cwd: str) -> str:
@@ -131,14 +132,13 @@ class _Model:
         self.pth_imports: list[tuple[str, str]] = []
         self.site_dirs: list[str] = []
         self.pth_lines = 0
+        self.pth_cache: dict[str, list[str]] = {}
+        self.startup_error: str | None = None
         try:
             self.cwd = node_realpath(node, cwd) if cwd.startswith("/") else "/"
         except (OSError, ValueError):
             self.cwd = cwd
-        self.abi_thread = ""
-        for name in (os.path.basename(interp.real), os.path.basename(interp.executable)):
-            if name.startswith("python3.") and name.endswith("t"):
-                self.abi_thread = "t"
+        self.abi_thread = abi_thread(interp)
 
     # -- small helpers --------------------------------------------------------
 
@@ -153,11 +153,31 @@ class _Model:
 
     def isdir(self, path: str) -> bool:
         self.budget.tick()
-        return fsprobe.isdir(host_path(self.node, path))
+        return fsprobe.isdir(host_path(self.node, path, self.cwd))
 
     def exists(self, path: str) -> bool:
         self.budget.tick()
-        return fsprobe.exists(host_path(self.node, path))
+        return fsprobe.exists(host_path(self.node, path, self.cwd))
+
+    def isfile(self, path: str) -> bool:
+        self.budget.tick()
+        return fsprobe.isfile(host_path(self.node, path, self.cwd))
+
+    def fail(self, error: str) -> None:
+        if self.startup_error is None:
+            self.startup_error = error
+
+    def decode(self, data: bytes, path: str, encoding: str) -> str:
+        """Text as site.py decodes it; bytes it cannot decode stop CPython at
+        start-up (site.py reads .pth files in the locale's encoding, UTF-8
+        or ASCII on a node; pyvenv.cfg as UTF-8), so that is recorded and
+        the rest read leniently."""
+        try:
+            return data.decode(encoding)
+        except UnicodeDecodeError as exc:
+            self.fail(f"{_fatal_site(self.version)} (UnicodeDecodeError: {exc.reason} at "
+                      f"byte {exc.start} of {path})")
+            return data.decode("utf-8", "surrogateescape")
 
     def add(self, path: str, kind: str, origin: str) -> None:
         self.entries.append(PathEntry(path, kind, origin, is_system(path)))
@@ -208,15 +228,19 @@ class _Model:
             if not self.isdir(prefix):
                 self.notes.append(f"PYTHONHOME={home} does not exist on the node: "
                                   "the interpreter would fail to start")
+            if not has_stdlib(self.node, prefix, v, self.abi_thread) and not self.isfile(
+                    _join(prefix, zip_name)):
+                self.fail(f"{_fatal_encodings(v)} (ModuleNotFoundError: No module named "
+                          f"'encodings'): PYTHONHOME={home} holds no standard library")
             origin = home_origin
         else:
             origin = self.search_origin
             prefix = None
             if v >= (3, 11):
-                prefix = self.search_up(search_dir, lambda d: self.exists(_join(d, zip_name)))
+                prefix = self.search_up(search_dir, lambda d: self.isfile(_join(d, zip_name)))
             if prefix is None:
                 prefix = self.search_up(search_dir, lambda d: any(
-                    self.exists(_join(d, f"{stdlib_sub}/{lm}")) for lm in ("os.py", "os.pyc")))
+                    self.isfile(_join(d, f"{stdlib_sub}/{lm}")) for lm in ("os.py", "os.pyc")))
             if prefix is None:
                 prefix = os.path.dirname(search_dir.rstrip("/")) or "/"
                 self.notes.append(
@@ -246,7 +270,7 @@ class _Model:
         start = home.partition(":")[0] if home else search_dir
         for d in _parents(start):
             self.budget.tick()
-            if has_stdlib(self.node, d, self.version):
+            if has_stdlib(self.node, d, self.version, self.abi_thread):
                 for landmark in ("os.py", "os.pyc"):
                     lib = f"{d.rstrip('/')}/lib/python{self.xy}/{landmark}"
                     if fsprobe.isfile(host_path(self.node, lib)):
@@ -256,10 +280,11 @@ class _Model:
                 break
         return "lib"
 
-    def search_up(self, start: str, test: object) -> str | None:
+    def search_up(self, start: str, test: Callable[[str], bool]) -> str | None:
+        """getpath's search_up: ``start`` and its parents, first that passes."""
         for d in _parents(start):
             self.budget.tick()
-            if test(d):  # type: ignore[operator]
+            if test(d):
                 return d
         return None
 
@@ -289,6 +314,7 @@ class _Model:
             if not fsprobe.isfile(host_path(self.node, conf)):
                 continue
             data = read_small(self.node, conf, self.budget, MAX_CFG_BYTES) or b""
+            self.decode(data, conf, "utf-8")  # site.py opens it as UTF-8
             system_site = "true"
             for key, value in cfg_pairs(data):
                 if key == "include-system-site-packages":
@@ -330,7 +356,8 @@ class _Model:
 
     def is_debian_site(self) -> bool:
         """Debian and Ubuntu patch site.py to use dist-packages; the patched
-        file says so, whichever prefix the interpreter lives in."""
+        file says so, wherever the interpreter lives (a copy of Debian's
+        python in another prefix keeps the patch)."""
         data = read_small(self.node, _join(self.stdlib, "site.py"), self.budget, 256 * 1024)
         return bool(data) and b'"dist-packages"' in data
 
@@ -381,24 +408,12 @@ class _Model:
 
     def addpackage(self, sitedir: str, name: str) -> None:
         fullname = _join(sitedir, name)
-        data = read_small(self.node, fullname, self.budget, MAX_PTH_BYTES)
-        if data is None:
-            return
-        if self.version >= (3, 13):
-            if data.startswith(b"\xef\xbb\xbf"):
-                data = data[3:]
-            lines = data.decode("utf-8", "surrogateescape").splitlines()
-        else:
-            # text-mode iteration: universal newlines, lines keep no ending
-            # after rstrip, which is all site.py looks at
-            text = data.decode("utf-8", "surrogateescape")
-            lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+        # site.py reads a venv's site-packages twice (venv() and again as a
+        # PREFIXES entry); its lines are read once here
+        lines = self.pth_cache.get(fullname)
+        if lines is None:
+            lines = self.pth_cache[fullname] = self.pth_file_lines(fullname)
         for line in lines:
-            self.pth_lines += 1
-            if self.pth_lines > MAX_PTH_LINES:
-                self.notes.append(f"more than {MAX_PTH_LINES} .pth lines; the rest not read")
-                return
-            self.budget.tick()
             if line.startswith("#") or not line.strip():
                 continue
             if line.startswith(("import ", "import\t")):
@@ -411,6 +426,25 @@ class _Model:
             if d not in self.known and self.exists(d):
                 self.known.add(d)
                 self.add(d, "pth", fullname)
+
+    def pth_file_lines(self, fullname: str) -> list[str]:
+        data = read_small(self.node, fullname, self.budget, MAX_PTH_BYTES)
+        if data is None:
+            return []
+        if self.version >= (3, 13):
+            if data.startswith(b"\xef\xbb\xbf"):
+                data = data[3:]
+            lines = self.decode(data, fullname, "utf-8").splitlines()
+        else:
+            # text-mode iteration: universal newlines, lines keep no ending
+            # after rstrip, which is all site.py looks at
+            text = self.decode(data, fullname, "utf-8")
+            lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+        self.pth_lines += len(lines)
+        if self.pth_lines > MAX_PTH_LINES:
+            self.notes.append(f"more than {MAX_PTH_LINES} .pth lines; {fullname} not read")
+            return []
+        return lines
 
     # -- sys.path[0] ----------------------------------------------------------
 
@@ -467,6 +501,23 @@ class _Model:
             return False
 
 
+def _fatal_encodings(v: tuple[int, int]) -> str:
+    """What CPython prints when it finds no ``encodings`` (pylifecycle.c)."""
+    if v < (3, 8):  # the rest of 3.7's line depends on the locale
+        return "Fatal Python error: initfsencoding"
+    if v < (3, 13):
+        return ("Fatal Python error: init_fs_encoding: failed to get the Python codec of the "
+                "filesystem encoding")
+    return "Fatal Python error: Failed to import encodings module"
+
+
+def _fatal_site(v: tuple[int, int]) -> str:
+    """What CPython prints when ``import site`` raises (3.8 really says
+    "init_import_size")."""
+    name = "initsite" if v < (3, 8) else "init_import_size" if v < (3, 9) else "init_import_site"
+    return f"Fatal Python error: {name}: Failed to import the site module"
+
+
 def _join(directory: str, name: str) -> str:
     return directory.rstrip("/") + "/" + name if directory else name
 
@@ -496,8 +547,10 @@ def sys_path(interp: Interpreter, flags: PyFlags, command: PyCommand, env: Mappi
         if not flags.no_site:
             m.site()
         m.path0()
-    except (OSError, ValueError, UnicodeError) as exc:
-        m.notes.append(f"the path model stopped: {exc}")
+    except BudgetExceeded:
+        raise
+    except Exception as exc:  # odd input must not break the step launch
+        m.notes.append(f"the path model stopped: {exc!r}")
     return SysPath(
         entries=tuple(m.entries),
         prefix=getattr(m, "prefix", ""),
@@ -509,4 +562,5 @@ def sys_path(interp: Interpreter, flags: PyFlags, command: PyCommand, env: Mappi
         site_dirs=tuple(m.site_dirs),
         pth_imports=tuple(m.pth_imports),
         notes=tuple(m.notes),
+        startup_error=m.startup_error,
     )

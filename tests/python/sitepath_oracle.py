@@ -105,6 +105,9 @@ def _write(path: Path, text: str, newline: str = "\n") -> None:
 def _pth_tree(site: Path, world: Path, stdlib: str, tag: str) -> None:
     """The .pth files of one site directory: every kind of line."""
     site.mkdir(parents=True, exist_ok=True)
+    real_world = os.path.realpath(world)
+    if not os.path.realpath(site).startswith(real_world + os.sep):
+        raise AssertionError(f"{site} leads out of the test tree: not written")
     (site / f"{tag}_a").mkdir(exist_ok=True)
     (site / f"{tag}_b").mkdir(exist_ok=True)
     (site / f"{tag}_nested_target").mkdir(exist_ok=True)
@@ -147,6 +150,21 @@ def build_world(label: str, base_exe: str, root: Path) -> World:
             subprocess.run([base_exe, "-m", "venv", "--without-pip", *opts, str(root / name)],
                            check=True, capture_output=True, timeout=120)
         _pth_tree(Path(w.site_packages(str(root / name))), root, stdlib, name)
+    # pyvenv.cfg next to the executable instead of one up (getpath looks one
+    # up first, site next to it first), and one with odd spelling
+    cfgbin = root / "venv-cfgbin"
+    if not cfgbin.exists():
+        subprocess.run([base_exe, "-m", "venv", "--without-pip", "--copies", str(cfgbin)],
+                       check=True, capture_output=True, timeout=120)
+        (cfgbin / "pyvenv.cfg").rename(cfgbin / "bin" / "pyvenv.cfg")
+    odd = root / "venv-odd"
+    if not odd.exists():
+        subprocess.run([base_exe, "-m", "venv", "--without-pip", "--symlinks", str(odd)],
+                       check=True, capture_output=True, timeout=120)
+        cfg = (odd / "pyvenv.cfg").read_text().replace(
+            "include-system-site-packages = false", "Include-System-Site-Packages=TRUE ")
+        (odd / "pyvenv.cfg").write_text("a line without equals\n# home = /nowhere\n" + cfg)
+    _pth_tree(Path(w.site_packages(str(odd))), root, stdlib, "venv-odd")
     # a user base (PYTHONUSERBASE) and a HOME with ~/.local
     _pth_tree(Path(w.site_packages(str(root / "userbase"))), root, stdlib, "ub")
     _pth_tree(Path(w.site_packages(str(root / "home-user" / ".local"))), root, stdlib, "hu")
@@ -158,6 +176,12 @@ def build_world(label: str, base_exe: str, root: Path) -> World:
     _write(work / "script.py", PROBE)
     _write(work / "real" / "target.py", PROBE)
     _write(work / "app" / "__main__.py", PROBE)
+    if not (work / "app.pyz").exists():
+        import zipfile
+        with zipfile.ZipFile(work / "app.pyz", "w") as z:
+            z.writestr("__main__.py", PROBE)
+    if not (root / "worklink").is_symlink():
+        (root / "worklink").symlink_to("work")
     link = work / "sub" / "linked.py"
     if not link.is_symlink():
         link.symlink_to("../real/target.py")
@@ -168,15 +192,22 @@ def build_world(label: str, base_exe: str, root: Path) -> World:
     tool = root / "venv-sym" / "bin" / "probe-tool"
     _write(tool, f"#!{w.venv_python('venv-sym')}\n" + PROBE)
     tool.chmod(0o755)
-    # conda-like prefix: a copy of the real binary, the rest linked in
-    if w.version >= (3, 11) and label.startswith("pyenv"):
-        farm = root / "conda"
-        (farm / "bin").mkdir(parents=True, exist_ok=True)
-        (farm / "lib").mkdir(exist_ok=True)
-        binary = farm / "bin" / f"python{w.xy}"
-        if not binary.exists():
-            shutil.copy2(os.path.realpath(base_exe), binary)
-            (farm / "bin" / "python").symlink_to(f"python{w.xy}")
-            for entry in os.listdir(f"{prefix}/lib"):
-                (farm / "lib" / entry).symlink_to(f"{prefix}/lib/{entry}")
+    # conda-like prefix: a copy of the real binary (its libpython is found by
+    # its absolute RUNPATH), the stdlib's entries linked in; the directories
+    # themselves are real, so nothing written below goes through a link into
+    # the system's Python
+    farm = root / "conda"
+    binary = farm / "bin" / f"python{w.xy}"
+    if not binary.exists():
+        (farm / "bin").mkdir(parents=True)
+        (farm / "lib" / f"python{w.xy}").mkdir(parents=True)
+        shutil.copy2(os.path.realpath(base_exe), binary)
+        (farm / "bin" / "python").symlink_to(f"python{w.xy}")
+        for entry in os.listdir(stdlib):
+            if entry not in ("site-packages", "dist-packages"):
+                (farm / "lib" / f"python{w.xy}" / entry).symlink_to(f"{stdlib}/{entry}")
+        # every directory either site.py would look at (Debian's: dist-packages)
+        for d in (f"lib/python{w.xy}/site-packages", f"lib/python{w.xy}/dist-packages",
+                  "lib/python3/dist-packages", f"local/lib/python{w.xy}/dist-packages"):
+            _pth_tree(farm / d, root, stdlib, "conda-" + d.replace("/", "-"))
     return w

@@ -25,15 +25,17 @@ from .sitepath_oracle import PROBE, World, available, build_world, model, run_re
 INTERPRETERS = available()
 #: Interpreters that get the whole matrix; the others a cross-section (every
 #: environment, the main flags, fewer executables).
-FULL = {"debian-3.11", "pyenv-3.11.7", "pyenv-3.8.18", "pyenv-3.13.0"}
+FULL = {"debian-3.11", "pyenv-3.11.7"}
 
-EXES = ("base", "venv-sym", "venv-copy", "venv-sys", "conda")
+EXES = ("base", "venv-sym", "venv-copy", "venv-sys", "conda", "venv-cfgbin", "venv-odd")
 ENVS = ("plain", "pythonpath", "userbase", "home-local", "nousersite", "pythonhome",
         "safepath")
 FLAGS: dict[str, list[str]] = {"none": [], "s": ["-s"], "E": ["-E"], "I": ["-I"],
                                "S": ["-S"], "P": ["-P"], "Es": ["-Es"]}
+#: Environments tried with fewer flags.
+ENVS_EXTRA = ("pythonpath-empty", "home-slash", "userbase-rel", "pythonhome2")
 CMDS = ("module", "script", "linked", "dir", "stdin", "dash", "abs-script",
-        "console-script")
+        "console-script", "zip", "module-symcwd", "script-symcwd", "module-pp")
 
 Case = tuple[str, str, str, str, str, str]
 
@@ -43,13 +45,20 @@ def _cases() -> list[Case]:
     for label, exe in INTERPRETERS:
         full = label in FULL
         for e in EXES:
-            if e == "conda" and not (label.startswith("pyenv") and _ge311(label)):
+            if not full and e in ("venv-copy", "venv-cfgbin", "venv-odd"):
                 continue
-            if not full and e in ("venv-copy", "conda"):
-                continue
-            for env in ENVS:
+            few = e in ("venv-copy", "venv-cfgbin", "venv-odd") or (not full and e == "conda")
+            for env in ENVS + ENVS_EXTRA:
+                if few and env not in ("plain", "pythonpath", "home-local", "pythonhome",
+                                       "pythonhome2"):
+                    continue
                 for fl in FLAGS:
-                    if (not full or e == "venv-copy") and fl not in ("none", "E", "I", "S"):
+                    if few and fl not in ("none", "E", "I", "S"):
+                        continue
+                    if not full and fl not in ("none", "I", "S") and not (
+                            fl == "E" and env in ("pythonpath", "userbase")):
+                        continue
+                    if env in ENVS_EXTRA and (fl not in ("none", "E") or not full):
                         continue
                     out.append((label, exe, e, env, fl, "code"))
             if e not in ("base", "venv-sym"):
@@ -58,7 +67,9 @@ def _cases() -> list[Case]:
                 if cmd == "console-script" and e != "venv-sym":
                     continue
                 for fl in ("none", "I", "P", "S"):
-                    if cmd == "module" and (fl == "I" or (fl == "P" and _ge311(label))):
+                    if cmd.startswith("module") and fl == "I":
+                        continue  # neither cwd nor PYTHONPATH: nothing to run
+                    if cmd in ("module", "module-symcwd") and fl == "P" and _ge311(label):
                         continue  # cwd is not on sys.path: nothing to run
                     if cmd == "console-script" and fl != "none":
                         continue
@@ -78,12 +89,18 @@ _WORLDS: dict[str, World] = {}
 _REAL: dict[Case, dict | BaseException | None] = {}
 
 
-def _world(label: str, exe: str, tmp_path_factory: pytest.TempPathFactory) -> World:
-    """The world of one interpreter, built on first use; the real runs of all
-    its cases are made then, in parallel (they are independent processes)."""
+def _world(label: str, exe: str, tmp_path_factory: pytest.TempPathFactory,
+           session: pytest.Session | None = None) -> World:
+    """The world of one interpreter, built on first use; the real runs of its
+    selected cases are made then, in parallel (independent processes)."""
     if label not in _WORLDS:
         w = _WORLDS[label] = build_world(label, exe, tmp_path_factory.mktemp(label))
-        mine = [c for c in CASES if c[0] == label]
+        selected = None
+        if session is not None:
+            selected = {tuple(item.callspec.params[k] for k in _PARAMS)
+                        for item in session.items
+                        if getattr(item, "originalname", "") == _MATRIX_TEST}
+        mine = [c for c in CASES if c[0] == label and (selected is None or c in selected)]
 
         def real(case: Case) -> dict | BaseException | None:
             try:
@@ -113,6 +130,10 @@ def _setup(w: World, exe_kind: str, env_kind: str, flag_kind: str, cmd: str,
         "nousersite": {"HOME": w.p("home-user"), "PYTHONNOUSERSITE": "1"},
         "pythonhome": {"PYTHONHOME": base_prefix, "HOME": w.p("home-user")},
         "safepath": {"PYTHONSAFEPATH": "1", "HOME": w.p("home-user")},
+        "pythonpath-empty": {"PYTHONPATH": "", "PYTHONHOME": "", "HOME": w.p("home-user")},
+        "home-slash": {"HOME": w.p("home-user") + "//"},
+        "userbase-rel": {"PYTHONUSERBASE": "../userbase"},
+        "pythonhome2": {"PYTHONHOME": f"{base_prefix}:{base_prefix}"},
     }[env_kind])
     flags = FLAGS[flag_kind]
     stdin = None
@@ -127,6 +148,14 @@ def _setup(w: World, exe_kind: str, env_kind: str, flag_kind: str, cmd: str,
         args = [*flags, "sub/linked.py"]
     elif cmd == "dir":
         args = [*flags, "app"]
+    elif cmd == "module-pp":  # found through PYTHONPATH, so -I/-P can run it too
+        env["PYTHONPATH"] = cwd
+        args = [*flags, "-m", "probe_mod"]
+    elif cmd == "zip":
+        args = [*flags, "app.pyz"]
+    elif cmd in ("module-symcwd", "script-symcwd"):
+        cwd = w.p("worklink")
+        args = [*flags, "-m", "probe_mod"] if cmd == "module-symcwd" else [*flags, "script.py"]
     elif cmd == "abs-script":
         args = [*flags, w.p("work", "dirlink", "target.py")]
     elif cmd == "stdin":
@@ -141,13 +170,16 @@ def _setup(w: World, exe_kind: str, env_kind: str, flag_kind: str, cmd: str,
     return exe, args, [exe, *args], env, cwd, stdin
 
 
-@pytest.mark.parametrize(
-    ("label", "base_exe", "exe_kind", "env_kind", "flag_kind", "cmd"), CASES,
-    ids=lambda v: v if not str(v).startswith("/") else "")
+_PARAMS = ("label", "base_exe", "exe_kind", "env_kind", "flag_kind", "cmd")
+_MATRIX_TEST = "test_sys_path_matches_real_cpython"
+
+
+@pytest.mark.parametrize(_PARAMS, CASES, ids=lambda v: v if not str(v).startswith("/") else "")
 def test_sys_path_matches_real_cpython(label: str, base_exe: str, exe_kind: str,
                                        env_kind: str, flag_kind: str, cmd: str,
-                                       tmp_path_factory: pytest.TempPathFactory) -> None:
-    w = _world(label, base_exe, tmp_path_factory)
+                                       tmp_path_factory: pytest.TempPathFactory,
+                                       request: pytest.FixtureRequest) -> None:
+    w = _world(label, base_exe, tmp_path_factory, request.session)
     case = (label, base_exe, exe_kind, env_kind, flag_kind, cmd)
     real = _REAL.get(case)
     if isinstance(real, BaseException):
@@ -319,3 +351,101 @@ def test_node_image_root(tmp_path: Path) -> None:
                         f"{node_prefix}/lib/python3.11",
                         f"{node_prefix}/lib/python3.11/lib-dynload",
                         f"{node_prefix}/lib/python3.11/site-packages", "/opt/extra"]
+
+
+def test_free_threaded_build_directories(tmp_path: Path) -> None:
+    """python3.13t: getpath's STDLIB_SUBDIR/ZIP_LANDMARK and site's paths
+    carry the "t" (no free-threaded CPython is installable here, so this
+    follows Modules/getpath.py and Lib/site.py of 3.13)."""
+    prefix = tmp_path / "ft"
+    std = prefix / "lib" / "python3.13t"
+    (std / "lib-dynload").mkdir(parents=True)
+    (std / "os.py").write_text("")
+    (std / "site-packages").mkdir()
+    (prefix / "bin").mkdir()
+    import shutil
+    shutil.copy2("/bin/true", prefix / "bin" / "python3.13t")
+    found = interp.identify(str(prefix / "bin" / "python3.13t"), _elf("/bin/true"),
+                            _node.detect(), Budget())
+    assert found is not None and found.version == (3, 13)
+    home = tmp_path / "home"
+    sp = sitepath.sys_path(found, interp.PyFlags(), interp.PyCommand("code", "pass"),
+                           {"HOME": str(home)}, "/", _node.detect(), Budget())
+    assert sp.paths == ["", f"{prefix}/lib/python313t.zip", str(std), f"{std}/lib-dynload",
+                        f"{std}/site-packages"]
+    assert sp.user_site == f"{home}/.local/lib/python3.13t/site-packages"
+
+
+def test_home_unset_is_a_note(tmp_path: Path) -> None:
+    it, _ = _fake_python(tmp_path)
+    sp = sitepath.sys_path(it, interp.PyFlags(), interp.PyCommand("code", "pass"), {}, "/",
+                           _node.detect(), Budget())
+    assert sp.user_site is None
+    assert any("HOME" in n for n in sp.notes)
+    # with -s nobody would have looked: no note
+    sp = sitepath.sys_path(it, interp.PyFlags(no_user_site=True),
+                           interp.PyCommand("code", "pass"), {}, "/", _node.detect(), Budget())
+    assert not sp.notes
+
+
+def test_too_many_pth_lines_is_a_note(tmp_path: Path) -> None:
+    it, site = _fake_python(tmp_path)
+    (site / "big.pth").write_text("#\n" * (sitepath.MAX_PTH_LINES + 5))
+    sp = sitepath.sys_path(it, interp.PyFlags(), interp.PyCommand("code", "pass"),
+                           {"HOME": str(tmp_path)}, "/", _node.detect(), Budget())
+    assert any(".pth lines" in n for n in sp.notes)
+
+
+# -- what stops the real interpreter before it runs anything --------------------
+
+def _startup_failure(argv: list[str], env: dict[str, str]) -> str:
+    import subprocess
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0, proc.stdout
+    return proc.stderr
+
+
+@pytest.mark.parametrize(("label", "exe"), INTERPRETERS, ids=[lab for lab, _ in INTERPRETERS])
+@pytest.mark.parametrize("what", ["pth", "pyvenv.cfg"])
+def test_non_utf8_site_file_stops_cpython(label: str, exe: str, what: str,
+                                          tmp_path: Path) -> None:
+    """A .pth or pyvenv.cfg that is not UTF-8 makes site.py raise at start-up
+    (Fatal Python error: init_import_site) under a UTF-8 or C locale: the
+    model says so in startup_error."""
+    import subprocess
+    venv = tmp_path / "v"
+    subprocess.run([exe, "-m", "venv", "--without-pip", str(venv)], check=True,
+                   capture_output=True, timeout=120)
+    site_dir = next(venv.glob("lib/python3*/site-packages"))
+    if what == "pth":
+        (site_dir / "x.pth").write_bytes(b"okdir\n\xff\xfe latin-1\n")
+    else:
+        with open(venv / "pyvenv.cfg", "ab") as f:
+            f.write(b"# \xff\n")
+    exe_v = str(venv / "bin" / "python")
+    env = {"HOME": str(tmp_path), "LC_ALL": "C.UTF-8", "PATH": "/usr/bin:/bin"}
+    stderr = _startup_failure([exe_v, "-c", "pass"], env)
+    assert "UnicodeDecodeError" in stderr
+    _, _, sp = model(exe_v, ["-c", "pass"], env, str(tmp_path))
+    assert sp.startup_error is not None
+    assert sp.startup_error.split(" (")[0] in stderr  # CPython's own words
+    assert "UnicodeDecodeError" in sp.startup_error
+    # -S: site is not imported, nothing fails
+    import subprocess as sp_
+    assert sp_.run([exe_v, "-S", "-c", "pass"], env=env, timeout=60).returncode == 0
+    _, _, sp = model(exe_v, ["-S", "-c", "pass"], env, str(tmp_path))
+    assert sp.startup_error is None
+
+
+@pytest.mark.parametrize(("label", "exe"), INTERPRETERS, ids=[lab for lab, _ in INTERPRETERS])
+def test_pythonhome_without_stdlib_stops_cpython(label: str, exe: str, tmp_path: Path) -> None:
+    env = {"HOME": str(tmp_path), "PYTHONHOME": str(tmp_path / "nope"), "PATH": "/usr/bin"}
+    stderr = _startup_failure([exe, "-c", "pass"], env)
+    _, _, sp = model(exe, ["-c", "pass"], env, str(tmp_path))
+    assert sp.startup_error is not None
+    assert sp.startup_error.split(" (")[0] in stderr  # CPython's own words
+    # -E: PYTHONHOME is ignored, the interpreter starts
+    import subprocess
+    assert subprocess.run([exe, "-E", "-c", "pass"], env=env, timeout=60).returncode == 0
+    _, _, sp = model(exe, ["-E", "-c", "pass"], env, str(tmp_path))
+    assert sp.startup_error is None

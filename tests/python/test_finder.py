@@ -9,10 +9,11 @@ the right names (find_spec never opens them).
 
 from __future__ import annotations
 
-import json
+import ast
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -28,37 +29,37 @@ ARM = extension_suffixes(HOST_VERSION, "aarch64")
 TAG_X86 = X86[0]
 TAG_ARM = ARM[0]
 
+#: Runs under any CPython, including Debian's python3.11-minimal (no json):
+#: argv = entries... "--" names...; prints a repr() the test reads back.
 _ORACLE = r"""
-import importlib.util, json, sys
-entries, names = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+import importlib.util, sys
+args = sys.argv[1:]
+cut = args.index("--")
+entries, names = args[:cut], args[cut + 1:]
 sys.path[:] = entries
 out = {}
 for name in names:
     spec = importlib.util.find_spec(name)
     if spec is None:
-        out[name] = ["missing", ""]
+        out[name] = ["missing", "", []]
         continue
     loader = type(spec.loader).__name__ if spec.loader is not None else "None"
-    locs = list(spec.submodule_search_locations or [])
-    out[name] = [loader, spec.origin or "", locs]
-print(json.dumps(out))
+    out[name] = [loader, spec.origin or "", list(spec.submodule_search_locations or [])]
+print(repr(out))
 """
 
 
 def oracle(entries: list[str], names: list[str], cwd: Path,
-           python: str = sys.executable) -> dict[str, tuple[str, str]]:
+           python: Sequence[str] = (sys.executable,)) -> dict[str, tuple[str, str]]:
     """(kind, path) per name as the real importer finds it."""
-    proc = subprocess.run([python, "-I", "-S", "-c", _ORACLE, json.dumps(entries),
-                           json.dumps(names)], capture_output=True, text=True, cwd=cwd,
-                          check=True, timeout=60)
-    raw = json.loads(proc.stdout)
+    proc = subprocess.run([*python, "-I", "-S", "-c", _ORACLE, *entries, "--", *names],
+                          capture_output=True, text=True, cwd=cwd, check=True, timeout=120)
+    raw = ast.literal_eval(proc.stdout.strip())
     out: dict[str, tuple[str, str]] = {}
-    for name, got in raw.items():
-        if got[0] == "missing":
+    for name, (loader, origin, locs) in raw.items():
+        if loader == "missing":
             out[name] = ("missing", "")
-            continue
-        loader, origin, locs = got
-        if loader in ("None", "NamespaceLoader", "_NamespaceLoader"):
+        elif loader in ("None", "NamespaceLoader", "_NamespaceLoader"):
             out[name] = ("namespace", locs[0])
         elif locs:
             out[name] = ("package", locs[0])
@@ -233,7 +234,7 @@ def test_other_real_interpreters(tree: dict[str, Path], version: str) -> None:
     touch(a / f"verpkg/__init__{sfx[0]}")
     entries = [str(tree["a"]), str(tree["b"]), str(tree["c"])]
     names = [*NAMES, "verext", "verpkg"]
-    want = oracle(entries, names, tree["root"], python=python)
+    want = oracle(entries, names, tree["root"], python=(python,))
     for name in names:
         got = model(name, entries, suffixes=sfx)
         assert (got.kind, got.path) == want[name], (version, name)
@@ -241,29 +242,36 @@ def test_other_real_interpreters(tree: dict[str, Path], version: str) -> None:
 
 # -- package_extensions --------------------------------------------------------
 
+#: FileFinder on one directory, as the importer runs it for ``pkg.sub.name``
+#: once ``pkg.sub`` is imported (without executing any package's __init__).
 _SPEC_ORACLE = r"""
-import importlib.util, json, sys
-sys.path[:] = [sys.argv[1], *sys.path]   # stdlib kept: parents get executed
+import importlib.machinery, sys
 out = {}
-for name in json.loads(sys.argv[2]):
-    try:
-        spec = importlib.util.find_spec(name)
-    except Exception as exc:     # a parent that is not a package
-        out[name] = ["error", type(exc).__name__]
-        continue
-    out[name] = [type(spec.loader).__name__ if spec and spec.loader else "None",
-                 (spec.origin or "") if spec else ""]
-print(json.dumps(out))
+for arg in sys.argv[1:]:
+    directory, _, name = arg.rpartition("/")
+    spec = importlib.machinery.PathFinder.find_spec(name, [directory])
+    out[arg] = [type(spec.loader).__name__ if spec and spec.loader else "None",
+                (spec.origin or "") if spec else ""]
+print(repr(out))
 """
 
 
-def _spec_oracle(site: Path, names: list[str]) -> dict[str, str]:
-    """dotted name -> extension file the real importer picks (only extensions)."""
-    proc = subprocess.run([sys.executable, "-I", "-S", "-c", _SPEC_ORACLE, str(site),
-                           json.dumps(names)], capture_output=True, text=True, check=True,
-                          timeout=60)
-    return {n: origin for n, (loader, origin) in json.loads(proc.stdout).items()
-            if loader == "ExtensionFileLoader"}
+def _spec_oracle(site: Path, names: list[str],
+                 python: Sequence[str] = (sys.executable,)) -> dict[str, str]:
+    """dotted name -> the extension file the real importer picks (extensions only)."""
+    args = []
+    for name in names:
+        parts = name.split(".")
+        args.append(str(site.joinpath(*parts[:-1])) + "/" + parts[-1])
+    proc = subprocess.run([*python, "-I", "-S", "-c", _SPEC_ORACLE, *args],
+                          capture_output=True, text=True, check=True, timeout=120)
+    raw = ast.literal_eval(proc.stdout.strip())
+    out: dict[str, str] = {}
+    for name, arg in zip(names, args):
+        loader, origin = raw[arg]
+        if loader == "ExtensionFileLoader":
+            out[name] = origin
+    return out
 
 
 @pytest.fixture
@@ -418,3 +426,46 @@ def test_bcrypt_abi3_x86_64_is_loaded_by_aarch64_node() -> None:
     loaded, foreign = package_extensions(str(site / "bcrypt"), arm, Budget(deadline_ms=10_000))
     assert loaded == [("bcrypt._bcrypt", str(site / "bcrypt/_bcrypt.abi3.so"))]
     assert foreign == []
+
+
+# -- the node's own importer: a real aarch64 CPython under qemu ----------------------
+
+
+@pytest.mark.network
+@pytest.mark.qemu
+def test_aarch64_interpreter_is_the_oracle(tree: dict[str, Path]) -> None:
+    from python.arm64_python import VERSION, arm64_python
+    cmd = arm64_python()
+    sfx = extension_suffixes(VERSION, "aarch64")
+    a = tree["a"]
+    touch(a / f"armext{sfx[0]}")
+    touch(a / f"armpkg/__init__{sfx[0]}")
+    touch(a / "x86only.cpython-311-x86_64-linux-gnu.so")
+    entries = [str(tree["a"]), str(tree["b"]), str(tree["c"])]
+    names = [*NAMES, "armext", "armpkg", "x86only"]
+    want = oracle(entries, names, tree["root"], python=cmd)
+    assert want["x86only"] == ("missing", "")
+    assert want["armext"][0] == "extension"
+    for name in names:
+        got = model(name, entries, suffixes=sfx)
+        assert (got.kind, got.path) == want[name], name
+    assert model("x86only", entries, suffixes=sfx).foreign == (
+        str(a / "x86only.cpython-311-x86_64-linux-gnu.so"),)
+
+
+@pytest.mark.network
+@pytest.mark.qemu
+@pytest.mark.parametrize("key", ["markupsafe-2.1.5-x86_64", "markupsafe-2.1.5-aarch64",
+                                 "bcrypt-4.1.2-abi3-x86_64"])
+def test_real_wheels_as_the_aarch64_interpreter_sees_them(key: str) -> None:
+    from python.arm64_python import VERSION, arm64_python
+    from python.wheels import wheel_site
+    cmd = arm64_python()
+    site = wheel_site(key)
+    sfx = extension_suffixes(VERSION, "aarch64")
+    top = key.split("-")[0]
+    loaded, _foreign = package_extensions(str(site / top), sfx, Budget(deadline_ms=10_000))
+    candidates = sorted({f"{top}." + p.name.split(".", 1)[0]
+                         for p in (site / top).glob("*.so")})
+    assert candidates
+    assert dict(loaded) == _spec_oracle(site, candidates, python=cmd)

@@ -20,13 +20,13 @@ lists separately).
 from __future__ import annotations
 
 import os
-import stat as _stat
 from collections.abc import Iterable
 
 from .. import fsprobe
 from .._record import dataclass
 from ..budget import Budget
 from ..node import NodeProfile
+from ._read import read_bounded
 from .finder import _listdir, host_path
 from .markers import required
 from .suffixes import split_extension
@@ -35,7 +35,6 @@ from .suffixes import split_extension
 #: body still yields its headers from the first part).
 MAX_META_BYTES = 256 * 1024
 MAX_RECORD_BYTES = 4 * 1024 * 1024
-_CHUNK = 8192
 _META_SUFFIXES = (".dist-info", ".egg-info")
 
 
@@ -69,49 +68,15 @@ def normalize(name: str) -> str:
 
 def _read(host: str, budget: Budget, limit: int) -> str | None:
     """A regular file's first ``limit`` bytes as text, or None."""
-    try:
-        st = fsprobe.stat(host)
-    except OSError:
-        return None
-    if not _stat.S_ISREG(st.st_mode):
-        return None
-    size = min(st.st_size, limit)
-    budget.take_file(size)
-    try:
-        with open(host, "rb") as fh:
-            data = fh.read(size)
-    except OSError:
-        return None
-    return data.decode("utf-8", "surrogateescape")
+    data = read_bounded(host, budget, limit)
+    return None if data is None else data.decode("utf-8", "surrogateescape")
 
 
 def _read_head(host: str, budget: Budget, limit: int = MAX_META_BYTES) -> str | None:
     """The header part of METADATA/PKG-INFO: read in chunks up to the first
     blank line (the body is the project's README, often far bigger)."""
-    try:
-        st = fsprobe.stat(host)
-    except OSError:
-        return None
-    if not _stat.S_ISREG(st.st_mode):
-        return None
-    budget.take_file()
-    chunks: list[bytes] = []
-    got = 0
-    try:
-        with open(host, "rb") as fh:
-            while got < limit:
-                want = min(_CHUNK, limit - got)
-                budget.spend_bytes(want)
-                data = fh.read(want)
-                if not data:
-                    break
-                chunks.append(data)
-                got += len(data)
-                if b"\n\n" in data or b"\n\r\n" in data:
-                    break
-    except OSError:
-        return None
-    return b"".join(chunks).decode("utf-8", "surrogateescape")
+    data = read_bounded(host, budget, limit, until=b"\n\n")
+    return None if data is None else data.decode("utf-8", "surrogateescape")
 
 
 _WANTED = frozenset({"name", "version", "requires-dist"})

@@ -253,7 +253,9 @@ def package_extensions(pkg_dir: str, suffixes: Sequence[str], budget: Budget, *,
         pure: set[str] = set()
         packages: set[str] = set()
         subdirs: list[tuple[str, str, bool]] = []
-        for item in items:
+        for i, item in enumerate(items):
+            if not i & 1023:
+                budget.tick()      # a directory of a million names is still bounded
             fname = item.name
             try:
                 is_dir = item.is_dir()

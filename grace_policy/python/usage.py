@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import os
 
-from .. import fsprobe
 from ..budget import Budget, BudgetExceeded
 from ..node import NodeProfile
+from ._read import read_bounded
 from .finder import host_path
 
 _PYCF_ONLY_AST = 0x400
@@ -229,20 +229,7 @@ def read_script(path: str, *, cwd: str, node: NodeProfile, budget: Budget,
     """The first ``max_bytes`` of a script (node path, relative to ``cwd``),
     stat'ed through fsprobe and charged to the budget; None if unreadable."""
     node_path = path if path.startswith("/") else os.path.join(cwd or "/", path)
-    host = host_path(node_path, node, cwd)
-    try:
-        st = fsprobe.stat(host)
-    except OSError:
-        return None
-    if (st.st_mode & 0o170000) != 0o100000:
-        return None
-    size = min(st.st_size, max_bytes)
-    budget.take_file(size)
-    try:
-        with open(host, "rb") as fh:
-            return fh.read(size)
-    except OSError:
-        return None
+    return read_bounded(host_path(node_path, node, cwd), budget, max_bytes)
 
 
 def command_imports(kind: str, value: str, *, cwd: str, node: NodeProfile, budget: Budget,

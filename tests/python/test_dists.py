@@ -339,3 +339,17 @@ def test_budget_stops_a_huge_site(tmp_path: Path) -> None:
     from grace_policy.budget import BudgetExceeded
     with pytest.raises(BudgetExceeded):
         dists_in(str(s), ARM, (3, 11), Budget(deadline_ms=60_000, max_files=10))
+
+
+def test_fifos_are_never_opened(tmp_path: Path) -> None:
+    """A FIFO where METADATA or a script should be would block an open()."""
+    from grace_policy.python.usage import command_imports
+    s = tmp_path / "site"
+    (s / "fifo-1.dist-info").mkdir(parents=True)
+    os.mkfifo(s / "fifo-1.dist-info" / "METADATA")
+    os.mkfifo(s / "fifo-1.dist-info" / "top_level.txt")
+    (d,) = dists_in(str(s), ARM, (3, 11), budget())
+    assert (d.name, d.version, d.top_level) == ("fifo", "1", ("fifo",))
+    os.mkfifo(tmp_path / "job.py")
+    assert command_imports("script", str(tmp_path / "job.py"), cwd="/", node=ARM,
+                           budget=budget()) == ()

@@ -220,7 +220,9 @@ def package_extensions(pkg_dir: str, suffixes: Sequence[str], budget: Budget, *,
     whose names hold a dot (``foo.libs``, ``x.dist-info``: no import name can
     reach them) are not walked. Paths returned are node paths under
     ``pkg_dir``; ``prefix`` is the dotted name of ``pkg_dir`` (default: its
-    base name).
+    base name). ``prefix=""`` walks a whole site directory: its top-level
+    extension modules and every package in it (``*.dist-info``, ``*.libs``
+    are skipped by the dot rule), for the environment-wide warnings.
     """
     loaded: list[tuple[str, str]] = []
     foreign: list[tuple[str, tuple[str, ...]]] = []
@@ -305,23 +307,27 @@ def package_extensions(pkg_dir: str, suffixes: Sequence[str], budget: Budget, *,
                 if key in seen:
                     continue
                 seen.add(key)
-            stack.append((sub_host, os.path.join(node_dir, sub), f"{dotted}.{sub}", depth + 1))
+            stack.append((sub_host, os.path.join(node_dir, sub), _dot(dotted, sub), depth + 1))
             packages.add(sub)
         for stem, (_r, fname) in best.items():
             if stem in packages and _is_regular_package(os.path.join(host_dir, stem), ext):
                 continue
-            name = dotted if stem == "__init__" else f"{dotted}.{stem}"
+            name = dotted if stem == "__init__" else _dot(dotted, stem)
             loaded.append((name, os.path.join(node_dir, fname)))
         for stem, files in tagged.items():
             if stem in best or stem in pure:
                 continue
             if stem in packages and _is_regular_package(os.path.join(host_dir, stem), ext):
                 continue
-            name = dotted if stem == "__init__" else f"{dotted}.{stem}"
+            name = dotted if stem == "__init__" else _dot(dotted, stem)
             foreign.append((name, tuple(os.path.join(node_dir, f) for f in sorted(files))))
     loaded.sort()
     foreign.sort()
     return loaded, foreign
+
+
+def _dot(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
 
 
 def _is_regular_package(host_dir: str, suffixes: Sequence[str]) -> bool:

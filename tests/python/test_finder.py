@@ -469,3 +469,29 @@ def test_real_wheels_as_the_aarch64_interpreter_sees_them(key: str) -> None:
                          for p in (site / top).glob("*.so")})
     assert candidates
     assert dict(loaded) == _spec_oracle(site, candidates, python=cmd)
+
+
+def test_whole_site_walk(pkg_tree: Path) -> None:
+    """prefix="" walks a site dir: top-level modules and all packages."""
+    touch(pkg_tree / f"_top{TAG_X86}")
+    touch(pkg_tree / f"_armtop{TAG_ARM}")
+    touch(pkg_tree / "x-1.0.dist-info" / f"hidden{TAG_X86}")
+    b = Budget(deadline_ms=10_000)
+    loaded, foreign = package_extensions(str(pkg_tree), X86, b, prefix="")
+    pkg_loaded, pkg_foreign = package_extensions(str(pkg_tree / "pkg"), X86, b)
+    assert sorted(loaded) == sorted([("_top", str(pkg_tree / f"_top{TAG_X86}")), *pkg_loaded])
+    assert sorted(foreign) == sorted(
+        [("_armtop", (str(pkg_tree / f"_armtop{TAG_ARM}"),)), *pkg_foreign])
+    assert dict(loaded)["_top"] == oracle([str(pkg_tree)], ["_top"], pkg_tree)["_top"][1]
+
+
+def test_zip_entries_are_not_searched(tmp_path: Path) -> None:
+    """zipimport is not modelled (no extension module loads from a zip): a
+    zip on the path contributes nothing and costs no error."""
+    import zipfile
+    z = tmp_path / "lib.zip"
+    with zipfile.ZipFile(z, "w") as zf:
+        zf.writestr("zipped.py", "x = 1\n")
+    touch(tmp_path / "d" / "zipped.py")
+    assert model("zipped", [str(z)]).kind == "missing"
+    assert model("zipped", [str(z), str(tmp_path / "d")]).path == str(tmp_path / "d" / "zipped.py")

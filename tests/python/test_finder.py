@@ -495,3 +495,21 @@ def test_zip_entries_are_not_searched(tmp_path: Path) -> None:
     touch(tmp_path / "d" / "zipped.py")
     assert model("zipped", [str(z)]).kind == "missing"
     assert model("zipped", [str(z), str(tmp_path / "d")]).path == str(tmp_path / "d" / "zipped.py")
+
+
+@pytest.mark.network
+@pytest.mark.parametrize(("key", "rules"), [("numpy-1.19.0-aarch64", ["page-congruence"]),
+                                            ("numpy-1.19.5-aarch64", [])])
+def test_numpy_corpus_is_what_wheels_py_says(key: str, rules: list[str]) -> None:
+    """The corpus fact the integration tests rely on (numpy issue 16677):
+    1.19.0's _multiarray_umath breaks on 64 KiB pages, 1.19.5's does not."""
+    from grace_policy.elf import read_elf
+    from grace_policy.layout import page_issues
+    from python.wheels import wheel_site
+    site = wheel_site(key)
+    sfx = extension_suffixes((3, 8), "aarch64")
+    loaded, _ = package_extensions(str(site / "numpy"), sfx, Budget(deadline_ms=10_000))
+    path = dict(loaded)["numpy.core._multiarray_umath"]
+    node = NodeProfile(machine="aarch64", page_size=65536, glibc=(2, 36))
+    got = [i.rule for i in page_issues(path, read_elf(path), node, mapped_by_kernel=False)]
+    assert got == rules

@@ -42,6 +42,10 @@ SOURCE_SUFFIXES = (".py",)
 BYTECODE_SUFFIXES = (".pyc",)
 #: Directories no import reaches (bytecode caches).
 _SKIP_DIRS = frozenset({"__pycache__"})
+#: Directories of headers and build data inside packages (torch/include,
+#: torch/share/cmake): importable in theory (as namespace packages), never in
+#: practice. For ``package_extensions(skip_dirs=DATA_DIRS)``.
+DATA_DIRS = frozenset({"include", "share"})
 #: Bounds for hostile trees: a package deeper than this is not walked further.
 MAX_DEPTH = 64
 
@@ -202,6 +206,7 @@ def find_top_level(name: str, entries: Sequence[str], suffixes: Sequence[str], b
 
 def package_extensions(pkg_dir: str, suffixes: Sequence[str], budget: Budget, *,
                        node: NodeProfile | None = None, prefix: str | None = None,
+                       skip_dirs: frozenset[str] = frozenset(),
                        ) -> tuple[list[tuple[str, str]], list[tuple[str, tuple[str, ...]]]]:
     """The extension modules under a package directory, as the node would see them.
 
@@ -223,6 +228,9 @@ def package_extensions(pkg_dir: str, suffixes: Sequence[str], budget: Budget, *,
     base name). ``prefix=""`` walks a whole site directory: its top-level
     extension modules and every package in it (``*.dist-info``, ``*.libs``
     are skipped by the dot rule), for the environment-wide warnings.
+    ``skip_dirs``: directory names not to walk at any depth -- an opt-in
+    trade of exactness for cost (:data:`DATA_DIRS`: torch's ``include/``
+    alone is about 10,000 header files no import reaches in practice).
     """
     loaded: list[tuple[str, str]] = []
     foreign: list[tuple[str, tuple[str, ...]]] = []
@@ -264,7 +272,8 @@ def package_extensions(pkg_dir: str, suffixes: Sequence[str], budget: Budget, *,
             except OSError:
                 continue
             if is_dir:
-                if fname in _SKIP_DIRS or "." in fname or depth >= MAX_DEPTH:
+                if fname in _SKIP_DIRS or "." in fname or depth >= MAX_DEPTH \
+                        or fname in skip_dirs:
                     continue
                 try:
                     link = item.is_symlink()

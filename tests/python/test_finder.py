@@ -513,3 +513,13 @@ def test_numpy_corpus_is_what_wheels_py_says(key: str, rules: list[str]) -> None
     node = NodeProfile(machine="aarch64", page_size=65536, glibc=(2, 36))
     got = [i.rule for i in page_issues(path, read_elf(path), node, mapped_by_kernel=False)]
     assert got == rules
+
+
+def test_skip_dirs(pkg_tree: Path) -> None:
+    from grace_policy.python.finder import DATA_DIRS
+    touch(pkg_tree / "pkg" / "include" / "deep" / f"h{TAG_X86}")
+    b = Budget(deadline_ms=10_000)
+    every = dict(package_extensions(str(pkg_tree / "pkg"), X86, b)[0])
+    some = dict(package_extensions(str(pkg_tree / "pkg"), X86, b, skip_dirs=DATA_DIRS)[0])
+    assert "pkg.include.deep.h" in every
+    assert set(every) - set(some) == {"pkg.include.deep.h"}

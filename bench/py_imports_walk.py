@@ -1,6 +1,6 @@
 """Cost of the py-imports pieces on synthetic environments (issue 8, item 8).
 
-    python3 -m bench.py_imports_walk [--files 30000] [--repeat 5]
+    python3 -m bench.py_imports_walk [--files 30000] [--repeat 5] [--wheel torch-....whl]
 
 Prints, per case, the best wall and CPU time of ``--repeat`` runs (the page
 cache warm after the first) and files per second:
@@ -28,7 +28,7 @@ from pathlib import Path
 from grace_policy.budget import Budget
 from grace_policy.node import NodeProfile
 from grace_policy.python.dists import dists_in
-from grace_policy.python.finder import package_extensions
+from grace_policy.python.finder import DATA_DIRS, package_extensions
 from grace_policy.python.suffixes import extension_suffixes
 from grace_policy.python.usage import source_imports
 
@@ -62,6 +62,27 @@ def _tree(base: Path, files: int, per_dir: int) -> Path:
         d += 1
     done.touch()
     return root / "torch"
+
+
+def _wheel_shape(base: Path, wheel: Path) -> tuple[Path, int]:
+    """Empty files named like the wheel's (its biggest top-level package)."""
+    import zipfile
+    with zipfile.ZipFile(wheel) as zf:
+        names = [n for n in zf.namelist() if not n.endswith("/")]
+    tops: dict[str, int] = {}
+    for n in names:
+        if "/" in n and ".dist-info/" not in n:
+            tops[n.split("/", 1)[0]] = tops.get(n.split("/", 1)[0], 0) + 1
+    top = max(tops, key=lambda t: tops[t])
+    root = base / f"wheel-{wheel.name}"
+    if not (root / ".done").exists():
+        for n in names:
+            if n.startswith(top + "/"):
+                path = root / n
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.touch()
+        (root / ".done").touch()
+    return root / top, sum(1 for n in names if n.startswith(top + "/"))
 
 
 def _site(base: Path, count: int = 300) -> Path:
@@ -99,6 +120,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--files", type=int, default=30_000)
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--wheel", help="also walk a tree shaped like this wheel (empty files with "
+                    "its names), e.g. a torch wheel, with and without skip_dirs=DATA_DIRS")
     args = ap.parse_args()
     base = Path(os.environ.get("TMPDIR", tempfile.gettempdir())) / "grace-bench-py-imports"
     sfx = extension_suffixes((3, 11), "aarch64")
@@ -112,6 +135,14 @@ def main() -> None:
             loaded, _ = package_extensions(str(top), sfx, _big_budget())
             print(f"  {files:>7} files, {per_dir:>4}/dir: {wall:7.1f} ms wall {cpu:7.1f} ms cpu"
                   f"  {files / (cpu / 1000):>10,.0f} files/s (cpu)  {len(loaded)} modules")
+    if args.wheel:
+        top, count = _wheel_shape(base, Path(args.wheel))
+        for skip in (frozenset(), DATA_DIRS):
+            wall, cpu = _best(lambda top=top, skip=skip: package_extensions(
+                str(top), sfx, _big_budget(), skip_dirs=skip), args.repeat)
+            what = "skip_dirs=DATA_DIRS" if skip else "every directory"
+            print(f"  {Path(args.wheel).name} shape ({count} files), {what}: {wall:.1f} ms wall"
+                  f" {cpu:.1f} ms cpu")
     site = _site(base)
     wall, cpu = _best(lambda: dists_in(str(site), NODE, (3, 11), _big_budget()), args.repeat)
     print(f"dists_in, 300 distributions: {wall:.1f} ms wall {cpu:.1f} ms cpu")

@@ -201,6 +201,40 @@ def find_top_level(name: str, entries: Sequence[str], suffixes: Sequence[str], b
     return Located(name=name, kind="missing", path="", entry="", foreign=tuple(foreign))
 
 
+def find_module(dotted: str, entries: Sequence[str], suffixes: Sequence[str], budget: Budget,
+                *, node: NodeProfile | None = None, cwd: str = "/",
+                listings: dict[str, _Dir | None] | None = None) -> Located:
+    """Where the node's ``import a.b.c`` finds ``a.b.c`` (e.g. for ``-m a.b.c``).
+
+    The top-level name on ``entries``, then each further name in its
+    parent's directories: a regular package's own directory, a namespace
+    package's portions. A parent that is a plain module is no package
+    (ModuleNotFoundError: "... is not a package") -> ``missing``. Not
+    modelled: ``__init__`` code that changes ``__path__`` (pkgutil-style
+    namespaces). ``entry`` is the sys.path entry of the top-level package.
+    """
+    if listings is None:
+        listings = {}
+    parts = dotted.split(".")
+    if not all(_valid_name(p) for p in parts):
+        return Located(name=dotted, kind="missing", path="", entry="")
+    loc = find_top_level(parts[0], entries, suffixes, budget, node=node, cwd=cwd,
+                         listings=listings)
+    entry = loc.entry
+    for part in parts[1:]:
+        if loc.kind == "package":
+            dirs: Sequence[str] = (loc.path,)
+        elif loc.kind == "namespace":
+            dirs = loc.portions
+        else:
+            return Located(name=dotted, kind="missing", path="", entry=entry,
+                           foreign=loc.foreign)
+        loc = find_top_level(part, dirs, suffixes, budget, node=node, cwd=cwd,
+                             listings=listings)
+    return Located(name=dotted, kind=loc.kind, path=loc.path, entry=entry if loc.path else "",
+                   foreign=loc.foreign, portions=loc.portions)
+
+
 # -- every extension module of a package tree ---------------------------------
 
 

@@ -523,3 +523,40 @@ def test_skip_dirs(pkg_tree: Path) -> None:
     some = dict(package_extensions(str(pkg_tree / "pkg"), X86, b, skip_dirs=DATA_DIRS)[0])
     assert "pkg.include.deep.h" in every
     assert set(every) - set(some) == {"pkg.include.deep.h"}
+
+
+def test_find_module_dotted_matches_real_importer(tree: dict[str, Path]) -> None:
+    from grace_policy.python.finder import find_module
+    a, b, c = tree["a"], tree["b"], tree["c"]
+    touch(a / "pkg_src" / "run.py")
+    touch(a / "pkg_src" / "sub" / "__init__.py")
+    touch(a / "pkg_src" / "sub" / f"fast{TAG_X86}")
+    touch(a / "pkg_src" / "sub" / f"armonly{TAG_ARM}")
+    touch(a / "ns_only" / "left.py")
+    touch(b / "ns_only" / "right" / "__init__.py")
+    touch(b / "ns_only" / "right" / "leaf.pyc")
+    touch(c / "first.py")
+    entries = [str(a), str(b), str(c)]
+    names = ["pkg_src.run", "pkg_src.sub", "pkg_src.sub.fast", "pkg_src.sub.armonly",
+             "pkg_src.nothing", "ns_only.left", "ns_only.right", "ns_only.right.leaf",
+             "ns_only.absent", "first", "pkg_src"]
+    want = oracle(entries, names, tree["root"])
+    for name in names:
+        got = find_module(name, entries, X86, Budget(deadline_ms=10_000))
+        assert (got.kind, got.path) == want[name], name
+    armonly = find_module("pkg_src.sub.armonly", entries, X86, Budget(deadline_ms=10_000))
+    assert armonly.foreign == (str(a / "pkg_src" / "sub" / f"armonly{TAG_ARM}"),)
+    assert armonly.entry == "" and armonly.kind == "missing"
+    assert find_module("pkg_src.sub.fast", entries, X86, Budget(deadline_ms=1e4)).entry == str(a)
+
+
+def test_find_module_parent_not_a_package(tree: dict[str, Path]) -> None:
+    """`import first.x` where first is a module: ModuleNotFoundError in CPython."""
+    from grace_policy.python.finder import find_module
+    entries = [str(tree["a"]), str(tree["b"]), str(tree["c"])]
+    proc = subprocess.run([sys.executable, "-I", "-S", "-c",
+                           f"import sys; sys.path[:] = {entries!r}; import first.x"],
+                          capture_output=True, text=True, timeout=60)
+    assert "ModuleNotFoundError" in proc.stderr and "not a package" in proc.stderr
+    assert find_module("first.x", entries, X86, Budget(deadline_ms=1e4)).kind == "missing"
+    assert find_module("a..b", entries, X86, Budget(deadline_ms=1e4)).kind == "missing"

@@ -302,6 +302,7 @@ def owners(dists: Iterable[Dist]) -> dict[str, list[Dist]]:
 
 #: RECORD path sets already read, by host path and file identity.
 _records: dict[tuple[str, str], frozenset[str]] = {}
+_MAX_RECORDS = 256
 
 
 def _record_of(dist: Dist, node: NodeProfile | None, budget: Budget) -> frozenset[str]:
@@ -320,6 +321,8 @@ def _record_of(dist: Dist, node: NodeProfile | None, budget: Budget) -> frozense
     if got is None:
         got = frozenset(os.path.normpath(p) for p in _record_paths(
             _read(host, budget, MAX_RECORD_BYTES) or "") if p)
+        if len(_records) >= _MAX_RECORDS:
+            _records.clear()      # a long-lived CLI process: stay bounded
         _records[key] = got
     return got
 

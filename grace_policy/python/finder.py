@@ -52,7 +52,7 @@ MAX_DEPTH = 64
 
 @dataclass(frozen=True)
 class Located:
-    name: str                 # top-level module name
+    name: str                 # the module name asked for (top-level, or dotted: find_module)
     #: "package" | "extension" | "source" | "bytecode" | "namespace" | "missing"
     kind: str
     path: str                 # package dir / module file / "" when missing (node path)

@@ -560,3 +560,23 @@ def test_find_module_parent_not_a_package(tree: dict[str, Path]) -> None:
     assert "ModuleNotFoundError" in proc.stderr and "not a package" in proc.stderr
     assert find_module("first.x", entries, X86, Budget(deadline_ms=1e4)).kind == "missing"
     assert find_module("a..b", entries, X86, Budget(deadline_ms=1e4)).kind == "missing"
+
+
+@pytest.mark.network
+@pytest.mark.qemu
+def test_loaded_x86_64_abi3_fails_on_aarch64_as_predicted() -> None:
+    """What package_extensions calls 'loaded' for an x86_64 abi3 file is what
+    the aarch64 interpreter really tries, and the error py-ext-arch predicts
+    (field notes §8: "cannot open shared object file", not "wrong ELF class")."""
+    from python.arm64_python import arm64_python
+    from python.wheels import wheel_site
+    site = wheel_site("bcrypt-4.1.2-abi3-x86_64")
+    code = ("import importlib.machinery as m, importlib.util, sys\n"
+            "spec = m.PathFinder.find_spec('_bcrypt', [sys.argv[1]])\n"
+            "try:\n    importlib.util.module_from_spec(spec)\n"
+            "except ImportError as e:\n    print('ImportError:', e)\n")
+    out = subprocess.run([*arm64_python(), "-I", "-S", "-c", code, str(site / "bcrypt")],
+                         capture_output=True, text=True, check=True, timeout=120).stdout
+    path = str(site / "bcrypt" / "_bcrypt.abi3.so")
+    assert out.strip() == f"ImportError: {path}: cannot open shared object file: " \
+                          "No such file or directory"

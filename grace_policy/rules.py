@@ -35,18 +35,28 @@ RULE_IDS = (
     "page-overlap",
     "relro-tail",
     "env-leak",
+    "py-ext-arch",
+    "py-ext-foreign",
+    "py-dist-broken",
     "check-limit",
+    "torch-cpu-only",
+    "torchcodec-no-ffmpeg",
+    "jit-cache-foreign",
+    "page-size-compiled",
+    "page-bss-clobber",
 )
 
 #: Causes the checks may put in ``Issue.causes``, most specific first.
 CAUSES = (
     "leaked-env",
+    "pythonpath",
     "conda",
     "venv",
     "user-local",
     "pip-wheel",
     "jit-cache",
     "jemalloc",
+    "bundled-lib",
     "home",
     "system",
 )
@@ -74,6 +84,19 @@ TEMPLATE_FIELDS = frozenset(
         "detail",
         "limit",
         "error",
+        # Python steps (issue 8): torch, torchcodec, JIT caches.
+        "version",
+        "pin",
+        "gpus",
+        "cuda_index",
+        "index_note",
+        "majors",
+        "missing",
+        "count",
+        "files",
+        "allocator",
+        "compiled_page_kib",
+        "fix_hint",
     }
 )
 

@@ -1,0 +1,62 @@
+"""Node paths as this host reads them, and bounded reads of small files.
+
+A node path P is read at ``node.in_root(P)`` when that exists, else at P
+(shared storage): the loader's own rule, ``loader._Searcher.to_host``, used
+here unchanged rather than copied (py-imports' ``finder.host_path`` does the
+same; one of the two can go when both are merged).
+"""
+
+from __future__ import annotations
+
+import os
+
+from .. import fsprobe
+from ..elf import ElfError, open_regular
+from ..loader import _Searcher
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ..budget import Budget
+    from ..node import NodeProfile
+
+
+class _HostView:
+    """Just enough of the loader's searcher for its ``to_host``."""
+
+    to_host = _Searcher.to_host
+
+    def __init__(self, node: NodeProfile, cwd: str) -> None:
+        self.node = node
+        self.cwd = cwd or "/"
+
+
+def host_path(path: str, node: NodeProfile, cwd: str = "/") -> str:
+    """Where this host reads node path ``path``."""
+    return _HostView(node, cwd).to_host(path)
+
+
+def listdir(path: str) -> list[str]:
+    """The one place these modules list a directory: ``fsprobe.listdir`` when
+    fsprobe has it (the verdict cache then records the listing), else
+    ``os.listdir``. Raises OSError like them."""
+    lister = getattr(fsprobe, "listdir", None) or os.listdir
+    return list(lister(path))
+
+
+def read_small(path: str, limit: int, budget: Budget) -> bytes | None:
+    """At most ``limit`` bytes from the start of regular file ``path`` (a host
+    path), charged to ``budget``; None when it is missing, not a regular file
+    or unreadable. Opened without blocking (a FIFO planted as version.py must
+    not hang a step launch); ``fsprobe`` records its identity."""
+    try:
+        fd, st = open_regular(path)
+    except (OSError, ElfError, ValueError):
+        return None
+    try:
+        size = min(st.st_size, limit)
+        budget.take_file(size)
+        return os.pread(fd, size, 0)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)

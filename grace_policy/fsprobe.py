@@ -131,6 +131,26 @@ def listdir(path: str) -> list[str]:
     return names
 
 
+def scandir(path: str) -> list[os.DirEntry[str]]:
+    """``os.scandir`` as a list, written down exactly like :func:`listdir`
+    (op "D"): a package-tree walk takes each entry's type from the listing
+    (no stat per file) and a replay still notices an entry added, removed or
+    renamed. Raises OSError like ``os.scandir``."""
+    try:
+        st = os.stat(path)
+        with os.scandir(path) as it:
+            entries = list(it)
+    except OSError as exc:
+        note(path, None, exc.errno or 0, "D")
+        raise
+    except ValueError:
+        note(path, None, 2, "D")
+        raise FileNotFoundError(2, "No such file or directory", path) from None
+    if _log is not None:
+        _log.append(("D", path, dir_signature(st)))
+    return entries
+
+
 def dir_signature(st: os.stat_result) -> str:
     """The answer of a "D" question (keep in step with grace_cache.c)."""
     if not _stat.S_ISDIR(st.st_mode):

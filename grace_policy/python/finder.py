@@ -69,16 +69,16 @@ class Located:
 
 
 def _listdir(path: str) -> list[str]:
-    """The one place this module lists a directory by name (fsprobe records it
-    as op "D" once the lead's ``fsprobe.listdir`` is merged)."""
+    """The one place this module lists a directory by name (fsprobe records
+    it as op "D", so the verdict cache notices an entry added or removed)."""
     lister = getattr(fsprobe, "listdir", None) or os.listdir
     return lister(path)
 
 
 def _scandir(path: str) -> list[os.DirEntry[str]]:
     """The one place this module lists a directory with entry types (for the
-    tree walk: ``DirEntry.is_dir()`` costs no stat). Uses ``fsprobe.scandir``
-    when fsprobe has one, so the verdict cache records the listing."""
+    tree walk: ``DirEntry.is_dir()`` costs no stat); recorded by
+    ``fsprobe.scandir`` like ``fsprobe.listdir`` (op "D")."""
     scanner = getattr(fsprobe, "scandir", None)
     if scanner is not None:
         return list(scanner(path))

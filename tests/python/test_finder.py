@@ -580,3 +580,21 @@ def test_loaded_x86_64_abi3_fails_on_aarch64_as_predicted() -> None:
     path = str(site / "bcrypt" / "_bcrypt.abi3.so")
     assert out.strip() == f"ImportError: {path}: cannot open shared object file: " \
                           "No such file or directory"
+
+
+def test_walk_is_recorded_for_the_verdict_cache(pkg_tree: Path) -> None:
+    """Every directory the walk lists is a "D" record; a module added after
+    the check makes the record stale (a cache miss, never a stale allow)."""
+    from grace_policy import fsprobe
+    fsprobe.start()
+    try:
+        package_extensions(str(pkg_tree / "pkg"), X86, Budget(deadline_ms=10_000))
+    finally:
+        records = fsprobe.stop()
+    listed = {path for op, path, _ in records if op == "D"}
+    walked = {d for d, _, _ in os.walk(pkg_tree / "pkg")
+              if "__pycache__" not in d and ".libs" not in d}
+    assert {str(p) for p in walked} <= listed
+    assert fsprobe.still_true(records)
+    touch(pkg_tree / "pkg" / "sub" / f"new{TAG_X86}")
+    assert not fsprobe.still_true(records)

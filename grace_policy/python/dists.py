@@ -162,18 +162,24 @@ def _top_name(rel: str) -> str | None:
 def _top_from_paths(paths: Iterable[str]) -> tuple[str, ...]:
     """Import names provided by site-relative paths. A RECORD has thousands of
     lines and a handful of distinct first components: reduce first."""
-    firsts: dict[tuple[str, bool], None] = {}
+    firsts: dict[tuple[str, str], None] = {}
     for rel in paths:
-        if rel.startswith("./") or "/./" in rel or "//" in rel or "/../" in rel:
+        if "./" in rel or "//" in rel:
             rel = os.path.normpath(rel)
-        first, slash, _ = rel.partition("/")
-        firsts[(first, bool(slash))] = None
+        firsts[rel.partition("/")[:2]] = None
     found: dict[str, None] = {}
     for first, slash in firsts:
         name = _top_name(first + "/x" if slash else first)
         if name:
             found[name] = None
     return tuple(found)
+
+
+def _record_tops(text: str) -> tuple[str, ...]:
+    """:func:`_top_from_paths` of a RECORD's paths, in one pass over its text."""
+    if '"' in text:
+        return _top_from_paths(_record_paths(text))
+    return _top_from_paths(line.partition(",")[0] for line in text.splitlines() if line)
 
 
 def _lines(text: str | None) -> list[str]:
@@ -234,8 +240,8 @@ def _read_dist(meta_host: str, meta_node: str, site_dir: str, entry: str, node: 
                                                      budget, MAX_META_BYTES))
             if t.split("/", 1)[0] and "." not in t.split("/", 1)[0]))
         if not top and is_dist_info:
-            top = _top_from_paths(_record_paths(
-                _read(os.path.join(meta_host, "RECORD"), budget, MAX_RECORD_BYTES) or ""))
+            top = _record_tops(
+                _read(os.path.join(meta_host, "RECORD"), budget, MAX_RECORD_BYTES) or "")
         elif not top:
             files = _lines(_read(os.path.join(meta_host, "installed-files.txt"), budget,
                                  MAX_RECORD_BYTES))

@@ -195,6 +195,43 @@ def fetch_aarch64_wheel(requirement: str = WHEEL_REQUIREMENT) -> Path:
                         build)
 
 
+#: node_exporter, the consumer of the metrics file (its textfile collector
+#: is the oracle for the format), from Debian 12's archive, pinned.
+NODE_EXPORTER = ("prometheus-node-exporter", "1.5.0-1+b6",
+                 "8cb5b39627595ea2cf3cd27be593e0e9af87023d29e1c5b8487e2f9510097e09")
+
+
+def fetch_node_exporter(pin: tuple[str, str, str] = NODE_EXPORTER) -> Path:
+    """Download the pinned node_exporter .deb for this machine's architecture
+    (private apt state: nothing is installed, no service is started), check
+    its sha256 and unpack it once; return the executable."""
+    import hashlib
+
+    name, version, digest = pin
+
+    def build(work: Path) -> Path:
+        lists, cache, debs, unpack = (work / n for n in ("lists", "cache", "debs", "root"))
+        for d in (lists / "partial", cache / "archives" / "partial", debs, unpack):
+            d.mkdir(parents=True)
+        apt = ["apt-get", "-q", f"-oDir::State::Lists={lists}", f"-oDir::Cache={cache}",
+               "-oDir::State::status=/dev/null", "-oAcquire::Retries=1",
+               f"-oAcquire::http::Timeout={NET_TIMEOUT}", "-oAPT::Sandbox::User=root"]
+        _run([*apt, "update"])
+        _run([*apt, "download", f"{name}={version}"], cwd=debs)
+        [deb] = sorted(debs.glob("*.deb")) or [None]
+        if deb is None:
+            raise CorpusUnavailable(f"apt-get download {name}={version} gave no .deb")
+        got = hashlib.sha256(deb.read_bytes()).hexdigest()
+        if got != digest:
+            raise CorpusUnavailable(f"{deb.name}: sha256 {got}, pinned {digest}")
+        _run(["dpkg-deb", "-x", str(deb), str(unpack)])
+        return unpack
+
+    root = _cached_tree("node-exporter", {"package": name, "version": version,
+                                          "sha256": digest}, build)
+    return root / "usr" / "bin" / "prometheus-node-exporter"
+
+
 @dataclass(frozen=True)
 class PinnedWheel:
     """One real wheel, pinned by version and sha256 (pip checks the hash), of
@@ -367,6 +404,19 @@ def jemalloc_or_skip(lg_page: int) -> Path:
 def debian_arm64() -> Corpus:
     """Unpacked Debian arm64 packages (see :data:`DEBIAN_PACKAGES`)."""
     return _corpus_or_skip("debian-arm64", fetch_debian_arm64)
+
+
+@pytest.fixture(scope="session")
+def node_exporter() -> Path:
+    """The pinned node_exporter executable (see :data:`NODE_EXPORTER`)."""
+    if "node-exporter" in _failures:
+        _give_up(_failures["node-exporter"])
+    try:
+        return fetch_node_exporter()
+    except CorpusUnavailable as exc:
+        _failures["node-exporter"] = f"node_exporter unavailable (network?): {exc}"
+        _give_up(_failures["node-exporter"])
+        raise
 
 
 @pytest.fixture(scope="session")

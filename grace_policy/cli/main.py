@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "env": ("main_env", "which packages of a Python environment would fail on a node"),
     "explain": ("main_explain", "what a rule checks and what users are told"),
     "config": ("main_config", "validate (and compile) the site's config"),
+    "report": ("main_report", "what the plugin did, from its audit logs (--json, --metrics)"),
 }
 
 

@@ -18,50 +18,11 @@ from collections.abc import Iterable, Sequence
 
 from .._record import dataclass
 from ..budget import Budget
-from ..elf import open_regular
+from .dists import record_paths
+from .nodepath import read_text
 
 #: A RECORD larger than this is not read (torch's is ~2 MiB).
 MAX_RECORD_BYTES = 16 * 1024 * 1024
-
-
-def read_text(path: str, budget: Budget, limit: int) -> str | None:
-    """A small text file's content, charged to the budget; None when it is
-    missing, not regular, too large or unreadable."""
-    try:
-        fd, st = open_regular(path)
-    except (OSError, ValueError):
-        return None
-    except Exception:  # ElfError "not a regular file"
-        return None
-    try:
-        if st.st_size > limit:
-            return None
-        budget.take_file(st.st_size)
-        data = os.pread(fd, st.st_size, 0)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    return data.decode("utf-8", "surrogateescape")
-
-
-def _record_path(line: str) -> str:
-    if line.startswith('"'):
-        # csv quoting: "a,b.so",sha256=...,123 ("" stands for one quote)
-        end = 1
-        out = []
-        while end < len(line):
-            ch = line[end]
-            if ch == '"':
-                if line[end + 1:end + 2] == '"':
-                    out.append('"')
-                    end += 2
-                    continue
-                break
-            out.append(ch)
-            end += 1
-        return "".join(out)
-    return line.split(",", 1)[0]
 
 
 @dataclass(frozen=True)
@@ -80,24 +41,24 @@ def record_files(meta_dir: str, site_dir: str, budget: Budget) -> Files | None:
     """The loadable files a ``.dist-info`` lists, as absolute paths inside
     ``site_dir`` (files installed elsewhere, such as scripts, are left out);
     None when it has no readable RECORD."""
-    text = read_text(os.path.join(meta_dir, "RECORD"), budget, MAX_RECORD_BYTES)
+    text = read_text(os.path.join(meta_dir, "RECORD"), MAX_RECORD_BYTES, budget)
     if text is None:
         return None
-    shared: list[str] = []
-    tops: dict[str, None] = {}
+    # A torch RECORD has ~30,000 lines and only a few hundred name a ".so":
+    # the full CSV parse is kept for those, the rest is split in bulk.
+    lines = text.split("\n")
     base = site_dir.rstrip("/") + "/"
-    for line in text.split("\n"):
-        if not line:
-            continue
-        rel = _record_path(line.rstrip("\r"))
+    shared: list[str] = []
+    for rel in record_paths("\n".join(line for line in lines if ".so" in line)):
         if not rel or rel.startswith(("/", "../")) or "/../" in rel:
             continue
-        tops.setdefault(rel.split("/", 1)[0])
-        name = rel.rsplit("/", 1)[-1]
-        if ".so" in name:
+        if ".so" in rel.rsplit("/", 1)[-1]:
             shared.append(base + rel)
+    tops = {line.lstrip('"').split("/", 1)[0].split(",", 1)[0] for line in lines}
+    tops.discard("")
+    tops.discard("..")
     budget.tick()
-    return Files(tuple(shared), tuple(tops))
+    return Files(tuple(shared), tuple(sorted(tops)))
 
 
 @dataclass(frozen=True)

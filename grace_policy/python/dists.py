@@ -26,9 +26,9 @@ from .. import fsprobe
 from .._record import dataclass
 from ..budget import Budget
 from ..node import NodeProfile
-from ._read import read_bounded
-from .finder import _listdir, host_path
 from .markers import required
+from .nodepath import host_path, read_text, read_until
+from .nodepath import listdir as _listdir
 from .suffixes import split_extension
 
 #: Per metadata file: what is read at most (a METADATA with a 10 MB README
@@ -68,14 +68,13 @@ def normalize(name: str) -> str:
 
 def _read(host: str, budget: Budget, limit: int) -> str | None:
     """A regular file's first ``limit`` bytes as text, or None."""
-    data = read_bounded(host, budget, limit)
-    return None if data is None else data.decode("utf-8", "surrogateescape")
+    return read_text(host, limit, budget)
 
 
 def _read_head(host: str, budget: Budget, limit: int = MAX_META_BYTES) -> str | None:
     """The header part of METADATA/PKG-INFO: read in chunks up to the first
     blank line (the body is the project's README, often far bigger)."""
-    data = read_bounded(host, budget, limit, until=b"\n\n")
+    data = read_until(host, limit, budget, b"\n\n")
     return None if data is None else data.decode("utf-8", "surrogateescape")
 
 
@@ -119,7 +118,7 @@ def requirement_name(spec: str) -> tuple[str, str | None]:
     return normalize(body[:i]), (marker.strip() if semi else None)
 
 
-def _record_paths(text: str) -> list[str]:
+def record_paths(text: str) -> list[str]:
     """The path column of a RECORD (CSV: a path holding a comma is quoted)."""
     out: list[str] = []
     for line in text.splitlines():
@@ -178,7 +177,7 @@ def _top_from_paths(paths: Iterable[str]) -> tuple[str, ...]:
 def _record_tops(text: str) -> tuple[str, ...]:
     """:func:`_top_from_paths` of a RECORD's paths, in one pass over its text."""
     if '"' in text:
-        return _top_from_paths(_record_paths(text))
+        return _top_from_paths(record_paths(text))
     return _top_from_paths(line.partition(",")[0] for line in text.splitlines() if line)
 
 
@@ -325,7 +324,7 @@ def _record_of(dist: Dist, node: NodeProfile | None, budget: Budget) -> frozense
     key = (host, fsprobe.signature(st))
     got = _records.get(key)
     if got is None:
-        got = frozenset(os.path.normpath(p) for p in _record_paths(
+        got = frozenset(os.path.normpath(p) for p in record_paths(
             _read(host, budget, MAX_RECORD_BYTES) or "") if p)
         if len(_records) >= _MAX_RECORDS:
             _records.clear()      # a long-lived CLI process: stay bounded

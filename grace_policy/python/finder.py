@@ -22,7 +22,7 @@ files are returned as ``foreign`` so the message can say which build is there.
 
 Paths are node paths; with a node image (``node.root`` not ``/``) each is read
 at its place in the image when it exists there, else at the same path here
-(shared storage), by the loader's own rule (``loader._Searcher.to_host``).
+(shared storage), by the loader's own rule (``nodepath.host_path``).
 """
 
 from __future__ import annotations
@@ -34,8 +34,10 @@ from collections.abc import Sequence
 from .. import fsprobe
 from .._record import dataclass
 from ..budget import Budget
-from ..loader import _Searcher
 from ..node import NodeProfile
+from .nodepath import host_path
+from .nodepath import listdir as _listdir
+from .nodepath import scandir as _scandir
 from .suffixes import split_extension
 
 SOURCE_SUFFIXES = (".py",)
@@ -66,42 +68,6 @@ class Located:
 
 
 # -- the filesystem, through fsprobe -----------------------------------------
-
-
-def _listdir(path: str) -> list[str]:
-    """The one place this module lists a directory by name (fsprobe records
-    it as op "D", so the verdict cache notices an entry added or removed)."""
-    lister = getattr(fsprobe, "listdir", None) or os.listdir
-    return lister(path)
-
-
-def _scandir(path: str) -> list[os.DirEntry[str]]:
-    """The one place this module lists a directory with entry types (for the
-    tree walk: ``DirEntry.is_dir()`` costs no stat); recorded by
-    ``fsprobe.scandir`` like ``fsprobe.listdir`` (op "D")."""
-    scanner = getattr(fsprobe, "scandir", None)
-    if scanner is not None:
-        return list(scanner(path))
-    with os.scandir(path) as it:
-        return list(it)
-
-
-class _HostView:
-    """Just enough of the loader's searcher for its ``to_host``: the same rule
-    for node paths, not a second copy of it."""
-
-    to_host = _Searcher.to_host
-
-    def __init__(self, node: NodeProfile | None, cwd: str) -> None:
-        self.node = node
-        self.cwd = cwd or "/"
-
-
-def host_path(path: str, node: NodeProfile | None, cwd: str = "/") -> str:
-    """Where this host reads node path ``path``."""
-    if node is None:
-        return path if path.startswith("/") else os.path.join(cwd or "/", path)
-    return _HostView(node, cwd).to_host(path)
 
 
 class _Dir:

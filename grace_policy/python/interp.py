@@ -17,7 +17,6 @@ exactly, and anything unknown makes CPython print its usage and exit 2.
 from __future__ import annotations
 
 import os
-import stat as _stat
 from collections.abc import Sequence
 
 from .. import fsprobe
@@ -26,6 +25,8 @@ from ..budget import Budget
 from ..elf import ElfInfo
 from ..loader import host_path
 from ..node import NodeProfile
+from . import nodepath
+from .nodepath import listdir
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -184,22 +185,8 @@ def node_realpath(node: NodeProfile, path: str, cwd: str = "/") -> str:
 
 def read_small(node: NodeProfile, path: str, budget: Budget, limit: int) -> bytes | None:
     """At most ``limit`` bytes of a regular file at a node path, or None when
-    it is absent or unreadable. Stat first (the verdict cache keys on the
-    stat answer, which covers the content), then charge the budget."""
-    host = host_path(node, path)
-    try:
-        st = fsprobe.stat(host)
-    except OSError:
-        return None
-    if not _stat.S_ISREG(st.st_mode):
-        return None
-    size = min(st.st_size, limit)
-    budget.take_file(size)
-    try:
-        with open(host, "rb") as f:
-            return f.read(size)
-    except (OSError, ValueError):
-        return None
+    it is absent or unreadable (:func:`nodepath.read_small`)."""
+    return nodepath.read_small(host_path(node, path), limit, budget)
 
 
 def cfg_pairs(data: bytes | None) -> list[tuple[str, str]]:
@@ -279,16 +266,6 @@ def stdlib_versions(node: NodeProfile, prefix: str, budget: Budget) -> list[tupl
                     found.append(ver)
                     break
     return found
-
-
-#: fsprobe.listdir records the listing (op "D", issue 8); until it is merged
-#: everywhere, os.listdir keeps this module working (unrecorded).
-_listdir = getattr(fsprobe, "listdir", None) or os.listdir
-
-
-def listdir(path: str) -> list[str]:
-    """The one place this subpackage lists a directory."""
-    return _listdir(path)
 
 
 def identify(exe_path: str, info: ElfInfo, node: NodeProfile, budget: Budget,

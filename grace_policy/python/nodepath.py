@@ -1,9 +1,10 @@
 """Node paths as this host reads them, and bounded reads of small files.
 
 A node path P is read at ``node.in_root(P)`` when that exists, else at P
-(shared storage): the loader's own rule, ``loader._Searcher.to_host``, used
-here unchanged rather than copied (py-imports' ``finder.host_path`` does the
-same; one of the two can go when both are merged).
+(shared storage): the loader's own rule (``loader.host_path``). Every module
+of this package lists directories and reads small files through here, so
+the verdict cache records each question and no read can block or run past
+the budget.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import os
 
 from .. import fsprobe
 from ..elf import ElfError, open_regular
-from ..loader import _Searcher
+from ..loader import host_path as loader_host_path
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -20,27 +21,22 @@ if TYPE_CHECKING:
     from ..node import NodeProfile
 
 
-class _HostView:
-    """Just enough of the loader's searcher for its ``to_host``."""
-
-    to_host = _Searcher.to_host
-
-    def __init__(self, node: NodeProfile, cwd: str) -> None:
-        self.node = node
-        self.cwd = cwd or "/"
-
-
-def host_path(path: str, node: NodeProfile, cwd: str = "/") -> str:
-    """Where this host reads node path ``path``."""
-    return _HostView(node, cwd).to_host(path)
+def host_path(path: str, node: NodeProfile | None = None, cwd: str = "/") -> str:
+    """Where this host reads node path ``path`` (the loader's rule)."""
+    if node is None:
+        return path if path.startswith("/") else os.path.join(cwd or "/", path)
+    return loader_host_path(node, path, cwd)
 
 
 def listdir(path: str) -> list[str]:
-    """The one place these modules list a directory: ``fsprobe.listdir`` when
-    fsprobe has it (the verdict cache then records the listing), else
-    ``os.listdir``. Raises OSError like them."""
-    lister = getattr(fsprobe, "listdir", None) or os.listdir
-    return list(lister(path))
+    """A directory's names (a host path), recorded for the verdict cache.
+    Raises OSError like ``os.listdir``."""
+    return fsprobe.listdir(path)
+
+
+def scandir(path: str) -> list[os.DirEntry[str]]:
+    """A directory's entries with their types (a host path), recorded."""
+    return fsprobe.scandir(path)
 
 
 def read_small(path: str, limit: int, budget: Budget) -> bytes | None:
@@ -60,3 +56,40 @@ def read_small(path: str, limit: int, budget: Budget) -> bytes | None:
         return None
     finally:
         os.close(fd)
+
+
+def read_until(path: str, limit: int, budget: Budget, until: bytes,
+               chunk: int = 8192) -> bytes | None:
+    """:func:`read_small`, but in chunks that stop after the one holding
+    ``until`` (METADATA: its headers end at the first blank line, its body is
+    a README that can be megabytes); each chunk is charged before it is read."""
+    try:
+        fd, st = open_regular(path)
+    except (OSError, ElfError, ValueError):
+        return None
+    try:
+        size = min(st.st_size, limit)
+        budget.take_file()
+        parts: list[bytes] = []
+        got = 0
+        while got < size:
+            want = min(chunk, size - got)
+            budget.spend_bytes(want)
+            data = os.pread(fd, want, got)
+            if not data:
+                break
+            parts.append(data)
+            got += len(data)
+            if until in data:
+                break
+        return b"".join(parts)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def read_text(path: str, limit: int, budget: Budget) -> str | None:
+    """:func:`read_small` as text (undecodable bytes kept as surrogates)."""
+    data = read_small(path, limit, budget)
+    return None if data is None else data.decode("utf-8", "surrogateescape")

@@ -32,6 +32,7 @@ from .contents import Loadables, classify, record_files
 from .dists import Dist
 from .finder import Located
 from .judge import Judge
+from .nodepath import listdir
 from .sitepath import SysPath
 
 Causes = Callable[[str], tuple[str, ...]]
@@ -161,7 +162,7 @@ def shell_env_issues(env: Mapping[str, str], cwd: str, node: NodeProfile, budget
 
 def _listdir(path: str) -> list[str]:
     try:
-        return sorted(fsprobe.listdir(path))
+        return sorted(listdir(path))
     except (OSError, ValueError):
         return []
 

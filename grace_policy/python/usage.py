@@ -28,8 +28,7 @@ import os
 
 from ..budget import Budget, BudgetExceeded
 from ..node import NodeProfile
-from ._read import read_bounded
-from .finder import host_path
+from .nodepath import host_path, read_small
 
 _PYCF_ONLY_AST = 0x400
 #: Statement bodies that run when the module runs.
@@ -229,7 +228,7 @@ def read_script(path: str, *, cwd: str, node: NodeProfile, budget: Budget,
     """The first ``max_bytes`` of a script (node path, relative to ``cwd``),
     stat'ed through fsprobe and charged to the budget; None if unreadable."""
     node_path = path if path.startswith("/") else os.path.join(cwd or "/", path)
-    return read_bounded(host_path(node_path, node, cwd), budget, max_bytes)
+    return read_small(host_path(node_path, node, cwd), max_bytes, budget)
 
 
 def command_imports(kind: str, value: str, *, cwd: str, node: NodeProfile, budget: Budget,

@@ -142,8 +142,11 @@ def _cached_tree(name: str, want: dict[str, object], build: Callable[[Path], Pat
     return root
 
 
-def fetch_debian_arm64(packages: tuple[str, ...] = DEBIAN_PACKAGES) -> Path:
-    """Download and unpack ``packages`` (arm64) once; return the unpacked root."""
+def fetch_debian_arm64(packages: tuple[str, ...] = DEBIAN_PACKAGES,
+                       name: str = "debian-arm64") -> Path:
+    """Download and unpack ``packages`` (arm64) once; return the unpacked root.
+    Another package set needs its own ``name`` (its own cache directory), or
+    the two sets would rebuild each other's tree."""
 
     def build(work: Path) -> Path:
         lists, cache, debs, unpack = (work / n for n in ("lists", "cache", "debs", "root"))
@@ -169,7 +172,7 @@ def fetch_debian_arm64(packages: tuple[str, ...] = DEBIAN_PACKAGES) -> Path:
             raise CorpusUnavailable(f"apt-get downloaded {got}, wanted {sorted(packages)}")
         return unpack
 
-    return _cached_tree("debian-arm64", {"packages": list(packages)}, build)
+    return _cached_tree(name, {"packages": list(packages)}, build)
 
 
 def fetch_aarch64_wheel(requirement: str = WHEEL_REQUIREMENT) -> Path:

@@ -20,7 +20,6 @@ lists separately).
 from __future__ import annotations
 
 import os
-import stat as _stat
 from collections.abc import Iterable
 
 from .. import fsprobe
@@ -28,7 +27,7 @@ from .._record import dataclass
 from ..budget import Budget
 from ..node import NodeProfile
 from .markers import required
-from .nodepath import host_path, read_text
+from .nodepath import host_path, read_text, read_until
 from .nodepath import listdir as _listdir
 from .suffixes import split_extension
 
@@ -36,7 +35,6 @@ from .suffixes import split_extension
 #: body still yields its headers from the first part).
 MAX_META_BYTES = 256 * 1024
 MAX_RECORD_BYTES = 4 * 1024 * 1024
-_CHUNK = 8192
 _META_SUFFIXES = (".dist-info", ".egg-info")
 
 
@@ -76,30 +74,8 @@ def _read(host: str, budget: Budget, limit: int) -> str | None:
 def _read_head(host: str, budget: Budget, limit: int = MAX_META_BYTES) -> str | None:
     """The header part of METADATA/PKG-INFO: read in chunks up to the first
     blank line (the body is the project's README, often far bigger)."""
-    try:
-        st = fsprobe.stat(host)
-    except OSError:
-        return None
-    if not _stat.S_ISREG(st.st_mode):
-        return None
-    budget.take_file()
-    chunks: list[bytes] = []
-    got = 0
-    try:
-        with open(host, "rb") as fh:
-            while got < limit:
-                want = min(_CHUNK, limit - got)
-                budget.spend_bytes(want)
-                data = fh.read(want)
-                if not data:
-                    break
-                chunks.append(data)
-                got += len(data)
-                if b"\n\n" in data or b"\n\r\n" in data:
-                    break
-    except OSError:
-        return None
-    return b"".join(chunks).decode("utf-8", "surrogateescape")
+    data = read_until(host, limit, budget, b"\n\n")
+    return None if data is None else data.decode("utf-8", "surrogateescape")
 
 
 _WANTED = frozenset({"name", "version", "requires-dist"})
@@ -185,18 +161,24 @@ def _top_name(rel: str) -> str | None:
 def _top_from_paths(paths: Iterable[str]) -> tuple[str, ...]:
     """Import names provided by site-relative paths. A RECORD has thousands of
     lines and a handful of distinct first components: reduce first."""
-    firsts: dict[tuple[str, bool], None] = {}
+    firsts: dict[tuple[str, str], None] = {}
     for rel in paths:
-        if rel.startswith("./") or "/./" in rel or "//" in rel or "/../" in rel:
+        if "./" in rel or "//" in rel:
             rel = os.path.normpath(rel)
-        first, slash, _ = rel.partition("/")
-        firsts[(first, bool(slash))] = None
+        firsts[rel.partition("/")[:2]] = None
     found: dict[str, None] = {}
     for first, slash in firsts:
         name = _top_name(first + "/x" if slash else first)
         if name:
             found[name] = None
     return tuple(found)
+
+
+def _record_tops(text: str) -> tuple[str, ...]:
+    """:func:`_top_from_paths` of a RECORD's paths, in one pass over its text."""
+    if '"' in text:
+        return _top_from_paths(record_paths(text))
+    return _top_from_paths(line.partition(",")[0] for line in text.splitlines() if line)
 
 
 def _lines(text: str | None) -> list[str]:
@@ -257,8 +239,8 @@ def _read_dist(meta_host: str, meta_node: str, site_dir: str, entry: str, node: 
                                                      budget, MAX_META_BYTES))
             if t.split("/", 1)[0] and "." not in t.split("/", 1)[0]))
         if not top and is_dist_info:
-            top = _top_from_paths(record_paths(
-                _read(os.path.join(meta_host, "RECORD"), budget, MAX_RECORD_BYTES) or ""))
+            top = _record_tops(
+                _read(os.path.join(meta_host, "RECORD"), budget, MAX_RECORD_BYTES) or "")
         elif not top:
             files = _lines(_read(os.path.join(meta_host, "installed-files.txt"), budget,
                                  MAX_RECORD_BYTES))
@@ -325,6 +307,7 @@ def owners(dists: Iterable[Dist]) -> dict[str, list[Dist]]:
 
 #: RECORD path sets already read, by host path and file identity.
 _records: dict[tuple[str, str], frozenset[str]] = {}
+_MAX_RECORDS = 256
 
 
 def _record_of(dist: Dist, node: NodeProfile | None, budget: Budget) -> frozenset[str]:
@@ -343,6 +326,8 @@ def _record_of(dist: Dist, node: NodeProfile | None, budget: Budget) -> frozense
     if got is None:
         got = frozenset(os.path.normpath(p) for p in record_paths(
             _read(host, budget, MAX_RECORD_BYTES) or "") if p)
+        if len(_records) >= _MAX_RECORDS:
+            _records.clear()      # a long-lived CLI process: stay bounded
         _records[key] = got
     return got
 

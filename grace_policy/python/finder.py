@@ -22,7 +22,7 @@ files are returned as ``foreign`` so the message can say which build is there.
 
 Paths are node paths; with a node image (``node.root`` not ``/``) each is read
 at its place in the image when it exists there, else at the same path here
-(shared storage), by the loader's own rule (``loader._Searcher.to_host``).
+(shared storage), by the loader's own rule (``nodepath.host_path``).
 """
 
 from __future__ import annotations
@@ -44,13 +44,17 @@ SOURCE_SUFFIXES = (".py",)
 BYTECODE_SUFFIXES = (".pyc",)
 #: Directories no import reaches (bytecode caches).
 _SKIP_DIRS = frozenset({"__pycache__"})
+#: Directories of headers and build data inside packages (torch/include,
+#: torch/share/cmake): importable in theory (as namespace packages), never in
+#: practice. For ``package_extensions(skip_dirs=DATA_DIRS)``.
+DATA_DIRS = frozenset({"include", "share"})
 #: Bounds for hostile trees: a package deeper than this is not walked further.
 MAX_DEPTH = 64
 
 
 @dataclass(frozen=True)
 class Located:
-    name: str                 # top-level module name
+    name: str                 # the module name asked for (top-level, or dotted: find_module)
     #: "package" | "extension" | "source" | "bytecode" | "namespace" | "missing"
     kind: str
     path: str                 # package dir / module file / "" when missing (node path)
@@ -163,11 +167,46 @@ def find_top_level(name: str, entries: Sequence[str], suffixes: Sequence[str], b
     return Located(name=name, kind="missing", path="", entry="", foreign=tuple(foreign))
 
 
+def find_module(dotted: str, entries: Sequence[str], suffixes: Sequence[str], budget: Budget,
+                *, node: NodeProfile | None = None, cwd: str = "/",
+                listings: dict[str, _Dir | None] | None = None) -> Located:
+    """Where the node's ``import a.b.c`` finds ``a.b.c`` (e.g. for ``-m a.b.c``).
+
+    The top-level name on ``entries``, then each further name in its
+    parent's directories: a regular package's own directory, a namespace
+    package's portions. A parent that is a plain module is no package
+    (ModuleNotFoundError: "... is not a package") -> ``missing``. Not
+    modelled: ``__init__`` code that changes ``__path__`` (pkgutil-style
+    namespaces). ``entry`` is the sys.path entry of the top-level package.
+    """
+    if listings is None:
+        listings = {}
+    parts = dotted.split(".")
+    if not all(_valid_name(p) for p in parts):
+        return Located(name=dotted, kind="missing", path="", entry="")
+    loc = find_top_level(parts[0], entries, suffixes, budget, node=node, cwd=cwd,
+                         listings=listings)
+    entry = loc.entry
+    for part in parts[1:]:
+        if loc.kind == "package":
+            dirs: Sequence[str] = (loc.path,)
+        elif loc.kind == "namespace":
+            dirs = loc.portions
+        else:
+            return Located(name=dotted, kind="missing", path="", entry=entry,
+                           foreign=loc.foreign)
+        loc = find_top_level(part, dirs, suffixes, budget, node=node, cwd=cwd,
+                             listings=listings)
+    return Located(name=dotted, kind=loc.kind, path=loc.path, entry=entry if loc.path else "",
+                   foreign=loc.foreign, portions=loc.portions)
+
+
 # -- every extension module of a package tree ---------------------------------
 
 
 def package_extensions(pkg_dir: str, suffixes: Sequence[str], budget: Budget, *,
                        node: NodeProfile | None = None, prefix: str | None = None,
+                       skip_dirs: frozenset[str] = frozenset(),
                        ) -> tuple[list[tuple[str, str]], list[tuple[str, tuple[str, ...]]]]:
     """The extension modules under a package directory, as the node would see them.
 
@@ -186,7 +225,12 @@ def package_extensions(pkg_dir: str, suffixes: Sequence[str], budget: Budget, *,
     whose names hold a dot (``foo.libs``, ``x.dist-info``: no import name can
     reach them) are not walked. Paths returned are node paths under
     ``pkg_dir``; ``prefix`` is the dotted name of ``pkg_dir`` (default: its
-    base name).
+    base name). ``prefix=""`` walks a whole site directory: its top-level
+    extension modules and every package in it (``*.dist-info``, ``*.libs``
+    are skipped by the dot rule), for the environment-wide warnings.
+    ``skip_dirs``: directory names not to walk at any depth -- an opt-in
+    trade of exactness for cost (:data:`DATA_DIRS`: torch's ``include/``
+    alone is about 10,000 header files no import reaches in practice).
     """
     loaded: list[tuple[str, str]] = []
     foreign: list[tuple[str, tuple[str, ...]]] = []
@@ -219,14 +263,17 @@ def package_extensions(pkg_dir: str, suffixes: Sequence[str], budget: Budget, *,
         pure: set[str] = set()
         packages: set[str] = set()
         subdirs: list[tuple[str, str, bool]] = []
-        for item in items:
+        for i, item in enumerate(items):
+            if not i & 1023:
+                budget.tick()      # a directory of a million names is still bounded
             fname = item.name
             try:
                 is_dir = item.is_dir()
             except OSError:
                 continue
             if is_dir:
-                if fname in _SKIP_DIRS or "." in fname or depth >= MAX_DEPTH:
+                if fname in _SKIP_DIRS or "." in fname or depth >= MAX_DEPTH \
+                        or fname in skip_dirs:
                     continue
                 try:
                     link = item.is_symlink()
@@ -269,23 +316,27 @@ def package_extensions(pkg_dir: str, suffixes: Sequence[str], budget: Budget, *,
                 if key in seen:
                     continue
                 seen.add(key)
-            stack.append((sub_host, os.path.join(node_dir, sub), f"{dotted}.{sub}", depth + 1))
+            stack.append((sub_host, os.path.join(node_dir, sub), _dot(dotted, sub), depth + 1))
             packages.add(sub)
         for stem, (_r, fname) in best.items():
             if stem in packages and _is_regular_package(os.path.join(host_dir, stem), ext):
                 continue
-            name = dotted if stem == "__init__" else f"{dotted}.{stem}"
+            name = dotted if stem == "__init__" else _dot(dotted, stem)
             loaded.append((name, os.path.join(node_dir, fname)))
         for stem, files in tagged.items():
             if stem in best or stem in pure:
                 continue
             if stem in packages and _is_regular_package(os.path.join(host_dir, stem), ext):
                 continue
-            name = dotted if stem == "__init__" else f"{dotted}.{stem}"
+            name = dotted if stem == "__init__" else _dot(dotted, stem)
             foreign.append((name, tuple(os.path.join(node_dir, f) for f in sorted(files))))
     loaded.sort()
     foreign.sort()
     return loaded, foreign
+
+
+def _dot(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
 
 
 def _is_regular_package(host_dir: str, suffixes: Sequence[str]) -> bool:

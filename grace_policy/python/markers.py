@@ -22,8 +22,6 @@ _PLATFORM_MACHINE = {
     "ppc64le": "ppc64le", "s390x": "s390x", "riscv64": "riscv64",
 }
 
-#: Variables compared as versions (PEP 508: where both sides parse as versions).
-_VERSION_VARS = frozenset({"python_version", "python_full_version", "implementation_version"})
 #: PEP 345 spellings that packaging still accepts.
 _ALIASES = {
     "os.name": "os_name", "sys.platform": "sys_platform", "platform.version": "platform_version",
@@ -135,17 +133,37 @@ def _compare_versions(left: str, op: str, right: str) -> bool | None:
     return None
 
 
-def _compare(left: str, op: str, right: str, version_like: bool) -> bool | None:
-    if op == "===":
-        return left == right
+def _kind(text: str) -> str:
+    """"num" (dotted digits), "maybe" (could be a PEP 440 version this
+    evaluator does not order: 3.13.0rc1, v3, 1!2), or "text"."""
+    t = text.strip()
+    if t and all(p.isdigit() for p in t.split(".")):
+        return "num"
+    if t[:1].isdigit() or (t[:1] in "vV" and t[1:2].isdigit()):
+        return "maybe"
+    return "text"
+
+
+def _compare(left: str, op: str, right: str) -> bool | None:
+    """packaging's rule: when ``op + right`` is a valid version specifier, the
+    left side is compared as a version; otherwise as strings (``==``/``!=``
+    only). Whatever this cannot decide exactly as packaging would is None."""
     if op == "in":
         return left in right
     if op == "not in":
         return left not in right
-    if version_like:
-        got = _compare_versions(left, op, right)
-        if got is not None:
-            return got
+    if op == "===":
+        return None
+    rk = _kind(right[:-2]) if right.endswith(".*") else _kind(right)
+    if right.endswith(".*") and op not in ("==", "!="):
+        rk = "text" if rk != "maybe" else "maybe"     # not a specifier
+    if rk == "maybe":
+        return None
+    if rk == "num" and not (op == "~=" and len(right.split(".")) < 2):
+        lk = _kind(left)
+        if lk != "num":
+            return None        # packaging: an invalid or unordered version on the left
+        return _compare_versions(left, op, right)
     if op == "==":
         return left == right
     if op == "!=":
@@ -187,15 +205,14 @@ class _Parser:
                 None if (value is None or rhs is None) else True)
         return value
 
-    def value(self) -> tuple[str | None, bool, bool]:
-        """(its value or None when unknown, is a version variable, is a string literal)"""
+    def value(self) -> str | None:
+        """A literal's text or a variable's value (None when unknown)."""
         tok = self.take()
         if tok[:1] in "'\"":
-            return tok[1:-1], False, True
+            return tok[1:-1]
         if tok in ("and", "or", "in", "not", "(", ")") or tok in _OPS:
             raise ValueError(tok)
-        name = _ALIASES.get(tok, tok)
-        return self.env.get(name), name in _VERSION_VARS, False
+        return self.env.get(_ALIASES.get(tok, tok))
 
     def atom(self, depth: int) -> bool | None:
         if self.peek() == "(":
@@ -204,7 +221,7 @@ class _Parser:
             if self.take() != ")":
                 raise ValueError("unbalanced")
             return value
-        left, lver, _ = self.value()
+        left = self.value()
         op = self.take()
         if op == "not":
             if self.take() != "in":
@@ -212,10 +229,10 @@ class _Parser:
             op = "not in"
         elif op not in _OPS and op != "in":
             raise ValueError(op)
-        right, rver, _ = self.value()
+        right = self.value()
         if left is None or right is None:
             return None
-        return _compare(left, op, right, lver or rver)
+        return _compare(left, op, right)
 
 
 def evaluate(marker: str, env: Mapping[str, str]) -> bool | None:

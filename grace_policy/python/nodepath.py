@@ -58,6 +58,37 @@ def read_small(path: str, limit: int, budget: Budget) -> bytes | None:
         os.close(fd)
 
 
+def read_until(path: str, limit: int, budget: Budget, until: bytes,
+               chunk: int = 8192) -> bytes | None:
+    """:func:`read_small`, but in chunks that stop after the one holding
+    ``until`` (METADATA: its headers end at the first blank line, its body is
+    a README that can be megabytes); each chunk is charged before it is read."""
+    try:
+        fd, st = open_regular(path)
+    except (OSError, ElfError, ValueError):
+        return None
+    try:
+        size = min(st.st_size, limit)
+        budget.take_file()
+        parts: list[bytes] = []
+        got = 0
+        while got < size:
+            want = min(chunk, size - got)
+            budget.spend_bytes(want)
+            data = os.pread(fd, want, got)
+            if not data:
+                break
+            parts.append(data)
+            got += len(data)
+            if until in data:
+                break
+        return b"".join(parts)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
 def read_text(path: str, limit: int, budget: Budget) -> str | None:
     """:func:`read_small` as text (undecodable bytes kept as surrogates)."""
     data = read_small(path, limit, budget)

@@ -339,3 +339,61 @@ def test_budget_stops_a_huge_site(tmp_path: Path) -> None:
     from grace_policy.budget import BudgetExceeded
     with pytest.raises(BudgetExceeded):
         dists_in(str(s), ARM, (3, 11), Budget(deadline_ms=60_000, max_files=10))
+
+
+def test_fifos_are_never_opened(tmp_path: Path) -> None:
+    """A FIFO where METADATA or a script should be would block an open()."""
+    from grace_policy.python.usage import command_imports
+    s = tmp_path / "site"
+    (s / "fifo-1.dist-info").mkdir(parents=True)
+    os.mkfifo(s / "fifo-1.dist-info" / "METADATA")
+    os.mkfifo(s / "fifo-1.dist-info" / "top_level.txt")
+    (d,) = dists_in(str(s), ARM, (3, 11), budget())
+    assert (d.name, d.version, d.top_level) == ("fifo", "1", ("fifo",))
+    os.mkfifo(tmp_path / "job.py")
+    assert command_imports("script", str(tmp_path / "job.py"), cwd="/", node=ARM,
+                           budget=budget()) == ()
+
+
+# -- markers, generated ---------------------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_VARS = ["python_version", "python_full_version", "platform_machine", "sys_platform",
+         "platform_system", "os_name", "implementation_name",
+         "platform_python_implementation", "extra", "implementation_version"]
+_VALUES = ["3.8", "3.11", "3.11.4", "3.13", "3", "3.*", "3.11.*", "x86_64", "aarch64",
+           "linux", "win32", "Linux", "posix", "cpython", "CPython", "PyPy", "gpu", ""]
+_OPS_GEN = ["==", "!=", "<", "<=", ">", ">=", "~=", "in", "not in"]
+
+
+def _cmp() -> st.SearchStrategy[str]:
+    var = st.sampled_from(_VARS)
+    val = st.sampled_from(_VALUES).map(lambda v: f'"{v}"')
+    op = st.sampled_from(_OPS_GEN)
+    return st.one_of(
+        st.builds(lambda a, o, b: f"{a} {o} {b}", var, op, val),
+        st.builds(lambda a, o, b: f"{a} {o} {b}", val, op, var))
+
+
+_MARKER = st.recursive(_cmp(), lambda inner: st.one_of(
+    st.builds(lambda a, b: f"{a} and {b}", inner, inner),
+    st.builds(lambda a, b: f"{a} or {b}", inner, inner),
+    inner.map(lambda a: f"({a})")), max_leaves=6)
+
+
+@settings(max_examples=400, deadline=None)
+@given(text=_MARKER, node=st.sampled_from([ARM, X86]),
+       version=st.sampled_from([(3, 8), (3, 11), (3, 13)]))
+def test_generated_markers_agree_with_packaging(text: str, node: NodeProfile,
+                                                version: tuple[int, int]) -> None:
+    """Whenever the evaluator decides, it decides as packaging does."""
+    env = _packaging_env(node, version)
+    got = evaluate(text, env)
+    try:
+        want = Marker(text).evaluate(env)
+    except Exception:       # packaging refuses it (e.g. ~= on a one-part version)
+        return
+    if got is not None:
+        assert got is want, text

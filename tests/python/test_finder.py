@@ -9,10 +9,11 @@ the right names (find_spec never opens them).
 
 from __future__ import annotations
 
-import json
+import ast
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -28,37 +29,37 @@ ARM = extension_suffixes(HOST_VERSION, "aarch64")
 TAG_X86 = X86[0]
 TAG_ARM = ARM[0]
 
+#: Runs under any CPython, including Debian's python3.11-minimal (no json):
+#: argv = entries... "--" names...; prints a repr() the test reads back.
 _ORACLE = r"""
-import importlib.util, json, sys
-entries, names = json.loads(sys.argv[1]), json.loads(sys.argv[2])
+import importlib.util, sys
+args = sys.argv[1:]
+cut = args.index("--")
+entries, names = args[:cut], args[cut + 1:]
 sys.path[:] = entries
 out = {}
 for name in names:
     spec = importlib.util.find_spec(name)
     if spec is None:
-        out[name] = ["missing", ""]
+        out[name] = ["missing", "", []]
         continue
     loader = type(spec.loader).__name__ if spec.loader is not None else "None"
-    locs = list(spec.submodule_search_locations or [])
-    out[name] = [loader, spec.origin or "", locs]
-print(json.dumps(out))
+    out[name] = [loader, spec.origin or "", list(spec.submodule_search_locations or [])]
+print(repr(out))
 """
 
 
 def oracle(entries: list[str], names: list[str], cwd: Path,
-           python: str = sys.executable) -> dict[str, tuple[str, str]]:
+           python: Sequence[str] = (sys.executable,)) -> dict[str, tuple[str, str]]:
     """(kind, path) per name as the real importer finds it."""
-    proc = subprocess.run([python, "-I", "-S", "-c", _ORACLE, json.dumps(entries),
-                           json.dumps(names)], capture_output=True, text=True, cwd=cwd,
-                          check=True, timeout=60)
-    raw = json.loads(proc.stdout)
+    proc = subprocess.run([*python, "-I", "-S", "-c", _ORACLE, *entries, "--", *names],
+                          capture_output=True, text=True, cwd=cwd, check=True, timeout=120)
+    raw = ast.literal_eval(proc.stdout.strip())
     out: dict[str, tuple[str, str]] = {}
-    for name, got in raw.items():
-        if got[0] == "missing":
+    for name, (loader, origin, locs) in raw.items():
+        if loader == "missing":
             out[name] = ("missing", "")
-            continue
-        loader, origin, locs = got
-        if loader in ("None", "NamespaceLoader", "_NamespaceLoader"):
+        elif loader in ("None", "NamespaceLoader", "_NamespaceLoader"):
             out[name] = ("namespace", locs[0])
         elif locs:
             out[name] = ("package", locs[0])
@@ -233,7 +234,7 @@ def test_other_real_interpreters(tree: dict[str, Path], version: str) -> None:
     touch(a / f"verpkg/__init__{sfx[0]}")
     entries = [str(tree["a"]), str(tree["b"]), str(tree["c"])]
     names = [*NAMES, "verext", "verpkg"]
-    want = oracle(entries, names, tree["root"], python=python)
+    want = oracle(entries, names, tree["root"], python=(python,))
     for name in names:
         got = model(name, entries, suffixes=sfx)
         assert (got.kind, got.path) == want[name], (version, name)
@@ -241,29 +242,36 @@ def test_other_real_interpreters(tree: dict[str, Path], version: str) -> None:
 
 # -- package_extensions --------------------------------------------------------
 
+#: FileFinder on one directory, as the importer runs it for ``pkg.sub.name``
+#: once ``pkg.sub`` is imported (without executing any package's __init__).
 _SPEC_ORACLE = r"""
-import importlib.util, json, sys
-sys.path[:] = [sys.argv[1], *sys.path]   # stdlib kept: parents get executed
+import importlib.machinery, sys
 out = {}
-for name in json.loads(sys.argv[2]):
-    try:
-        spec = importlib.util.find_spec(name)
-    except Exception as exc:     # a parent that is not a package
-        out[name] = ["error", type(exc).__name__]
-        continue
-    out[name] = [type(spec.loader).__name__ if spec and spec.loader else "None",
-                 (spec.origin or "") if spec else ""]
-print(json.dumps(out))
+for arg in sys.argv[1:]:
+    directory, _, name = arg.rpartition("/")
+    spec = importlib.machinery.PathFinder.find_spec(name, [directory])
+    out[arg] = [type(spec.loader).__name__ if spec and spec.loader else "None",
+                (spec.origin or "") if spec else ""]
+print(repr(out))
 """
 
 
-def _spec_oracle(site: Path, names: list[str]) -> dict[str, str]:
-    """dotted name -> extension file the real importer picks (only extensions)."""
-    proc = subprocess.run([sys.executable, "-I", "-S", "-c", _SPEC_ORACLE, str(site),
-                           json.dumps(names)], capture_output=True, text=True, check=True,
-                          timeout=60)
-    return {n: origin for n, (loader, origin) in json.loads(proc.stdout).items()
-            if loader == "ExtensionFileLoader"}
+def _spec_oracle(site: Path, names: list[str],
+                 python: Sequence[str] = (sys.executable,)) -> dict[str, str]:
+    """dotted name -> the extension file the real importer picks (extensions only)."""
+    args = []
+    for name in names:
+        parts = name.split(".")
+        args.append(str(site.joinpath(*parts[:-1])) + "/" + parts[-1])
+    proc = subprocess.run([*python, "-I", "-S", "-c", _SPEC_ORACLE, *args],
+                          capture_output=True, text=True, check=True, timeout=120)
+    raw = ast.literal_eval(proc.stdout.strip())
+    out: dict[str, str] = {}
+    for name, arg in zip(names, args):
+        loader, origin = raw[arg]
+        if loader == "ExtensionFileLoader":
+            out[name] = origin
+    return out
 
 
 @pytest.fixture
@@ -418,3 +426,175 @@ def test_bcrypt_abi3_x86_64_is_loaded_by_aarch64_node() -> None:
     loaded, foreign = package_extensions(str(site / "bcrypt"), arm, Budget(deadline_ms=10_000))
     assert loaded == [("bcrypt._bcrypt", str(site / "bcrypt/_bcrypt.abi3.so"))]
     assert foreign == []
+
+
+# -- the node's own importer: a real aarch64 CPython under qemu ----------------------
+
+
+@pytest.mark.network
+@pytest.mark.qemu
+def test_aarch64_interpreter_is_the_oracle(tree: dict[str, Path]) -> None:
+    from python.arm64_python import VERSION, arm64_python
+    cmd = arm64_python()
+    sfx = extension_suffixes(VERSION, "aarch64")
+    a = tree["a"]
+    touch(a / f"armext{sfx[0]}")
+    touch(a / f"armpkg/__init__{sfx[0]}")
+    touch(a / "x86only.cpython-311-x86_64-linux-gnu.so")
+    entries = [str(tree["a"]), str(tree["b"]), str(tree["c"])]
+    names = [*NAMES, "armext", "armpkg", "x86only"]
+    want = oracle(entries, names, tree["root"], python=cmd)
+    assert want["x86only"] == ("missing", "")
+    assert want["armext"][0] == "extension"
+    for name in names:
+        got = model(name, entries, suffixes=sfx)
+        assert (got.kind, got.path) == want[name], name
+    assert model("x86only", entries, suffixes=sfx).foreign == (
+        str(a / "x86only.cpython-311-x86_64-linux-gnu.so"),)
+
+
+@pytest.mark.network
+@pytest.mark.qemu
+@pytest.mark.parametrize("key", ["markupsafe-2.1.5-x86_64", "markupsafe-2.1.5-aarch64",
+                                 "bcrypt-4.1.2-abi3-x86_64"])
+def test_real_wheels_as_the_aarch64_interpreter_sees_them(key: str) -> None:
+    from python.arm64_python import VERSION, arm64_python
+    from python.wheels import wheel_site
+    cmd = arm64_python()
+    site = wheel_site(key)
+    sfx = extension_suffixes(VERSION, "aarch64")
+    top = key.split("-")[0]
+    loaded, _foreign = package_extensions(str(site / top), sfx, Budget(deadline_ms=10_000))
+    candidates = sorted({f"{top}." + p.name.split(".", 1)[0]
+                         for p in (site / top).glob("*.so")})
+    assert candidates
+    assert dict(loaded) == _spec_oracle(site, candidates, python=cmd)
+
+
+def test_whole_site_walk(pkg_tree: Path) -> None:
+    """prefix="" walks a site dir: top-level modules and all packages."""
+    touch(pkg_tree / f"_top{TAG_X86}")
+    touch(pkg_tree / f"_armtop{TAG_ARM}")
+    touch(pkg_tree / "x-1.0.dist-info" / f"hidden{TAG_X86}")
+    b = Budget(deadline_ms=10_000)
+    loaded, foreign = package_extensions(str(pkg_tree), X86, b, prefix="")
+    pkg_loaded, pkg_foreign = package_extensions(str(pkg_tree / "pkg"), X86, b)
+    assert sorted(loaded) == sorted([("_top", str(pkg_tree / f"_top{TAG_X86}")), *pkg_loaded])
+    assert sorted(foreign) == sorted(
+        [("_armtop", (str(pkg_tree / f"_armtop{TAG_ARM}"),)), *pkg_foreign])
+    assert dict(loaded)["_top"] == oracle([str(pkg_tree)], ["_top"], pkg_tree)["_top"][1]
+
+
+def test_zip_entries_are_not_searched(tmp_path: Path) -> None:
+    """zipimport is not modelled (no extension module loads from a zip): a
+    zip on the path contributes nothing and costs no error."""
+    import zipfile
+    z = tmp_path / "lib.zip"
+    with zipfile.ZipFile(z, "w") as zf:
+        zf.writestr("zipped.py", "x = 1\n")
+    touch(tmp_path / "d" / "zipped.py")
+    assert model("zipped", [str(z)]).kind == "missing"
+    assert model("zipped", [str(z), str(tmp_path / "d")]).path == str(tmp_path / "d" / "zipped.py")
+
+
+@pytest.mark.network
+@pytest.mark.parametrize(("key", "rules"), [("numpy-1.19.0-aarch64", ["page-congruence"]),
+                                            ("numpy-1.19.5-aarch64", [])])
+def test_numpy_corpus_is_what_wheels_py_says(key: str, rules: list[str]) -> None:
+    """The corpus fact the integration tests rely on (numpy issue 16677):
+    1.19.0's _multiarray_umath breaks on 64 KiB pages, 1.19.5's does not."""
+    from grace_policy.elf import read_elf
+    from grace_policy.layout import page_issues
+    from python.wheels import wheel_site
+    site = wheel_site(key)
+    sfx = extension_suffixes((3, 8), "aarch64")
+    loaded, _ = package_extensions(str(site / "numpy"), sfx, Budget(deadline_ms=10_000))
+    path = dict(loaded)["numpy.core._multiarray_umath"]
+    node = NodeProfile(machine="aarch64", page_size=65536, glibc=(2, 36))
+    got = [i.rule for i in page_issues(path, read_elf(path), node, mapped_by_kernel=False)]
+    assert got == rules
+
+
+def test_skip_dirs(pkg_tree: Path) -> None:
+    from grace_policy.python.finder import DATA_DIRS
+    touch(pkg_tree / "pkg" / "include" / "deep" / f"h{TAG_X86}")
+    b = Budget(deadline_ms=10_000)
+    every = dict(package_extensions(str(pkg_tree / "pkg"), X86, b)[0])
+    some = dict(package_extensions(str(pkg_tree / "pkg"), X86, b, skip_dirs=DATA_DIRS)[0])
+    assert "pkg.include.deep.h" in every
+    assert set(every) - set(some) == {"pkg.include.deep.h"}
+
+
+def test_find_module_dotted_matches_real_importer(tree: dict[str, Path]) -> None:
+    from grace_policy.python.finder import find_module
+    a, b, c = tree["a"], tree["b"], tree["c"]
+    touch(a / "pkg_src" / "run.py")
+    touch(a / "pkg_src" / "sub" / "__init__.py")
+    touch(a / "pkg_src" / "sub" / f"fast{TAG_X86}")
+    touch(a / "pkg_src" / "sub" / f"armonly{TAG_ARM}")
+    touch(a / "ns_only" / "left.py")
+    touch(b / "ns_only" / "right" / "__init__.py")
+    touch(b / "ns_only" / "right" / "leaf.pyc")
+    touch(c / "first.py")
+    entries = [str(a), str(b), str(c)]
+    names = ["pkg_src.run", "pkg_src.sub", "pkg_src.sub.fast", "pkg_src.sub.armonly",
+             "pkg_src.nothing", "ns_only.left", "ns_only.right", "ns_only.right.leaf",
+             "ns_only.absent", "first", "pkg_src"]
+    want = oracle(entries, names, tree["root"])
+    for name in names:
+        got = find_module(name, entries, X86, Budget(deadline_ms=10_000))
+        assert (got.kind, got.path) == want[name], name
+    armonly = find_module("pkg_src.sub.armonly", entries, X86, Budget(deadline_ms=10_000))
+    assert armonly.foreign == (str(a / "pkg_src" / "sub" / f"armonly{TAG_ARM}"),)
+    assert armonly.entry == "" and armonly.kind == "missing"
+    assert find_module("pkg_src.sub.fast", entries, X86, Budget(deadline_ms=1e4)).entry == str(a)
+
+
+def test_find_module_parent_not_a_package(tree: dict[str, Path]) -> None:
+    """`import first.x` where first is a module: ModuleNotFoundError in CPython."""
+    from grace_policy.python.finder import find_module
+    entries = [str(tree["a"]), str(tree["b"]), str(tree["c"])]
+    proc = subprocess.run([sys.executable, "-I", "-S", "-c",
+                           f"import sys; sys.path[:] = {entries!r}; import first.x"],
+                          capture_output=True, text=True, timeout=60)
+    assert "ModuleNotFoundError" in proc.stderr and "not a package" in proc.stderr
+    assert find_module("first.x", entries, X86, Budget(deadline_ms=1e4)).kind == "missing"
+    assert find_module("a..b", entries, X86, Budget(deadline_ms=1e4)).kind == "missing"
+
+
+@pytest.mark.network
+@pytest.mark.qemu
+def test_loaded_x86_64_abi3_fails_on_aarch64_as_predicted() -> None:
+    """What package_extensions calls 'loaded' for an x86_64 abi3 file is what
+    the aarch64 interpreter really tries, and the error py-ext-arch predicts
+    (field notes §8: "cannot open shared object file", not "wrong ELF class")."""
+    from python.arm64_python import arm64_python
+    from python.wheels import wheel_site
+    site = wheel_site("bcrypt-4.1.2-abi3-x86_64")
+    code = ("import importlib.machinery as m, importlib.util, sys\n"
+            "spec = m.PathFinder.find_spec('_bcrypt', [sys.argv[1]])\n"
+            "try:\n    importlib.util.module_from_spec(spec)\n"
+            "except ImportError as e:\n    print('ImportError:', e)\n")
+    out = subprocess.run([*arm64_python(), "-I", "-S", "-c", code, str(site / "bcrypt")],
+                         capture_output=True, text=True, check=True, timeout=120).stdout
+    path = str(site / "bcrypt" / "_bcrypt.abi3.so")
+    assert out.strip() == f"ImportError: {path}: cannot open shared object file: " \
+                          "No such file or directory"
+
+
+def test_walk_is_recorded_for_the_verdict_cache(pkg_tree: Path) -> None:
+    """Every directory the walk lists is a "D" record; a module added after
+    the check makes the record stale (a cache miss, never a stale allow)."""
+    from grace_policy import fsprobe
+    fsprobe.start()
+    try:
+        package_extensions(str(pkg_tree / "pkg"), X86, Budget(deadline_ms=10_000))
+    finally:
+        records = fsprobe.stop()
+    listed = {path for op, path, _ in records if op == "D"}
+    walked = {d for d, _, _ in os.walk(pkg_tree / "pkg")
+              if "__pycache__" not in d and ".libs" not in d}
+    assert {str(p) for p in walked} <= listed
+    assert fsprobe.still_true(records)
+    touch(pkg_tree / "pkg" / "sub" / f"new{TAG_X86}")
+    assert not fsprobe.still_true(records)

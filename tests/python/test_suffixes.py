@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import glob
 import json
 import os
@@ -98,3 +99,22 @@ def test_describe_suffix(suffix: str, want: str) -> None:
 def test_describe_never_raises_on_odd_input() -> None:
     for odd in ["", ".", "x", ".cpython-.so", ".cpython-3-.so", ".abi3", "\0", ".cpython-x-y.so"]:
         assert isinstance(describe_suffix(odd), str)
+
+
+@pytest.mark.network
+@pytest.mark.qemu
+def test_matches_real_aarch64_interpreter() -> None:
+    from python.arm64_python import VERSION, arm64_python
+    code = ("import importlib.machinery as m, os, sys; "
+            "print(repr([tuple(sys.version_info[:2]), m.EXTENSION_SUFFIXES, os.uname().machine,"
+            " sorted(os.listdir(os.path.join(sys.prefix, 'lib', 'python3.11', 'lib-dynload')))"
+            " if os.path.isdir(os.path.join(sys.prefix, 'lib', 'python3.11', 'lib-dynload'))"
+            " else []]))")
+    out = subprocess.run([*arm64_python(), "-I", "-S", "-c", code], capture_output=True,
+                         text=True, check=True, timeout=120).stdout
+    version, want, machine, dynload = ast.literal_eval(out.strip())
+    assert (version, machine) == (VERSION, "aarch64")
+    assert extension_suffixes(version, "aarch64") == tuple(want)
+    for fname in (f for f in dynload if f.endswith(".so")):
+        split = split_extension(fname)
+        assert split is not None and split[1] in want, fname

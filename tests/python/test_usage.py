@@ -313,3 +313,72 @@ def test_stubbing_bodies_never_changes_the_answer(src: str) -> None:
     """The fast path (def/class bodies stubbed) gives what a full parse gives."""
     for text in (PAD + src, src + PAD):
         assert set(source_imports(text)) == set(_reference(text.encode()) or ()), text[-200:]
+
+
+# -- generated sources ------------------------------------------------------------
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_NAMES = st.sampled_from(["a", "b", "c", "np", "torch"])
+_STRING_BODIES = ["def fake():", "import no", "class X:", "    import no2", "@deco", ""]
+
+
+def _leaf() -> st.SearchStrategy[list[tuple[str, object]]]:
+    return st.one_of(
+        _NAMES.map(lambda n: [("import", n)]),
+        _NAMES.map(lambda n: [("from", n)]),
+        _NAMES.map(lambda n: [("dyn", n)]),
+        st.just([("assign", None)]),
+        st.lists(st.sampled_from(_STRING_BODIES), min_size=1, max_size=3).map(
+            lambda body: [("doc", body)]),
+    )
+
+
+_BLOCK = st.recursive(_leaf(), lambda inner: st.one_of(
+    inner,
+    st.tuples(st.sampled_from(["if x:", "def f():", "class K:", "with w:", "try:",
+                               "async def g():", "for i in y:"]), inner).map(
+        lambda t: [("block", t)]),
+    st.tuples(inner, inner).map(lambda t: t[0] + t[1]),
+), max_leaves=12)
+
+
+def _render(stmts: list[tuple[str, object]], indent: str = "") -> list[str]:
+    out: list[str] = []
+    for kind, arg in stmts:
+        if kind == "import":
+            out.append(f"{indent}import {arg}")
+        elif kind == "from":
+            out.append(f"{indent}from {arg} import x")
+        elif kind == "dyn":
+            out.append(f"{indent}__import__('{arg}')")
+        elif kind == "assign":
+            out.append(f"{indent}x = 1")
+        elif kind == "doc":
+            out.append(f'{indent}s = """')
+            out.extend(arg)               # type: ignore[arg-type]  (column 0: inside the string)
+            out.append('"""')
+        else:
+            header, body = arg            # type: ignore[misc]
+            if header == "try:":
+                out += [f"{indent}try:", *_render(body, indent + "    "),
+                        f"{indent}except E:", f"{indent}    import handler"]
+            else:
+                if header in ("def f():", "class K:", "async def g():") and indent == "":
+                    out.append("@deco")
+                out += [f"{indent}{header}", *_render(body, indent + "    ")]
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(_BLOCK, st.booleans())
+def test_generated_sources(stmts: list[tuple[str, object]], pad_first: bool) -> None:
+    """Stubbed fast path == full parse == the ast reference, on generated
+    programs whose strings hold column-0 'def'/'class'/'import' lines."""
+    body = "\n".join(_render(stmts)) + "\n"
+    pad = "#" + "x" * 9000 + "\n"       # past the stub threshold, cheap to parse
+    text = pad + body if pad_first else body + pad
+    want = _reference(text.encode())
+    assert want is not None, body
+    assert set(source_imports(text)) == set(want), body

@@ -12,6 +12,10 @@ API (everything returns paths in a shared, read-only cache: copy before you modi
                                                  # offline (fails under CI=1, like tests/corpus.py)
     installed_wheel(...).parent / "wheel"        # the downloaded .whl itself, if you need it
 
+    copy_site("markupsafe-2.1.5-x86_64", home / ".local/lib/python3.11/site-packages")
+                                                 # a private, writable copy where a test needs
+                                                 # it (a user site, a venv); skips like wheel_site
+
 ``platform`` is a pip ``--platform`` tag or a bare machine (``aarch64`` ->
 ``manylinux2014_aarch64``); ``python_version`` is ``"X.Y"``. Only pinned wheels
 (:data:`PINS`: requirement, platform, Python, file name and sha256) can be
@@ -137,6 +141,14 @@ def installed_wheel(requirement: str, platform: str, python_version: str) -> Pat
     installed once). Raises :class:`corpus.CorpusUnavailable` (or KeyError for
     a wheel that is not pinned)."""
     return _install(pin_for(requirement, platform, python_version))
+
+
+def copy_site(key: str, dest: Path) -> Path:
+    """Copy the pinned wheel's installed files into ``dest`` (created; merged
+    with what is there, as a second ``pip install --target`` would); returns
+    ``dest``. Skips/fails like :func:`wheel_site` when offline."""
+    shutil.copytree(wheel_site(key), dest, symlinks=True, dirs_exist_ok=True)
+    return dest
 
 
 _failures: dict[str, str] = {}

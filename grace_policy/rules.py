@@ -87,6 +87,7 @@ TEMPLATE_FIELDS = frozenset(
         "missing",
         "count",
         "files",
+        "per_arch",
     }
 )
 

@@ -46,6 +46,13 @@ MAX_DEPTH = 6
 #: Files named in a finding.
 SHOWN = 3
 
+#: Per-architecture places to suggest, by the variable that sets the cache.
+PER_ARCH = {
+    "TORCH_EXTENSIONS_DIR": "$HOME/.cache/torch_extensions-$(uname -m)",
+    "TRITON_CACHE_DIR": "$HOME/.triton/cache-$(uname -m)",
+    "TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor_$USER-$(uname -m)",
+}
+
 
 def _env(env: Mapping[str, str], name: str) -> str:
     """The variable as the tools would use it, noted for the verdict cache;
@@ -181,7 +188,7 @@ def jit_cache_issues(env: Mapping[str, str], node: NodeProfile, budget: Budget, 
         count = str(len(found)) if not stopped else f"at least {len(found)}"
         issues.append(Issue(
             "jit-cache-foreign", root, "", causes=("jit-cache",),
-            facts=(("name", var), ("count", count), ("files", shown),
+            facts=(("name", var), ("per_arch", PER_ARCH[var]), ("count", count), ("files", shown),
                    ("file_arch", ", ".join(machines)),
                    ("detail", f"the scan stopped after {max_entries} entries" if stopped
                     else "")),

@@ -88,7 +88,7 @@ def test_foreign_builds_in_each_cache_are_one_warning_each(tmp_path: Path,
     assert issues[1].fact("file_arch") == "x86_64"
     finding = Catalogue.load().finding(issues[1], {"node_arch": "aarch64"})
     assert finding is not None and finding.severity == "warning"
-    assert "TRITON_CACHE_DIR=$HOME/.cache/TRITON_CACHE_DIR-$(uname -m)" in finding.remediation
+    assert "export TRITON_CACHE_DIR=$HOME/.triton/cache-$(uname -m)" in finding.remediation
     assert "x86_64" in finding.remediation and "{" not in finding.remediation
 
 

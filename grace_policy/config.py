@@ -304,6 +304,16 @@ def _template(value: str) -> str:
     return value
 
 
+def _cuda_index(value: str) -> str:
+    # The label of a PyTorch wheel index (cu130, cu128, rocm6.4, cpu): it is
+    # shown to users inside a URL and a command line.
+    ok = 1 <= len(value) <= 16 and value[0].isalpha() and all(
+        c.isascii() and (c.isalnum() or c == ".") and not c.isupper() for c in value)
+    if not ok:
+        raise ValueError("must be a PyTorch wheel index label such as 'cu130' or 'rocm6.4'")
+    return value
+
+
 def _build_hint(value: str) -> str:
     unknown = [f for f in template_fields(value) if f != "partition"]
     if unknown:
@@ -322,6 +332,8 @@ Template = Annotated[str, AfterValidator(_template)]
 
 # pydantic evaluates these annotations at runtime; ``X | None`` fails there on
 # Python 3.9, so the optional forms are spelled out once here.
+CudaIndex = Annotated[str, AfterValidator(_cuda_index)]
+OptCudaIndex = Optional[CudaIndex]
 OptArch = Optional[Arch]
 OptPageSize = Optional[PageSize]
 OptGlibc = Optional[Glibc]
@@ -350,6 +362,7 @@ class PartitionModel(_Model):
     page_size: OptPageSize = None
     glibc: OptGlibc = None
     allow_user_lower: bool = False
+    cuda_index: OptCudaIndex = None
 
 
 class EnvModel(_Model):
@@ -484,6 +497,7 @@ def to_policy(model: ConfigModel, source: str | None = None) -> Policy:
                 mode=p.mode,
                 node=NodeOverrides(arch=p.arch, page_size=p.page_size, glibc=_glibc_tuple(p.glibc)),
                 allow_user_lower=p.allow_user_lower,
+                cuda_index=p.cuda_index,
             )
             for name, p in model.partitions.items()
         ),

@@ -96,8 +96,10 @@ def _decide(policy: Policy, mode: str, partition: str | None, argv: Sequence[str
 
     node = node or node_for(policy, partition)
     budget = Budget(policy.limits.deadline_ms, policy.limits.max_files, policy.limits.max_bytes)
+    part = policy.partition(partition)
     report = check_step(argv, env, cwd, node, env_vars=policy.env.vars,
-                        env_strip=policy.env.strip, budget=budget)
+                        env_strip=policy.env.strip, budget=budget,
+                        cuda_index=part.cuda_index if part is not None else None)
     if not report.issues and report.limit is None:
         return Verdict(action="allow", mode=mode, partition=partition, env=report.env)
     findings: tuple[Finding, ...] = ()

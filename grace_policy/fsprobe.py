@@ -112,6 +112,39 @@ def lexists(path: str) -> bool:
     return True
 
 
+def listdir(path: str) -> list[str]:
+    """``os.listdir`` that is written down with the directory's identity and
+    times: an entry added, removed or renamed changes the directory's mtime
+    and ctime, so a replay notices a package installed after the verdict.
+    Raises OSError like ``os.listdir``."""
+    try:
+        st = os.stat(path)
+        names = os.listdir(path)
+    except OSError as exc:
+        note(path, None, exc.errno or 0, "D")
+        raise
+    except ValueError:
+        note(path, None, 2, "D")
+        raise FileNotFoundError(2, "No such file or directory", path) from None
+    if _log is not None:
+        _log.append(("D", path, dir_signature(st)))
+    return names
+
+
+def dir_signature(st: os.stat_result) -> str:
+    """The answer of a "D" question (keep in step with grace_cache.c)."""
+    if not _stat.S_ISDIR(st.st_mode):
+        return signature(st)
+    return f"D{st.st_dev}:{st.st_ino}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+
+
+def note_input(name: str, value: str | None) -> None:
+    """A step input the check read beyond the fixed ones (the arguments of a
+    Python step: ``argc``, ``argv:N``): a cached verdict must depend on it."""
+    if _log is not None:
+        _log.append(("i", name, "-" if value is None else "=" + value))
+
+
 def note_env(name: str, value: str | None) -> None:
     """An environment variable the check read beyond the fixed inputs
     (``env -S '${VAR}'``): a cached verdict must depend on it too."""
@@ -138,6 +171,13 @@ def answer(op: str, path: str) -> str:
     for ``grace-policy`` itself)."""
     if op == "r":
         return os.path.realpath(path)
+    if op == "D":
+        try:
+            return dir_signature(os.stat(path))
+        except OSError as exc:
+            return signature(None, exc.errno or 0)
+        except ValueError:
+            return signature(None, 2)
     try:
         st = os.lstat(path) if op == "l" else os.stat(path)
     except OSError as exc:

@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # typing costs ~4 ms to import; annotations are strings anywa
 
 #: Bumped when the compiled document changes shape, so an old compiled file
 #: is recompiled instead of misread.
-COMPILED_FORMAT = 1
+COMPILED_FORMAT = 2
 
 #: How strict each mode is; a user option may only move down this scale.
 _MODE_RANK = {"off": 0, "warn": 1, "enforce": 2}
@@ -128,9 +128,12 @@ class PartitionPolicy:
     mode: str | None = None
     node: NodeOverrides = field(default_factory=NodeOverrides)
     allow_user_lower: bool = False
+    #: The PyTorch wheel index that matches the partition's CUDA (``cu130``).
+    cuda_index: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"mode": self.mode, "allow_user_lower": self.allow_user_lower}
+        out: dict[str, Any] = {"mode": self.mode, "allow_user_lower": self.allow_user_lower,
+                               "cuda_index": self.cuda_index}
         out.update(self.node.to_json())
         out.pop("root", None)
         return out
@@ -142,6 +145,7 @@ class PartitionPolicy:
             mode=data.get("mode"),
             node=NodeOverrides.from_json(data),
             allow_user_lower=bool(data.get("allow_user_lower", False)),
+            cuda_index=data.get("cuda_index"),
         )
 
 

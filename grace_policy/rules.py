@@ -35,6 +35,9 @@ RULE_IDS = (
     "page-overlap",
     "relro-tail",
     "env-leak",
+    "py-ext-arch",
+    "py-ext-foreign",
+    "py-dist-broken",
     "check-limit",
     "torch-cpu-only",
     "torchcodec-no-ffmpeg",
@@ -44,12 +47,14 @@ RULE_IDS = (
 #: Causes the checks may put in ``Issue.causes``, most specific first.
 CAUSES = (
     "leaked-env",
+    "pythonpath",
     "conda",
     "venv",
     "user-local",
     "pip-wheel",
     "jit-cache",
     "jemalloc",
+    "bundled-lib",
     "home",
     "system",
 )

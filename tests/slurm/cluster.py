@@ -312,9 +312,15 @@ class Cluster:
         raise TimeoutError(f"job {job_id} still {state} after {timeout}s")
 
     def node_state(self) -> str:
-        res = self.run(["sinfo", "-h", "-N", "-n", NODE, "-o", "%T"], timeout=20)
-        states = sorted(set(res.stdout.split()))
-        return ",".join(states)
+        """The node's state once a finished job's clean-up is over: "completing"
+        is transient (it lasts longer on a loaded machine), a drain is not."""
+        deadline = time.monotonic() + 15
+        while True:
+            res = self.run(["sinfo", "-h", "-N", "-n", NODE, "-o", "%T"], timeout=20)
+            state = ",".join(sorted(set(res.stdout.split())))
+            if state != "completing" or time.monotonic() > deadline:
+                return state
+            time.sleep(0.2)
 
     def node_ready(self) -> bool:
         try:

@@ -1,0 +1,158 @@
+"""Which loadable files an installed distribution holds, from its RECORD.
+
+pip writes every installed file into ``*.dist-info/RECORD``. Reading that one
+file instead of walking a package tree is what keeps a 30,000-file torch
+environment within the launch budget, and it is what makes the verdict
+cache sound for Python steps: a reinstall replaces RECORD (a new identity),
+an install or removal changes the site directory's listing. RECORD only
+says *where* compiled files live: the step check lists those directories to
+see what is there now (a site directory filled from two machines holds both
+machines' files, RECORD only the last install's), and walks the top-level
+entries that no RECORD claims.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Sequence
+
+from .._record import dataclass
+from ..budget import Budget
+from ..elf import open_regular
+
+#: A RECORD larger than this is not read (torch's is ~2 MiB).
+MAX_RECORD_BYTES = 16 * 1024 * 1024
+
+
+def read_text(path: str, budget: Budget, limit: int) -> str | None:
+    """A small text file's content, charged to the budget; None when it is
+    missing, not regular, too large or unreadable."""
+    try:
+        fd, st = open_regular(path)
+    except (OSError, ValueError):
+        return None
+    except Exception:  # ElfError "not a regular file"
+        return None
+    try:
+        if st.st_size > limit:
+            return None
+        budget.take_file(st.st_size)
+        data = os.pread(fd, st.st_size, 0)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return data.decode("utf-8", "surrogateescape")
+
+
+def _record_path(line: str) -> str:
+    if line.startswith('"'):
+        # csv quoting: "a,b.so",sha256=...,123 ("" stands for one quote)
+        end = 1
+        out = []
+        while end < len(line):
+            ch = line[end]
+            if ch == '"':
+                if line[end + 1:end + 2] == '"':
+                    out.append('"')
+                    end += 2
+                    continue
+                break
+            out.append(ch)
+            end += 1
+        return "".join(out)
+    return line.split(",", 1)[0]
+
+
+@dataclass(frozen=True)
+class Files:
+    """What RECORD lists that matters for imports."""
+
+    #: Paths of files whose name holds ``.so`` (modules and libraries): the
+    #: directories to look into.
+    shared: tuple[str, ...]
+    #: The site directory's entries it installed (``numpy``, ``numpy.libs``,
+    #: ``six.py``): what no RECORD claims is walked instead.
+    entries: tuple[str, ...]
+
+
+def record_files(meta_dir: str, site_dir: str, budget: Budget) -> Files | None:
+    """The loadable files a ``.dist-info`` lists, as absolute paths inside
+    ``site_dir`` (files installed elsewhere, such as scripts, are left out);
+    None when it has no readable RECORD."""
+    text = read_text(os.path.join(meta_dir, "RECORD"), budget, MAX_RECORD_BYTES)
+    if text is None:
+        return None
+    shared: list[str] = []
+    tops: dict[str, None] = {}
+    base = site_dir.rstrip("/") + "/"
+    for line in text.split("\n"):
+        if not line:
+            continue
+        rel = _record_path(line.rstrip("\r"))
+        if not rel or rel.startswith(("/", "../")) or "/../" in rel:
+            continue
+        tops.setdefault(rel.split("/", 1)[0])
+        name = rel.rsplit("/", 1)[-1]
+        if ".so" in name:
+            shared.append(base + rel)
+    budget.tick()
+    return Files(tuple(shared), tuple(tops))
+
+
+@dataclass(frozen=True)
+class Loadables:
+    #: ``(dotted module name, file)`` the node's importer would load.
+    modules: tuple[tuple[str, str], ...]
+    #: Libraries a package may load itself (ctypes, ``torch.ops.load_library``).
+    libraries: tuple[str, ...]
+    #: ``(dotted module name, files)`` that exist only with other tags.
+    foreign: tuple[tuple[str, tuple[str, ...]], ...]
+
+
+def _is_library(name: str) -> bool:
+    # libfoo.so, libfoo.so.1, libfoo-abc123.so.1.2 (auditwheel's .libs)
+    return name.startswith("lib") and (name.endswith(".so") or ".so." in name)
+
+
+def classify(paths: Iterable[str], site_dir: str, suffixes: Sequence[str],
+             sources: frozenset[str] | set[str] = frozenset()) -> Loadables:
+    """Sort ``.so`` files into modules the node's CPython would import (the
+    first of its suffixes present per module), libraries, and modules that
+    are present only as builds for another platform or Python. ``sources``
+    (``dir/name`` without ``.py``): such a module falls back to its Python
+    source, so a foreign build next to it is never tried."""
+    from .suffixes import split_extension
+
+    rank = {s: i for i, s in enumerate(suffixes)}
+    best: dict[str, tuple[int, str]] = {}
+    other: dict[str, list[str]] = {}
+    libraries: list[str] = []
+    base = site_dir.rstrip("/") + "/"
+    for path in paths:
+        directory, name = path.rsplit("/", 1) if "/" in path else ("", path)
+        if _is_library(name):
+            libraries.append(path)
+            continue
+        split = split_extension(name)
+        if split is None:
+            if ".so." in name:
+                libraries.append(path)
+            continue
+        module, suffix = split
+        key = f"{directory}/{module}"
+        if suffix in rank:
+            known = best.get(key)
+            if known is None or rank[suffix] < known[0]:
+                best[key] = (rank[suffix], path)
+        else:
+            other.setdefault(key, []).append(path)
+
+    def dotted(key: str) -> str:
+        rel = key[len(base):] if key.startswith(base) else key.lstrip("/")
+        return rel.replace("/", ".")
+
+    modules = tuple((dotted(k), p) for k, (_r, p) in best.items())
+    foreign = tuple((dotted(k), tuple(v)) for k, v in other.items()
+                    if k not in best and k not in sources)
+    return Loadables(modules, tuple(libraries), foreign)

@@ -1,0 +1,321 @@
+"""The sys.path model held to real CPythons (tests/python/sitepath_oracle.py).
+
+Every case runs the real interpreter with the same executable, arguments,
+environment and working directory as the model gets, and compares the whole
+``sys.path`` (order included), ``sys.prefix``/``base_prefix``/``exec_prefix``,
+the user site, and which ``.pth`` import lines the real one executed with the
+ones the model recorded (and did not run).
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from grace_policy import fsprobe
+from grace_policy import node as _node
+from grace_policy.budget import Budget, BudgetExceeded
+from grace_policy.python import interp, sitepath
+
+from .sitepath_oracle import PROBE, World, available, build_world, model, run_real
+
+INTERPRETERS = available()
+#: Interpreters that get the whole matrix; the others a cross-section (every
+#: environment, the main flags, fewer executables).
+FULL = {"debian-3.11", "pyenv-3.11.7", "pyenv-3.8.18", "pyenv-3.13.0"}
+
+EXES = ("base", "venv-sym", "venv-copy", "venv-sys", "conda")
+ENVS = ("plain", "pythonpath", "userbase", "home-local", "nousersite", "pythonhome",
+        "safepath")
+FLAGS: dict[str, list[str]] = {"none": [], "s": ["-s"], "E": ["-E"], "I": ["-I"],
+                               "S": ["-S"], "P": ["-P"], "Es": ["-Es"]}
+CMDS = ("module", "script", "linked", "dir", "stdin", "dash", "abs-script",
+        "console-script")
+
+Case = tuple[str, str, str, str, str, str]
+
+
+def _cases() -> list[Case]:
+    out: list[Case] = []
+    for label, exe in INTERPRETERS:
+        full = label in FULL
+        for e in EXES:
+            if e == "conda" and not (label.startswith("pyenv") and _ge311(label)):
+                continue
+            if not full and e in ("venv-copy", "conda"):
+                continue
+            for env in ENVS:
+                for fl in FLAGS:
+                    if (not full or e == "venv-copy") and fl not in ("none", "E", "I", "S"):
+                        continue
+                    out.append((label, exe, e, env, fl, "code"))
+            if e not in ("base", "venv-sym"):
+                continue
+            for cmd in CMDS:
+                if cmd == "console-script" and e != "venv-sym":
+                    continue
+                for fl in ("none", "I", "P", "S"):
+                    if cmd == "module" and (fl == "I" or (fl == "P" and _ge311(label))):
+                        continue  # cwd is not on sys.path: nothing to run
+                    if cmd == "console-script" and fl != "none":
+                        continue
+                    if not full and fl in ("P", "S"):
+                        continue
+                    out.append((label, exe, e, "home-local", fl, cmd))
+    return out
+
+
+def _ge311(label: str) -> bool:
+    ver = label.split("-")[1].split(".")
+    return (int(ver[0]), int(ver[1])) >= (3, 11)
+
+
+CASES = _cases()
+_WORLDS: dict[str, World] = {}
+_REAL: dict[Case, dict | BaseException | None] = {}
+
+
+def _world(label: str, exe: str, tmp_path_factory: pytest.TempPathFactory) -> World:
+    """The world of one interpreter, built on first use; the real runs of all
+    its cases are made then, in parallel (they are independent processes)."""
+    if label not in _WORLDS:
+        w = _WORLDS[label] = build_world(label, exe, tmp_path_factory.mktemp(label))
+        mine = [c for c in CASES if c[0] == label]
+
+        def real(case: Case) -> dict | BaseException | None:
+            try:
+                _, _, argv, env, cwd, stdin = _setup(w, *case[2:])
+                return run_real(argv, env, cwd, stdin)
+            except BaseException as exc:  # reported by the case's own test
+                return exc
+
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            for case, result in zip(mine, pool.map(real, mine)):
+                _REAL[case] = result
+    return _WORLDS[label]
+
+
+def _setup(w: World, exe_kind: str, env_kind: str, flag_kind: str, cmd: str,
+           ) -> tuple[str, list[str], list[str], dict[str, str], str, str | None]:
+    exe = {"base": w.base_exe, "conda": w.p("conda", "bin", "python")}.get(
+        exe_kind) or w.venv_python(exe_kind)
+    env = {"PATH": "/usr/bin:/bin", "HOME": w.p("home-empty"), "LC_ALL": "C.UTF-8"}
+    base_prefix = str(Path(os.path.realpath(w.base_exe)).parent.parent)
+    env.update({
+        "plain": {},
+        "pythonpath": {"PYTHONPATH": f"{w.p('pp1')}::pp3:/nonexistent:{w.p('pp1')}/:"
+                       f"{w.p('pp2')}/../pp2"},
+        "userbase": {"PYTHONUSERBASE": w.p("userbase"), "HOME": w.p("home-user")},
+        "home-local": {"HOME": w.p("home-user")},
+        "nousersite": {"HOME": w.p("home-user"), "PYTHONNOUSERSITE": "1"},
+        "pythonhome": {"PYTHONHOME": base_prefix, "HOME": w.p("home-user")},
+        "safepath": {"PYTHONSAFEPATH": "1", "HOME": w.p("home-user")},
+    }[env_kind])
+    flags = FLAGS[flag_kind]
+    stdin = None
+    cwd = w.p("work")
+    if cmd == "code":
+        args = [*flags, "-c", PROBE]
+    elif cmd == "module":
+        args = [*flags, "-m", "probe_mod"]
+    elif cmd == "script":
+        args = [*flags, "script.py"]
+    elif cmd == "linked":
+        args = [*flags, "sub/linked.py"]
+    elif cmd == "dir":
+        args = [*flags, "app"]
+    elif cmd == "abs-script":
+        args = [*flags, w.p("work", "dirlink", "target.py")]
+    elif cmd == "stdin":
+        args, stdin = [*flags], PROBE
+    elif cmd == "dash":
+        args, stdin = [*flags, "-", "x"], PROBE
+    elif cmd == "console-script":
+        tool = w.p("venv-sym", "bin", "probe-tool")
+        return exe, [tool], [tool], env, cwd, None
+    else:
+        raise AssertionError(cmd)
+    return exe, args, [exe, *args], env, cwd, stdin
+
+
+@pytest.mark.parametrize(
+    ("label", "base_exe", "exe_kind", "env_kind", "flag_kind", "cmd"), CASES,
+    ids=lambda v: v if not str(v).startswith("/") else "")
+def test_sys_path_matches_real_cpython(label: str, base_exe: str, exe_kind: str,
+                                       env_kind: str, flag_kind: str, cmd: str,
+                                       tmp_path_factory: pytest.TempPathFactory) -> None:
+    w = _world(label, base_exe, tmp_path_factory)
+    case = (label, base_exe, exe_kind, env_kind, flag_kind, cmd)
+    real = _REAL.get(case)
+    if isinstance(real, BaseException):
+        raise real
+    exe, args, _, env, cwd, _ = _setup(w, exe_kind, env_kind, flag_kind, cmd)
+    found, command, sp = model(exe, args, env, cwd)
+    if real is None:  # the real interpreter ran nothing (-P before 3.11)
+        assert command.kind == "none"
+        return
+    assert command.kind != "none"
+    assert found.version == tuple(real["version"])
+    assert sp.paths == real["path"], "\n".join(sp.notes)
+    assert sp.prefix == real["prefix"]
+    assert sp.base_prefix == real["base_prefix"]
+    assert sp.exec_prefix == real["exec_prefix"]
+    assert sp.user_site == real["user_site"]
+    # the real interpreter ran these .pth import lines; the model lists them
+    assert [line.split("append(")[1][1:-2] for _, line in sp.pth_imports
+            if "_grace_pth" in line] == real["pth"]
+    assert sp.venv == (real["prefix"] if real["prefix"] != real["base_prefix"] else None)
+    kinds = {e.kind for e in sp.entries}
+    assert kinds <= {"script-dir", "cwd", "pythonpath", "stdlib-zip", "stdlib", "lib-dynload",
+                     "user-site", "site-packages", "pth"}
+    for e in sp.entries:
+        assert e.system == e.path.startswith(sitepath.SYSTEM_PYTHON_DIRS)
+
+
+# -- what the entries say, on the real layouts ---------------------------------
+
+def _one(label_wanted: str, tmp_path_factory: pytest.TempPathFactory) -> World:
+    for label, exe in INTERPRETERS:
+        if label == label_wanted:
+            return _world(label, exe, tmp_path_factory)
+    pytest.skip(f"{label_wanted} is not installed here")
+
+
+def test_entry_kinds_and_origins_in_a_venv(tmp_path_factory: pytest.TempPathFactory) -> None:
+    w = _one("pyenv-3.11.7", tmp_path_factory)
+    env = {"HOME": w.p("home-user"), "PYTHONPATH": "pp3"}
+    _, _, sp = model(w.venv_python("venv-sys"), ["script.py"], env, w.p("work"))
+    by_path = {e.path: e for e in sp.entries}
+    assert sp.entries[0] == sitepath.PathEntry(w.p("work"), "script-dir", "script.py", False)
+    assert by_path[w.p("work", "pp3")].kind == "pythonpath"
+    assert by_path[w.p("work", "pp3")].origin == "PYTHONPATH"
+    venv_site = w.site_packages(w.p("venv-sys"))
+    user_site = w.site_packages(w.p("home-user", ".local"))
+    assert by_path[venv_site].kind == "site-packages"
+    assert by_path[venv_site].origin == "venv"
+    assert by_path[user_site].kind == "user-site"
+    assert by_path[user_site].origin == "HOME"
+    pth_entry = by_path[f"{venv_site}/venv-sys_a"]
+    assert (pth_entry.kind, pth_entry.origin) == ("pth", f"{venv_site}/10-first.pth")
+    assert sp.site_dirs[:2] == (venv_site, user_site)
+    assert sp.venv == w.p("venv-sys") and sp.system_site
+    stdlib = [e for e in sp.entries if e.kind == "stdlib"]
+    assert len(stdlib) == 1 and stdlib[0].origin == "pyvenv.cfg"
+
+
+def test_debian_system_dirs_are_the_nodes(tmp_path_factory: pytest.TempPathFactory) -> None:
+    w = _one("debian-3.11", tmp_path_factory)
+    _, _, sp = model("/usr/bin/python3", ["-c", "pass"], {"HOME": w.p("home-user")}, "/")
+    systems = {e.path: e.system for e in sp.entries}
+    assert systems["/usr/lib/python3.11"] and systems["/usr/lib/python3/dist-packages"]
+    assert not systems[w.site_packages(w.p("home-user", ".local"))]
+
+
+def test_pythonhome_that_does_not_exist_is_a_note(tmp_path: Path) -> None:
+    found = interp.identify("/usr/bin/python3", _elf("/usr/bin/python3"), _node.detect(),
+                            Budget())
+    if found is None:
+        pytest.skip("no /usr/bin/python3")
+    sp = sitepath.sys_path(found, interp.PyFlags(), interp.PyCommand("code", "pass"),
+                           {"PYTHONHOME": str(tmp_path / "nope")}, "/", _node.detect(),
+                           Budget())
+    assert any("PYTHONHOME" in n for n in sp.notes)
+    assert sp.paths[1] == str(tmp_path / "nope" / "lib" / "python311.zip")
+
+
+def _elf(path: str):
+    from grace_policy import elf
+    return elf.read_elf(os.path.realpath(path))
+
+
+# -- hostile and odd inputs: a note or a bounded read, never an exception ------
+
+def _fake_python(tmp_path: Path) -> tuple[interp.Interpreter, Path]:
+    """A prefix laid out as CPython's, with a site-packages to fill."""
+    prefix = tmp_path / "prefix"
+    std = prefix / "lib" / "python3.11"
+    (std / "lib-dynload").mkdir(parents=True)
+    (std / "os.py").write_text("")
+    site = std / "site-packages"
+    site.mkdir()
+    exe = prefix / "bin" / "python3.11"
+    exe.parent.mkdir()
+    exe.write_bytes(b"")
+    return interp.Interpreter(str(exe), str(exe), (3, 11), "test"), site
+
+
+def test_hostile_pth_files(tmp_path: Path) -> None:
+    it, site = _fake_python(tmp_path)
+    (site / "bin.pth").write_bytes(bytes(range(256)) * 40)
+    (site / "loop").symlink_to("loop")
+    (site / "loop.pth").write_text("loop\n")
+    (site / "nul.pth").write_bytes(b"a\0b\n")
+    (site / "dir.pth").mkdir()
+    (site / b"\xff\xfe-name.pth".decode("utf-8", "surrogateescape")).write_text("/\n")
+    (site / "dangling.pth").symlink_to("nowhere")
+    sp = sitepath.sys_path(it, interp.PyFlags(), interp.PyCommand("code", "pass"),
+                           {"HOME": str(tmp_path)}, str(tmp_path), _node.detect(), Budget())
+    assert str(site) in sp.paths
+    assert str(site / "loop") not in sp.paths  # a symlink loop does not exist
+    assert "/" in sp.paths  # the non-UTF-8-named .pth was read
+
+
+def test_garbage_pyvenv_cfg(tmp_path: Path) -> None:
+    it, _site = _fake_python(tmp_path)
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(it.executable)
+    (venv / "pyvenv.cfg").write_bytes(b"\xff\x00home\n=\n" * 1000)
+    vit = interp.Interpreter(str(venv / "bin" / "python"), it.executable, (3, 11), "test")
+    sp = sitepath.sys_path(vit, interp.PyFlags(), interp.PyCommand("code", "pass"), {},
+                           "/", _node.detect(), Budget())
+    assert sp.venv == str(venv)
+    assert sp.base_prefix == str(tmp_path / "prefix")
+
+
+def test_many_pth_files_end_in_budget_exceeded(tmp_path: Path) -> None:
+    it, site = _fake_python(tmp_path)
+    for i in range(300):
+        (site / f"p{i:03}.pth").write_text("x\n")
+    with pytest.raises(BudgetExceeded):
+        sitepath.sys_path(it, interp.PyFlags(), interp.PyCommand("code", "pass"), {}, "/",
+                          _node.detect(), Budget(max_files=100))
+
+
+def test_what_the_model_read_is_recorded(tmp_path: Path) -> None:
+    it, site = _fake_python(tmp_path)
+    (site / "a.pth").write_text("sub\n")
+    (site / "sub").mkdir()
+    fsprobe.start()
+    try:
+        sitepath.sys_path(it, interp.PyFlags(), interp.PyCommand("code", "pass"),
+                          {"PYTHONPATH": "/x", "HOME": str(tmp_path)}, "/", _node.detect(),
+                          Budget())
+    finally:
+        records = fsprobe.stop()
+    paths = {(op, p) for op, p, _ in records}
+    assert ("s", str(site / "a.pth")) in paths
+    assert ("v", "PYTHONPATH") in paths and ("v", "HOME") in paths
+    if hasattr(fsprobe, "listdir"):
+        assert ("D", str(site)) in paths
+
+
+def test_node_image_root(tmp_path: Path) -> None:
+    """With --root, node paths are read inside the image first."""
+    image = tmp_path / "image"
+    _it, site = _fake_python(image)
+    node_prefix = "/" + str((image / "prefix").relative_to(image))
+    (site / "a.pth").write_text("/opt/extra\n")
+    (image / "opt" / "extra").mkdir(parents=True)
+    node_it = interp.Interpreter(node_prefix + "/bin/python3.11", node_prefix
+                                 + "/bin/python3.11", (3, 11), "test")
+    profile = _node.detect().with_overrides(root=str(image))
+    sp = sitepath.sys_path(node_it, interp.PyFlags(), interp.PyCommand("code", "pass"), {},
+                           "/", profile, Budget())
+    assert sp.paths == ["", f"{node_prefix}/lib/python311.zip",
+                        f"{node_prefix}/lib/python3.11",
+                        f"{node_prefix}/lib/python3.11/lib-dynload",
+                        f"{node_prefix}/lib/python3.11/site-packages", "/opt/extra"]

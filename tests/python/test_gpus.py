@@ -236,3 +236,23 @@ def test_every_variable_read_is_noted_for_the_verdict_cache() -> None:
         record = fsprobe.stop()
     assert ("v", "SLURM_GPUS_ON_NODE", "-") in record
     assert ("v", "SLURM_STEP_GPUS", "=1") in record
+
+
+#: What must stay off the launch path (PREAMBLE / ISSUE8-SHARED).
+HEAVY = {"ast", "re", "typing", "dataclasses", "json", "tomllib", "email", "csv", "inspect",
+         "importlib.metadata", "packaging", "sysconfig", "zipfile", "tokenize"}
+
+
+@pytest.mark.parametrize("module", ["gpus", "torch_build", "torchcodec", "jitcache", "nodepath"])
+def test_py_torch_modules_import_nothing_heavy(module: str) -> None:
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); before = set(sys.modules);"
+            f"import grace_policy.python.{module};"
+            "new = sorted(set(sys.modules) - before); print(' '.join(new))")
+    out = subprocess.run([sys.executable, "-S", "-E", "-c", code, str(repo)],
+                         capture_output=True, text=True, check=True, timeout=60).stdout
+    pulled = set(out.split())
+    assert f"grace_policy.python.{module}" in pulled
+    assert not pulled & HEAVY, sorted(pulled & HEAVY)

@@ -36,11 +36,10 @@ def host_path(path: str, node: NodeProfile, cwd: str = "/") -> str:
 
 
 def listdir(path: str) -> list[str]:
-    """The one place these modules list a directory: ``fsprobe.listdir`` when
-    fsprobe has it (the verdict cache then records the listing), else
-    ``os.listdir``. Raises OSError like them."""
-    lister = getattr(fsprobe, "listdir", None) or os.listdir
-    return list(lister(path))
+    """The one place these modules list a directory: ``fsprobe.listdir``, so
+    the verdict cache records the directory's identity and times (a file
+    added later is a miss). Raises OSError like ``os.listdir``."""
+    return fsprobe.listdir(path)
 
 
 def read_small(path: str, limit: int, budget: Budget) -> bytes | None:

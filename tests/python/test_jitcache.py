@@ -163,3 +163,21 @@ def test_what_the_scan_asks_is_recorded(tmp_path: Path, elf_builder: ElfBuilder)
     paths = {path for _op, path, _answer in record}
     assert {str(cache), str(cache / "K"), str(launcher)} <= paths
     assert str(cache / "K" / "add_kernel.json") not in paths  # not a shared object: not opened
+
+
+def test_a_foreign_build_added_after_a_clean_verdict_breaks_its_record(
+        tmp_path: Path, elf_builder: ElfBuilder) -> None:
+    cache = tmp_path / "cache"
+    triton(cache, elf_builder, "aarch64", "K")
+    env = {"TRITON_CACHE_DIR": str(cache)}
+    fsprobe.start()
+    try:
+        assert jit_cache_issues(env, GRACE, Budget()) == []
+    finally:
+        # Environment variables ("v") are the step's inputs, matched by the C
+        # side against the next step's environment; the rest is the filesystem.
+        record = [r for r in fsprobe.stop() if r[0] != "v"]
+    assert fsprobe.still_true(record)
+    triton(cache, elf_builder, "x86_64", "K2")  # a new entry in the cache root
+    assert not fsprobe.still_true(record)
+    assert len(jit_cache_issues(env, GRACE, Budget())) == 1

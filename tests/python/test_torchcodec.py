@@ -174,3 +174,23 @@ def test_odd_packages_never_raise(tmp_path: Path, site: Path) -> None:
 def test_the_budget_bounds_the_search(site: Path) -> None:
     with pytest.raises(BudgetExceeded):
         issues(site, budget=Budget(max_files=2))
+
+
+def test_an_ffmpeg_installed_after_the_verdict_breaks_its_record(
+        site: Path, elf_builder: ElfBuilder, tmp_path: Path) -> None:
+    from grace_policy import fsprobe
+
+    llp = tmp_path / "ffmpeg-later"
+    llp.mkdir()
+    env = {"LD_LIBRARY_PATH": str(llp)}
+    fsprobe.start()
+    try:
+        assert len(issues(site, env)) == 1
+    finally:
+        record = fsprobe.stop()
+    assert fsprobe.still_true(record)
+    built = ffmpeg(elf_builder, "ffmpeg7", 7)
+    for lib in built.iterdir():
+        shutil.copy2(lib, llp / lib.name)
+    assert not fsprobe.still_true(record)
+    assert issues(site, env) == []

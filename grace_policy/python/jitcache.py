@@ -72,6 +72,8 @@ def cache_dirs(env: Mapping[str, str]) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
 
     def add(var: str, path: str) -> None:
+        if path.startswith("/"):
+            path = "/" + path.lstrip("/")  # HOME=/ gives //.cache: one slash
         path = path.rstrip("/") or path
         if path.startswith("/") and all(p != path for _, p in out):
             out.append((var, path))

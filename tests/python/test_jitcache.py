@@ -69,6 +69,8 @@ def test_default_locations_from_the_step_environment() -> None:
                        "TORCHINDUCTOR_CACHE_DIR": "rel/dir"})
     assert same == [("TORCH_EXTENSIONS_DIR", "/c")]  # duplicates and relative dirs dropped
     assert cache_dirs({}) == []
+    assert cache_dirs({"HOME": "/"})[:2] == [("TORCH_EXTENSIONS_DIR", "/.cache/torch_extensions"),
+                                            ("TRITON_CACHE_DIR", "/.triton/cache")]
 
 
 def test_foreign_builds_in_each_cache_are_one_warning_each(tmp_path: Path,

@@ -194,3 +194,15 @@ def test_an_ffmpeg_installed_after_the_verdict_breaks_its_record(
         shutil.copy2(lib, llp / lib.name)
     assert not fsprobe.still_true(record)
     assert issues(site, env) == []
+
+
+def test_a_non_elf_file_under_an_ffmpeg_name_stops_that_variant(site: Path,
+                                                               tmp_path: Path) -> None:
+    """glibc stops at a candidate that is not ELF ("invalid ELF header")
+    instead of searching on: that variant fails, and the finding says why."""
+    llp = tmp_path / "broken"
+    llp.mkdir()
+    (llp / "libavutil.so.60").write_text("INPUT(-lavutil)\n")  # a linker script
+    found = issues(site, {"LD_LIBRARY_PATH": str(llp)})
+    assert f"{llp}/libavutil.so.60 (invalid ELF header)" in found[0].fact("candidates")
+    assert found[0].fact("missing").startswith("libavutil.so.60 (FFmpeg 8)")

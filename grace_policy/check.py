@@ -231,7 +231,9 @@ def check_elf(path: str, env: Mapping[str, str], cwd: str, node: NodeProfile, bu
 
     # The executable's own layout first: it is known before the (possibly
     # long) library search, and survives a budget that runs out there.
-    for issue in page_issues(path, info, node, mapped_by_kernel=as_program):
+    for issue in page_issues(path, info, node, mapped_by_kernel=as_program, budget=budget):
+        issues.append(_with_causes(issue, causes(path)))
+    for issue in code_page_issues(path, info, node, budget):
         issues.append(_with_causes(issue, causes(path)))
 
     process = Process(path, info, node, env, cwd=cwd, budget=budget, exec_origin=as_program)
@@ -243,8 +245,12 @@ def check_elf(path: str, env: Mapping[str, str], cwd: str, node: NodeProfile, bu
             continue
         budget.tick()
         kernel = obj.found_via == "interp"
-        for issue in page_issues(obj.path, obj.info, node, mapped_by_kernel=kernel):
+        for issue in page_issues(obj.path, obj.info, node, mapped_by_kernel=kernel,
+                                 budget=budget):
             issues.append(_with_causes(issue, causes(obj.path)))
+        if not kernel:
+            for issue in code_page_issues(obj.path, obj.info, node, budget):
+                issues.append(_with_causes(issue, causes(obj.path)))
     for miss in tree.missing:
         budget.tick()
         if miss.name == info.interp:
@@ -280,6 +286,18 @@ def check_elf(path: str, env: Mapping[str, str], cwd: str, node: NodeProfile, bu
                    ("detail", fatal.reason)),
         ))
     return tree
+
+
+def code_page_issues(path: str, info: ElfInfo, node: NodeProfile, budget: Budget
+                      ) -> list[Issue]:
+    """Page sizes compiled into the code of one object (embedded jemalloc).
+    On 4 KiB nodes nothing can be compiled for smaller pages, and the module
+    is not even imported."""
+    if node.page_size <= 4096:
+        return []
+    from .pagecode import compiled_page_issues
+
+    return compiled_page_issues(path, info, node, budget)
 
 
 def _with_causes(issue: Issue, causes: tuple[str, ...]) -> Issue:

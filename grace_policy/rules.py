@@ -42,6 +42,8 @@ RULE_IDS = (
     "torch-cpu-only",
     "torchcodec-no-ffmpeg",
     "jit-cache-foreign",
+    "page-size-compiled",
+    "page-bss-clobber",
 )
 
 #: Causes the checks may put in ``Issue.causes``, most specific first.
@@ -93,6 +95,9 @@ TEMPLATE_FIELDS = frozenset(
         "count",
         "files",
         "per_arch",
+        "allocator",
+        "compiled_page_kib",
+        "fix_hint",
     }
 )
 

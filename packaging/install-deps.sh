@@ -5,7 +5,7 @@ set -euo pipefail
 need_apt=()
 for pkg in slurmd slurmctld slurm-client libslurm-dev munge gcc-aarch64-linux-gnu \
            libc6-dev-arm64-cross qemu-user python3-dev python3-pip python3-venv \
-           fakeroot; do
+           fakeroot patchelf dpkg-dev make bzip2 binutils-aarch64-linux-gnu; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -191,6 +192,128 @@ def fetch_aarch64_wheel(requirement: str = WHEEL_REQUIREMENT) -> Path:
                         build)
 
 
+@dataclass(frozen=True)
+class PinnedWheel:
+    """One real wheel, pinned by version and sha256 (pip checks the hash), of
+    which only ``members`` are unpacked (big wheels: keep the cache small)."""
+
+    requirement: str
+    sha256: str
+    python: str
+    members: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return self.requirement.replace("==", "-").lower()
+
+
+#: Wheels with an embedded jemalloc built for small pages (issue 11), and one
+#: whose auditwheel/patchelf repair overwrote .bss on 64 KiB pages.
+POLARS_4K = PinnedWheel(  # the smallest aarch64 polars wheel before the fix (0.20.21)
+    "polars==0.14.8", "22ad73753a766455b47353f6da42c2d12350538f92848205b3a93e2109204006",
+    "3.11", ("polars/polars.abi3.so",))
+DUCKDB_16K = PinnedWheel(
+    "duckdb==0.9.2", "b14d98d26bab139114f62ade81350a5342f60a168d94b27ed2c706838f949eda",
+    "3.11", ("duckdb/duckdb.cpython-311-aarch64-linux-gnu.so",))
+PYARROW_4K = PinnedWheel(
+    "pyarrow==5.0.0", "1d9485741e497ccc516cb0a0c8f56e22be55aea815be185c3f9a681323b0e614",
+    "3.9", ("pyarrow/libarrow.so.500", "pyarrow/libparquet.so.500"))
+PILLOW_BSS = PinnedWheel(
+    "Pillow==7.2.0", "5e51ee2b8114def244384eda1c82b10e307ad9778dac5c83fb0943775a653cd8",
+    "3.8", ("PIL/_imaging.cpython-38-aarch64-linux-gnu.so",
+            "PIL/_webp.cpython-38-aarch64-linux-gnu.so",
+            "PIL/_imagingmath.cpython-38-aarch64-linux-gnu.so"))
+
+
+def fetch_pinned_wheel(wheel: PinnedWheel) -> Path:
+    """Download ``wheel`` once (hash-checked by pip) and unpack its members
+    under ``root/site-packages/``, as an installed package would lie."""
+
+    def build(work: Path) -> Path:
+        req = work / "requirements.txt"
+        req.write_text(f"{wheel.requirement} --hash=sha256:{wheel.sha256}\n")
+        _run(["python3", "-m", "pip", "download", "-q", "--only-binary=:all:", "--no-deps",
+              "--require-hashes", "--platform", "manylinux2014_aarch64",
+              "--python-version", wheel.python, "--implementation", "cp",
+              "--timeout", str(NET_TIMEOUT), "-d", str(work / "dl"), "-r", str(req)])
+        wheels = sorted((work / "dl").glob("*.whl"))
+        if len(wheels) != 1:
+            raise CorpusUnavailable(f"pip download gave {len(wheels)} wheels for {wheel}")
+        unpack = work / "root"
+        with zipfile.ZipFile(wheels[0]) as zf:
+            for member in wheel.members:
+                zf.extract(member, unpack / "site-packages")
+        return unpack
+
+    return _cached_tree(f"wheel-{wheel.name}", {"requirement": wheel.requirement,
+                                                "sha256": wheel.sha256,
+                                                "members": list(wheel.members)}, build)
+
+
+#: jemalloc as Debian 12 ships its source (the same 5.3.0 as the arm64
+#: libjemalloc2 in the corpus), cross-built here with a chosen page size.
+JEMALLOC_SOURCE = "jemalloc=5.3.0-1"
+JEMALLOC_ORIG_SHA256 = "2db82d1e7119df3e71b7640219b6dfe84789bc0537983c3b7ac4f7189aecfeaa"
+#: What configure is given besides the page size: Debian's fixed huge page
+#: (debian/rules) and only what keeps the build short (no C++ wrapper, no
+#: stats); the start-up check does not depend on those.
+JEMALLOC_CONFIGURE = ("--host=aarch64-linux-gnu", "--with-lg-hugepage=21", "--disable-cxx",
+                      "--disable-stats", "--disable-libdl")
+
+
+def fetch_jemalloc_source() -> Path:
+    """``apt-get source`` of Debian's jemalloc (private sources list and
+    state, so the machine's apt setup is untouched), unpacked once."""
+
+    def build(work: Path) -> Path:
+        lists, cache, etc = (work / n for n in ("lists", "cache", "etc"))
+        for d in (lists / "partial", cache / "archives" / "partial", etc):
+            d.mkdir(parents=True)
+        (etc / "sources.list").write_text(
+            "deb-src http://deb.debian.org/debian bookworm main\n")
+        apt = [
+            "apt-get", "-q", f"-oDir::Etc::SourceList={etc / 'sources.list'}",
+            "-oDir::Etc::SourceParts=/nonexistent",
+            f"-oDir::State::Lists={lists}", f"-oDir::Cache={cache}",
+            "-oDir::State::status=/dev/null", "-oAPT::Sandbox::User=root",
+            "-oAcquire::Retries=1", f"-oAcquire::http::Timeout={NET_TIMEOUT}",
+        ]
+        _run([*apt, "update"])
+        _run([*apt, "source", "--download-only", JEMALLOC_SOURCE], cwd=work)
+        origs = sorted(work.glob("jemalloc_*.orig.tar.*"))
+        if len(origs) != 1:
+            raise CorpusUnavailable(f"apt-get source gave {origs}")
+        digest = hashlib.sha256(origs[0].read_bytes()).hexdigest()
+        if digest != JEMALLOC_ORIG_SHA256:
+            raise CorpusUnavailable(f"{origs[0].name} has sha256 {digest}, pinned "
+                                    f"{JEMALLOC_ORIG_SHA256}")
+        dsc = sorted(work.glob("jemalloc_*.dsc"))
+        _run(["dpkg-source", "-x", str(dsc[0]), str(work / "src")], cwd=work)
+        return work / "src"
+
+    return _cached_tree("jemalloc-source", {"source": JEMALLOC_SOURCE,
+                                            "orig_sha256": JEMALLOC_ORIG_SHA256}, build)
+
+
+def build_jemalloc(lg_page: int) -> Path:
+    """``lib/libjemalloc.a`` of Debian's jemalloc configured with
+    ``--with-lg-page=lg_page`` for aarch64; built once (about a minute on two
+    busy cores) and cached with the configure line as its key."""
+    source = fetch_jemalloc_source()
+    args = (*JEMALLOC_CONFIGURE, f"--with-lg-page={lg_page}")
+
+    def build(work: Path) -> Path:
+        out = work / "build"
+        out.mkdir()
+        _run([str(source / "configure"), *args], cwd=out, timeout=600)
+        _run(["make", f"-j{min(os.cpu_count() or 1, 4)}", "lib/libjemalloc.a"], cwd=out,
+             timeout=1200)
+        return out
+
+    return _cached_tree(f"jemalloc-lg{lg_page}", {"source": JEMALLOC_SOURCE,
+                                                  "configure": list(args)}, build)
+
+
 _failures: dict[str, str] = {}
 
 
@@ -215,6 +338,26 @@ def _corpus_or_skip(kind: str, fetch: Callable[[], Path]) -> Corpus:
     if not files:
         pytest.fail(f"{kind} corpus at {root} holds no ELF files; delete it to refetch")
     return Corpus(root=root, elf_files=files, source=kind)
+
+
+def wheel_or_skip(wheel: PinnedWheel) -> Corpus:
+    """The unpacked members of ``wheel`` (skip offline, fail in CI)."""
+    return _corpus_or_skip(wheel.name, lambda: fetch_pinned_wheel(wheel))
+
+
+def jemalloc_or_skip(lg_page: int) -> Path:
+    """``libjemalloc.a`` built for ``1 << lg_page`` pages (skip offline, fail in CI)."""
+    kind = f"jemalloc-lg{lg_page}"
+    if kind in _failures:
+        _give_up(_failures[kind])
+    try:
+        lib = build_jemalloc(lg_page) / "lib" / "libjemalloc.a"
+    except CorpusUnavailable as exc:
+        _failures[kind] = f"jemalloc build unavailable: {exc}"
+        _give_up(_failures[kind])
+    if not lib.is_file():
+        pytest.fail(f"{lib} missing after the build; delete its cache dir to rebuild")
+    return lib
 
 
 @pytest.fixture(scope="session")

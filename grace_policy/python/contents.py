@@ -110,7 +110,7 @@ class Loadables:
     foreign: tuple[tuple[str, tuple[str, ...]], ...]
 
 
-def _is_library(name: str) -> bool:
+def is_library(name: str) -> bool:
     # libfoo.so, libfoo.so.1, libfoo-abc123.so.1.2 (auditwheel's .libs)
     return name.startswith("lib") and (name.endswith(".so") or ".so." in name)
 
@@ -131,7 +131,7 @@ def classify(paths: Iterable[str], site_dir: str, suffixes: Sequence[str],
     base = site_dir.rstrip("/") + "/"
     for path in paths:
         directory, name = path.rsplit("/", 1) if "/" in path else ("", path)
-        if _is_library(name):
+        if is_library(name):
             libraries.append(path)
             continue
         split = split_extension(name)

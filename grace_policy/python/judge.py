@@ -46,15 +46,22 @@ class Judge:
         self.extra = extra
         self._seen: set[str] = set()
 
-    def file(self, path: str, *, module: str = "", required: bool = True) -> list[Issue]:
+    def file(self, path: str, *, module: str = "", required: bool = True,
+             deps: bool = True) -> list[Issue]:
         """Issues of ``path`` and what it loads. ``module``: the dotted name
         the file is imported as ("" for a library loaded with ctypes).
         ``required``: a file that is not ELF is a problem (an extension
-        module) rather than something to pass over (a stray ``.so`` name)."""
+        module) rather than something to pass over (a stray ``.so`` name).
+        ``deps``: resolve what it needs too. A library a package loads
+        itself, if and when it chooses (torchcodec tries one core per FFmpeg
+        major; torch loads its CUDA parts only on GPUs), is judged for
+        architecture and layout only: a missing dependency of one is no
+        certain failure."""
         key = os.path.normpath(path)
         if key in self._seen:
             return []
         self._seen.add(key)
+        self.budget.take_file()
         via = "ImportError" if module else "OSError"
         try:
             info = read_elf(self.process.searcher.to_host(path), budget=self.budget)
@@ -75,11 +82,13 @@ class Judge:
                 causes=self.causes(path),
                 facts=(("file_arch", info.machine_name), ("name", module or path)),
             )]
-        issues = [self._own(i, path, via) for i in page_issues(path, info, node,
-                                                               mapped_by_kernel=False)]
+        issues = [self._own(i, path, via) for i in page_issues(
+            path, info, node, mapped_by_kernel=False, budget=self.budget)]
         if self.extra is not None:
             issues += [self._own(i, path, via)
                        for i in self.extra(path, info, node, self.budget)]
+        if not deps:
+            return issues
         tree = self.process.dlopen(path, info)
         for obj in tree.objects[1:]:
             # RUNPATH $ORIGIN/../PKG.libs gives paths with "..": one file, one finding.
@@ -88,7 +97,8 @@ class Judge:
                 continue
             self._seen.add(key)
             self.budget.tick()
-            found = page_issues(obj.path, obj.info, node, mapped_by_kernel=False)
+            found = page_issues(obj.path, obj.info, node, mapped_by_kernel=False,
+                                budget=self.budget)
             if self.extra is not None:
                 found += self.extra(obj.path, obj.info, node, self.budget)
             issues += [self._own(i, obj.path, via) for i in found]

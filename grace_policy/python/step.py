@@ -100,6 +100,8 @@ def python_issues(exe: str, info: ElfInfo, process: Process, hops: Sequence[Hop]
 
     interp = identify(exe, info, node, budget)
     if interp is None:
+        if os.path.basename(exe) in _SHELLS:
+            return shell_env_issues(env, cwd, node, budget, causes, cuda_index=cuda_index)
         return []
     args = interpreter_args(hops, argv)
     _note_inputs(argv[1:] if len(hops) < 2 else args, env)
@@ -117,6 +119,46 @@ def python_issues(exe: str, info: ElfInfo, process: Process, hops: Sequence[Hop]
                        cuda_index=cuda_index).issues(used_names)
 
 
+#: Programs whose steps usually start Python from the environment they inherit.
+_SHELLS = frozenset({"bash", "sh", "dash", "zsh", "ksh", "mksh", "tcsh", "csh", "fish"})
+
+
+def shell_env_issues(env: Mapping[str, str], cwd: str, node: NodeProfile, budget: Budget,
+                     causes: Causes, *, cuda_index: str | None = None) -> list[Issue]:
+    """A shell step (``bash job.sh``) that keeps a user environment active (a
+    native ``VIRTUAL_ENV``/``CONDA_PREFIX``, or the first ``python3`` of its
+    PATH in a user environment) will most likely run that Python: its
+    environment is judged, and everything found is a warning, since which
+    modules the script's python imports is not known."""
+    from ..elf import ElfError, read_elf
+    from ..launch import which
+    from ..node import node_owns
+    from .interp import PyCommand, PyFlags, identify
+    from .sitepath import sys_path
+
+    candidates = [f"{env[v].rstrip('/')}/bin/python" for v in ("VIRTUAL_ENV", "CONDA_PREFIX")
+                  if env.get(v, "").startswith("/")]
+    first = which("python3", env.get("PATH"), cwd, budget)
+    if first is not None and not node_owns(first):
+        candidates.append(first)
+    for python in candidates:
+        budget.tick()
+        try:
+            info = read_elf(python, budget=budget)
+        except (ElfError, OSError):
+            continue
+        if info.machine != node.machine_number or info.elf_class != node.elf_class:
+            continue  # another machine's env: the env-leak rule speaks for it
+        process = Process(python, info, node, env, cwd=cwd, budget=budget)
+        interp = identify(python, info, node, budget)
+        if interp is None:
+            continue
+        paths = sys_path(interp, PyFlags(), PyCommand("stdin", ""), env, cwd, node, budget)
+        return Environment(interp.version, paths, process, env, cwd, node, budget, causes,
+                           cuda_index=cuda_index, all_warnings=True).issues(())
+    return []
+
+
 def _listdir(path: str) -> list[str]:
     try:
         return sorted(fsprobe.listdir(path))
@@ -124,13 +166,11 @@ def _listdir(path: str) -> list[str]:
         return []
 
 
-def _compiled_page_rule() -> Callable[..., list[Issue]] | None:
-    """The page-size-in-code rule (issue 11), when this install has it."""
-    try:
-        from .. import pagecode  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    return getattr(pagecode, "compiled_page_issues", None)
+def _compiled_page_rule() -> Callable[..., list[Issue]]:
+    """The page-size-in-code rule (jemalloc), as programs get it."""
+    from ..check import code_page_issues
+
+    return code_page_issues
 
 
 #: sys.path entries that hold no distributions of their own.
@@ -177,9 +217,15 @@ class Environment:
         their rules' severities, one ``py-dist-broken`` warning per other
         broken distribution."""
         out: list[Issue] = []
+        seen: set[tuple[str, str]] = set()
         for group in self.groups(used_names):
             if group.used and not self.all_warnings:
-                out += group.issues
+                # A file reached two ways (a RECORD-less site entry that is
+                # also the imported name) is one finding.
+                for issue in group.issues:
+                    if (issue.rule, issue.path) not in seen:
+                        seen.add((issue.rule, issue.path))
+                        out.append(issue)
             elif group.issues:
                 out.append(self._dist_warning(group.label, group.path, group.issues))
         return out
@@ -298,28 +344,26 @@ class Environment:
         for module, path in found.modules:
             out += self.judge.file(path, module=module)
         for path in found.libraries:
-            out += self.judge.file(path, required=False)
-        if found.foreign and not found.modules:
-            # Every compiled module is another platform's build: the package
-            # was installed by another interpreter and its import fails
-            # (unless it falls back to pure Python, which few packages do).
-            module, files = found.foreign[0]
-            out.append(self._foreign_issue(module, [f for _m, fs in found.foreign for f in fs]))
-        else:
-            # Some modules lack a build for this node: optional speedups are
-            # often imported inside try/except, so this alone rejects nothing.
-            for module, files in found.foreign:
-                out.append(self._foreign_issue(module, files, optional=True))
+            out += self.judge.file(path, required=False, deps=False)
+        for module, files in found.foreign:
+            # A submodule without a build for this node is a failure only if
+            # the package has no pure-Python fallback, which the files cannot
+            # tell (PyYAML, MarkupSafe and msgpack fall back; numpy does not):
+            # a warning. A top-level module is imported by name: certain.
+            out.append(self._foreign_issue(module, files, optional="." in module))
         return out
 
     def _tree(self, pkg_dir: str, top: str) -> list[Issue]:
         """A package directory no RECORD describes, walked."""
+        from .contents import is_library
         from .finder import package_extensions
 
         modules, foreign = package_extensions(pkg_dir, self.suffixes, self.budget,
                                               node=self.node)
-        return self._loadables(Loadables(tuple(modules), (),
-                                         tuple((m, tuple(f)) for m, f in foreign)))
+        libraries = tuple(p for _m, p in modules if is_library(os.path.basename(p)))
+        return self._loadables(Loadables(
+            tuple((m, p) for m, p in modules if p not in libraries), libraries,
+            tuple((m, tuple(f)) for m, f in foreign)))
 
     def _unclaimed(self, site_dir: str, claimed: set[str], used: Sequence[str]
                    ) -> list[Group]:
@@ -338,8 +382,9 @@ class Environment:
                 problems = self._tree(path, name)
             else:
                 continue
-            out.append(Group(f"{top} (no package metadata)", path, top in used,
-                             tuple(problems)))
+            if problems:  # a directory of data or scripts is nothing to report
+                out.append(Group(f"{top} (no package metadata)", path, top in used,
+                                 tuple(problems)))
         return out
 
     def _special(self, dist: Dist, site_dir: str) -> list[Issue]:
@@ -400,3 +445,36 @@ class Environment:
             facts=(("name", label), ("detail", detail), ("rules", ", ".join(
                 dict.fromkeys(p.rule for p in problems)))),
         )
+
+
+def environment_report(python: str, env: Mapping[str, str], cwd: str, node: NodeProfile,
+                       budget: Budget, *, imports: Sequence[str] = (),
+                       cuda_index: str | None = None
+                       ) -> tuple[list[Issue], list[Group] | None]:
+    """Everything an environment's interpreter would meet on ``node``, for a
+    user asking from the login node: the interpreter's own issues, and every
+    group of its environment (``None`` when ``python`` is no CPython or cannot
+    run there). ``imports``: the modules the user's program imports, marked
+    as used; every group is judged either way."""
+    from ..causes import path_causes
+    from ..check import check_elf
+    from .interp import PyCommand, PyFlags, identify
+    from .sitepath import sys_path
+
+    def causes(path: str) -> tuple[str, ...]:
+        return path_causes(path, env)
+
+    issues: list[Issue] = []
+    kept: dict[str, object] = {}
+    check_elf(python, env, cwd, node, budget, issues, causes, via_script=None, keep=kept)
+    process = kept.get("process")
+    if not isinstance(process, Process) or any(
+            i.rule in ("exe-arch-mismatch", "elf-invalid", "interp-missing") for i in issues):
+        return issues, None
+    interp = identify(python, process.main.info, node, budget)
+    if interp is None:
+        return issues, None
+    paths = sys_path(interp, PyFlags(), PyCommand("stdin", ""), env, cwd, node, budget)
+    groups = Environment(interp.version, paths, process, env, cwd, node, budget, causes,
+                         cuda_index=cuda_index).groups(imports)
+    return issues, groups

@@ -1,9 +1,8 @@
 """Node paths as this host reads them, and bounded reads of small files.
 
 A node path P is read at ``node.in_root(P)`` when that exists, else at P
-(shared storage): the loader's own rule, ``loader._Searcher.to_host``, used
-here unchanged rather than copied (py-imports' ``finder.host_path`` does the
-same; one of the two can go when both are merged).
+(shared storage): the loader's own rule, through ``finder.host_path`` (one
+implementation for the whole subpackage).
 """
 
 from __future__ import annotations
@@ -12,27 +11,14 @@ import os
 
 from .. import fsprobe
 from ..elf import ElfError, open_regular
-from ..loader import _Searcher
+from .finder import host_path
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ..budget import Budget
-    from ..node import NodeProfile
 
 
-class _HostView:
-    """Just enough of the loader's searcher for its ``to_host``."""
-
-    to_host = _Searcher.to_host
-
-    def __init__(self, node: NodeProfile, cwd: str) -> None:
-        self.node = node
-        self.cwd = cwd or "/"
-
-
-def host_path(path: str, node: NodeProfile, cwd: str = "/") -> str:
-    """Where this host reads node path ``path``."""
-    return _HostView(node, cwd).to_host(path)
+__all__ = ["host_path", "listdir", "read_small"]
 
 
 def listdir(path: str) -> list[str]:

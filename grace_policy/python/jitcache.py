@@ -13,6 +13,9 @@ The caches and how their owners find them (read in their sources):
 - TorchInductor: ``TORCHINDUCTOR_CACHE_DIR``, else
   ``$TMPDIR/torchinductor_$USER`` (tempfile's TMPDIR/TEMP/TMP, else /tmp;
   getpass's LOGNAME/USER/LNAME/USERNAME).
+- FlashInfer (``flashinfer/jit/env.py``): ``$FLASHINFER_WORKSPACE_BASE`` (else
+  HOME) ``/.cache/flashinfer/<GPU archs>/cached_ops/...`` — keyed by the GPU's
+  architecture, not the CPU's.
 
 HOME and the rest come from the step's environment. Only names that look like
 shared objects (``*.so``, ``*.so.N``) are opened, and only their first bytes
@@ -51,6 +54,7 @@ PER_ARCH = {
     "TORCH_EXTENSIONS_DIR": "$HOME/.cache/torch_extensions-$(uname -m)",
     "TRITON_CACHE_DIR": "$HOME/.triton/cache-$(uname -m)",
     "TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor_$USER-$(uname -m)",
+    "FLASHINFER_WORKSPACE_BASE": "$HOME/flashinfer-$(uname -m)",
 }
 
 
@@ -102,6 +106,9 @@ def cache_dirs(env: Mapping[str, str]) -> list[tuple[str, str]]:
         if user and "/" not in user:
             inductor = f"{tmp}/torchinductor_{user}"
     add("TORCHINDUCTOR_CACHE_DIR", inductor)
+
+    flashinfer = _env(env, "FLASHINFER_WORKSPACE_BASE") or home
+    add("FLASHINFER_WORKSPACE_BASE", f"{flashinfer}/.cache/flashinfer" if flashinfer else "")
     return out
 
 

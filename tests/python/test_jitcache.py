@@ -58,19 +58,24 @@ def test_default_locations_from_the_step_environment() -> None:
         ("TORCH_EXTENSIONS_DIR", "/home/u/.cache/torch_extensions"),
         ("TRITON_CACHE_DIR", "/home/u/.triton/cache"),
         ("TORCHINDUCTOR_CACHE_DIR", "/tmp/torchinductor_u"),
+        ("FLASHINFER_WORKSPACE_BASE", "/home/u/.cache/flashinfer"),
     ]
     assert cache_dirs({"HOME": "/h", "XDG_CACHE_HOME": "/x", "TRITON_HOME": "/t",
-                       "TMPDIR": "/scratch/", "LOGNAME": "l", "USER": "u"}) == [
+                       "TMPDIR": "/scratch/", "LOGNAME": "l", "USER": "u",
+                       "FLASHINFER_WORKSPACE_BASE": "/f"}) == [
         ("TORCH_EXTENSIONS_DIR", "/x/torch_extensions"),
         ("TRITON_CACHE_DIR", "/t/.triton/cache"),
         ("TORCHINDUCTOR_CACHE_DIR", "/scratch/torchinductor_l"),
+        ("FLASHINFER_WORKSPACE_BASE", "/f/.cache/flashinfer"),
     ]
     same = cache_dirs({"TORCH_EXTENSIONS_DIR": "/c/", "TRITON_CACHE_DIR": "/c",
-                       "TORCHINDUCTOR_CACHE_DIR": "rel/dir"})
+                       "TORCHINDUCTOR_CACHE_DIR": "rel/dir",
+                       "FLASHINFER_WORKSPACE_BASE": "rel"})
     assert same == [("TORCH_EXTENSIONS_DIR", "/c")]  # duplicates and relative dirs dropped
     assert cache_dirs({}) == []
-    assert cache_dirs({"HOME": "/"})[:2] == [("TORCH_EXTENSIONS_DIR", "/.cache/torch_extensions"),
-                                            ("TRITON_CACHE_DIR", "/.triton/cache")]
+    assert cache_dirs({"HOME": "/"}) == [("TORCH_EXTENSIONS_DIR", "/.cache/torch_extensions"),
+                                        ("TRITON_CACHE_DIR", "/.triton/cache"),
+                                        ("FLASHINFER_WORKSPACE_BASE", "/.cache/flashinfer")]
 
 
 def test_foreign_builds_in_each_cache_are_one_warning_each(tmp_path: Path,
@@ -80,11 +85,16 @@ def test_foreign_builds_in_each_cache_are_one_warning_each(tmp_path: Path,
     triton(home / ".triton" / "cache", elf_builder, "x86_64", "RKQ7CJ3WUK4ND2ZA")
     triton(home / ".triton" / "cache", elf_builder, "aarch64", "Q2MHZP5LQXE4Y7TA")
     so(elf_builder, home / "tmp" / "torchinductor_u" / "ab" / "cabxyz.so", "aarch64")
+    # flashinfer/jit/env.py: <base>/.cache/flashinfer/<GPU archs>/cached_ops/<op>/<op>.so
+    so(elf_builder, home / ".cache" / "flashinfer" / "90_100" / "cached_ops" / "norm" / "norm.so",
+       "x86_64")
     issues = jit_cache_issues(env_for(home), GRACE, Budget())
     assert [(i.rule, i.path, i.fact("name"), i.fact("count")) for i in issues] == [
         ("jit-cache-foreign", f"{home}/.cache/torch_extensions", "TORCH_EXTENSIONS_DIR", "1"),
         ("jit-cache-foreign", f"{home}/.triton/cache", "TRITON_CACHE_DIR", "1"),
+        ("jit-cache-foreign", f"{home}/.cache/flashinfer", "FLASHINFER_WORKSPACE_BASE", "1"),
     ]
+    assert issues[2].fact("files") == "90_100/cached_ops/norm/norm.so"
     assert issues[0].fact("files") == "py311_cu124/fused_adam/fused_adam.so"
     assert issues[1].fact("files") == "RKQ7CJ3WUK4ND2ZA/__triton_launcher.so"
     assert issues[1].fact("file_arch") == "x86_64"

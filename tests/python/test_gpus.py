@@ -213,6 +213,9 @@ def test_what_slurm_2205_puts_in_the_step_environment(
         ({"SLURM_GPUS_ON_NODE": "-1"}, None),
         ({"SLURM_GPUS_ON_NODE": "two"}, None),
         ({"SLURM_GPUS_ON_NODE": "9" * 40}, None),
+        ({"SLURM_GPUS_ON_NODE": "\u00b2"}, None),  # str.isdigit() is True, int() fails
+        ({"SLURM_GPUS_ON_NODE": "\u0663"}, None),  # ARABIC-INDIC DIGIT THREE
+        ({"SLURM_STEP_GPUS": "0,\x1b[2J"}, "SLURM_STEP_GPUS=0,\x1b[2J"),  # escaped when shown
         ({"SLURM_STEP_GPUS": ""}, None),
         ({"SLURM_STEP_GPUS": "N/A"}, None),
         ({"SLURM_STEP_GPUS": ",,"}, None),

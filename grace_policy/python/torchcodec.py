@@ -45,7 +45,7 @@ def core_variants(names: list[str]) -> list[tuple[int, str]]:
     for name in names:
         if name.startswith(_CORE) and name.endswith(".so"):
             digits = name[len(_CORE):-3]
-            if digits.isdigit() and len(digits) <= 3:
+            if digits.isascii() and digits.isdigit() and len(digits) <= 3:
                 out.append((int(digits), name))
     out.sort(reverse=True)
     return out

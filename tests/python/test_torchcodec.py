@@ -177,6 +177,7 @@ def test_odd_packages_never_raise(tmp_path: Path, site: Path) -> None:
     pkg.mkdir()
     (pkg / "libtorchcodec_core7.so").write_bytes(b"\x7fELF garbage")
     (pkg / "libtorchcodec_coreX.so").write_bytes(b"")
+    (pkg / "libtorchcodec_core\u00b2.so").write_bytes(b"")  # isdigit() but not int()
     (pkg / "libtorchcodec_core9.so").mkdir()
     assert torchcodec_issues(str(pkg), {}, "/", NODE, Budget()) == []
     # Garbage beside a real variant: the real one is still judged.

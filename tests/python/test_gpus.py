@@ -259,3 +259,24 @@ def test_py_torch_modules_import_nothing_heavy(module: str) -> None:
     pulled = set(out.split())
     assert f"grace_policy.python.{module}" in pulled
     assert not pulled & HEAVY, sorted(pulled & HEAVY)
+
+
+def test_any_environment_text_never_raises() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from grace_policy.python.jitcache import cache_dirs
+
+    names = st.sampled_from(["SLURM_GPUS_ON_NODE", "SLURM_STEP_GPUS", "HOME", "USER",
+                             "TMPDIR", "TRITON_CACHE_DIR", "XDG_CACHE_HOME", "TRITON_HOME",
+                             "TORCH_EXTENSIONS_DIR", "FLASHINFER_WORKSPACE_BASE", "LOGNAME"])
+
+    @settings(max_examples=200, deadline=None, database=None)
+    @given(st.dictionaries(names, st.text(max_size=40)))
+    def check(env: dict[str, str]) -> None:
+        got = step_gpus(env)
+        assert got is None or got.startswith(("SLURM_GPUS_ON_NODE=", "SLURM_STEP_GPUS="))
+        for _var, path in cache_dirs(env):
+            assert path.startswith("/") and not path.startswith("//")
+
+    check()

@@ -94,6 +94,7 @@ TEMPLATE_FIELDS = frozenset(
         "missing",
         "count",
         "files",
+        "per_arch",
         "allocator",
         "compiled_page_kib",
         "fix_hint",

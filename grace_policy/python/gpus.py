@@ -33,7 +33,7 @@ STEP_GPU_VARIABLES = ("SLURM_GPUS_ON_NODE", "SLURM_STEP_GPUS")
 def _count(value: str) -> int:
     """``SLURM_GPUS_ON_NODE`` as a number; anything else is no GPU."""
     value = value.strip()
-    if not value.isdigit() or len(value) > 6:
+    if not (value.isascii() and value.isdigit()) or len(value) > 6:
         return 0
     return int(value)
 

@@ -13,6 +13,9 @@ The caches and how their owners find them (read in their sources):
 - TorchInductor: ``TORCHINDUCTOR_CACHE_DIR``, else
   ``$TMPDIR/torchinductor_$USER`` (tempfile's TMPDIR/TEMP/TMP, else /tmp;
   getpass's LOGNAME/USER/LNAME/USERNAME).
+- FlashInfer (``flashinfer/jit/env.py``): ``$FLASHINFER_WORKSPACE_BASE`` (else
+  HOME) ``/.cache/flashinfer/<GPU archs>/cached_ops/...`` — keyed by the GPU's
+  architecture, not the CPU's.
 
 HOME and the rest come from the step's environment. Only names that look like
 shared objects (``*.so``, ``*.so.N``) are opened, and only their first bytes
@@ -46,6 +49,14 @@ MAX_DEPTH = 6
 #: Files named in a finding.
 SHOWN = 3
 
+#: Per-architecture places to suggest, by the variable that sets the cache.
+PER_ARCH = {
+    "TORCH_EXTENSIONS_DIR": "$HOME/.cache/torch_extensions-$(uname -m)",
+    "TRITON_CACHE_DIR": "$HOME/.triton/cache-$(uname -m)",
+    "TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor_$USER-$(uname -m)",
+    "FLASHINFER_WORKSPACE_BASE": "$HOME/flashinfer-$(uname -m)",
+}
+
 
 def _env(env: Mapping[str, str], name: str) -> str:
     """The variable as the tools would use it, noted for the verdict cache;
@@ -65,6 +76,8 @@ def cache_dirs(env: Mapping[str, str]) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
 
     def add(var: str, path: str) -> None:
+        if path.startswith("/"):
+            path = "/" + path.lstrip("/")  # HOME=/ gives //.cache: one slash
         path = path.rstrip("/") or path
         if path.startswith("/") and all(p != path for _, p in out):
             out.append((var, path))
@@ -93,6 +106,9 @@ def cache_dirs(env: Mapping[str, str]) -> list[tuple[str, str]]:
         if user and "/" not in user:
             inductor = f"{tmp}/torchinductor_{user}"
     add("TORCHINDUCTOR_CACHE_DIR", inductor)
+
+    flashinfer = _env(env, "FLASHINFER_WORKSPACE_BASE") or home
+    add("FLASHINFER_WORKSPACE_BASE", f"{flashinfer}/.cache/flashinfer" if flashinfer else "")
     return out
 
 
@@ -181,7 +197,7 @@ def jit_cache_issues(env: Mapping[str, str], node: NodeProfile, budget: Budget, 
         count = str(len(found)) if not stopped else f"at least {len(found)}"
         issues.append(Issue(
             "jit-cache-foreign", root, "", causes=("jit-cache",),
-            facts=(("name", var), ("count", count), ("files", shown),
+            facts=(("name", var), ("per_arch", PER_ARCH[var]), ("count", count), ("files", shown),
                    ("file_arch", ", ".join(machines)),
                    ("detail", f"the scan stopped after {max_entries} entries" if stopped
                     else "")),

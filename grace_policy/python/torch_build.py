@@ -14,7 +14,7 @@ What the installed files say, in the order they are trusted:
 2. ``torch/lib/libtorch_cuda.so``, present only in CUDA builds.
 3. The dist-info: a ``+cpu`` local version, or ``Requires-Dist`` on
    ``nvidia-*`` / ``cuda-toolkit`` packages that apply to the node. The
-   markers matter: PyPI's aarch64 torch 2.10 lists ``nvidia-*-cu12`` for
+   markers (markers.py) matter: PyPI's aarch64 torch 2.10 lists ``nvidia-*-cu12`` for
    ``platform_machine == "x86_64"`` only and is a CPU build, 2.11 lists
    ``cuda-toolkit[...]`` and ``nvidia-*-cu13`` for all of Linux.
 """
@@ -23,7 +23,9 @@ from __future__ import annotations
 
 from .._record import dataclass
 from ..findings import Issue
+from .dists import requirement_name
 from .gpus import step_gpus
+from .markers import evaluate, node_environment
 from .nodepath import host_path, read_small
 
 TYPE_CHECKING = False
@@ -88,37 +90,22 @@ def parse_version_py(data: bytes) -> dict[str, object]:
     return out
 
 
-def _marker_applies(marker: str, machine: str) -> bool:
-    """Whether a requirement's environment marker can hold on the node, judged
-    only by ``extra`` and ``platform_machine`` (the two that decide which
-    nvidia-* packages a torch wheel pulls in). Anything else, and any ``or``,
-    counts as applying: the markers of py-imports' dists.py are the full
-    evaluator; this one only has to tell 2.10's x86_64-only CUDA list apart."""
-    marker = marker.strip()
-    if not marker:
+def _marker_applies(marker: str | None, node: NodeProfile) -> bool:
+    """Whether a requirement's marker can hold on the node (markers.py, the
+    evaluator dists.py uses). The interpreter's version is not known here, so
+    markers on it stay undecided, which counts as applying."""
+    if not marker or not marker.strip():
         return True
-    if " or " in marker:
-        return True
-    for clause in marker.split(" and "):
-        clause = clause.strip().strip("()").strip()
-        for op in ("==", "!="):
-            if op not in clause:
-                continue
-            left, _, right = clause.partition(op)
-            left, right = left.strip(), right.strip().strip("'\"")
-            if left == "extra" and op == "==":
-                return False
-            if left == "platform_machine":
-                if (op == "==") != (right == machine):
-                    return False
-            break
-    return True
+    env = node_environment(node, (3, 0))
+    for name in ("python_version", "python_full_version", "implementation_version"):
+        env.pop(name, None)
+    return evaluate(marker, env) is not False
 
 
-def parse_metadata(data: bytes) -> tuple[str, list[tuple[str, str]]]:
+def parse_metadata(data: bytes) -> tuple[str, list[tuple[str, str | None]]]:
     """(Version, [(requirement name, marker)]) from a METADATA file's headers."""
     version = ""
-    reqs: list[tuple[str, str]] = []
+    reqs: list[tuple[str, str | None]] = []
     text = data.decode("utf-8", "replace")
     for line in text.splitlines():
         if not line.strip():
@@ -131,11 +118,9 @@ def parse_metadata(data: bytes) -> tuple[str, list[tuple[str, str]]]:
         if key == "version" and not version:
             version = value
         elif key == "requires-dist":
-            spec, _, marker = value.partition(";")
-            name = spec.strip()
-            for stop in " ([<>=!~;":
-                name = name.split(stop, 1)[0]
-            reqs.append((name.lower().replace("_", "-"), marker))
+            name, marker = requirement_name(value)
+            if name:
+                reqs.append((name, marker))
     return version, reqs
 
 
@@ -177,8 +162,7 @@ def torch_build(torch_dir: str, dist_meta_dir: str | None, budget: Budget, *,
         meta_version, reqs = parse_metadata(meta)
         version = version or meta_version
         for name, marker in reqs:
-            if name.startswith(_CUDA_REQUIREMENT_PREFIXES) and _marker_applies(
-                    marker, node.machine):
+            if name.startswith(_CUDA_REQUIREMENT_PREFIXES) and _marker_applies(marker, node):
                 return TorchBuild(torch_dir, version, "unknown",
                                   f"{_meta_name(dist_meta_dir)}: Requires-Dist {name}")
         if meta_version:

@@ -45,7 +45,7 @@ def core_variants(names: list[str]) -> list[tuple[int, str]]:
     for name in names:
         if name.startswith(_CORE) and name.endswith(".so"):
             digits = name[len(_CORE):-3]
-            if digits.isdigit() and len(digits) <= 3:
+            if digits.isascii() and digits.isdigit() and len(digits) <= 3:
                 out.append((int(digits), name))
     out.sort(reverse=True)
     return out
@@ -84,7 +84,10 @@ def torchcodec_issues(pkg_dir: str, env: Mapping[str, str], cwd: str, node: Node
         if not tree.missing and not tree.fatal:
             return []
         majors.append(str(major))
-        first = tree.missing[0].name if tree.missing else tree.fatal[0].name
+        # The first failure in the variant's own DT_NEEDED order is what
+        # dlopen reports; else one of the FFmpeg libraries' dependencies.
+        failed = [m.name for m in tree.missing] + [f.name for f in tree.fatal]
+        first = next((n for n in ffmpeg if n in failed), failed[0])
         missing.append(f"{first} (FFmpeg {major})")
         for miss in tree.missing:
             for cand in miss.foreign:

@@ -213,6 +213,9 @@ def test_what_slurm_2205_puts_in_the_step_environment(
         ({"SLURM_GPUS_ON_NODE": "-1"}, None),
         ({"SLURM_GPUS_ON_NODE": "two"}, None),
         ({"SLURM_GPUS_ON_NODE": "9" * 40}, None),
+        ({"SLURM_GPUS_ON_NODE": "\u00b2"}, None),  # str.isdigit() is True, int() fails
+        ({"SLURM_GPUS_ON_NODE": "\u0663"}, None),  # ARABIC-INDIC DIGIT THREE
+        ({"SLURM_STEP_GPUS": "0,\x1b[2J"}, "SLURM_STEP_GPUS=0,\x1b[2J"),  # escaped when shown
         ({"SLURM_STEP_GPUS": ""}, None),
         ({"SLURM_STEP_GPUS": "N/A"}, None),
         ({"SLURM_STEP_GPUS": ",,"}, None),
@@ -236,3 +239,44 @@ def test_every_variable_read_is_noted_for_the_verdict_cache() -> None:
         record = fsprobe.stop()
     assert ("v", "SLURM_GPUS_ON_NODE", "-") in record
     assert ("v", "SLURM_STEP_GPUS", "=1") in record
+
+
+#: What must stay off the launch path (PREAMBLE / ISSUE8-SHARED).
+HEAVY = {"ast", "re", "typing", "dataclasses", "json", "tomllib", "email", "csv", "inspect",
+         "importlib.metadata", "packaging", "sysconfig", "zipfile", "tokenize"}
+
+
+@pytest.mark.parametrize("module", ["gpus", "torch_build", "torchcodec", "jitcache", "nodepath"])
+def test_py_torch_modules_import_nothing_heavy(module: str) -> None:
+    import sys
+
+    repo = Path(__file__).resolve().parents[2]
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); before = set(sys.modules);"
+            f"import grace_policy.python.{module};"
+            "new = sorted(set(sys.modules) - before); print(' '.join(new))")
+    out = subprocess.run([sys.executable, "-S", "-E", "-c", code, str(repo)],
+                         capture_output=True, text=True, check=True, timeout=60).stdout
+    pulled = set(out.split())
+    assert f"grace_policy.python.{module}" in pulled
+    assert not pulled & HEAVY, sorted(pulled & HEAVY)
+
+
+def test_any_environment_text_never_raises() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from grace_policy.python.jitcache import cache_dirs
+
+    names = st.sampled_from(["SLURM_GPUS_ON_NODE", "SLURM_STEP_GPUS", "HOME", "USER",
+                             "TMPDIR", "TRITON_CACHE_DIR", "XDG_CACHE_HOME", "TRITON_HOME",
+                             "TORCH_EXTENSIONS_DIR", "FLASHINFER_WORKSPACE_BASE", "LOGNAME"])
+
+    @settings(max_examples=200, deadline=None, database=None)
+    @given(st.dictionaries(names, st.text(max_size=40)))
+    def check(env: dict[str, str]) -> None:
+        got = step_gpus(env)
+        assert got is None or got.startswith(("SLURM_GPUS_ON_NODE=", "SLURM_STEP_GPUS="))
+        for _var, path in cache_dirs(env):
+            assert path.startswith("/") and not path.startswith("//")
+
+    check()

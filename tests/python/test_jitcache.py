@@ -58,17 +58,24 @@ def test_default_locations_from_the_step_environment() -> None:
         ("TORCH_EXTENSIONS_DIR", "/home/u/.cache/torch_extensions"),
         ("TRITON_CACHE_DIR", "/home/u/.triton/cache"),
         ("TORCHINDUCTOR_CACHE_DIR", "/tmp/torchinductor_u"),
+        ("FLASHINFER_WORKSPACE_BASE", "/home/u/.cache/flashinfer"),
     ]
     assert cache_dirs({"HOME": "/h", "XDG_CACHE_HOME": "/x", "TRITON_HOME": "/t",
-                       "TMPDIR": "/scratch/", "LOGNAME": "l", "USER": "u"}) == [
+                       "TMPDIR": "/scratch/", "LOGNAME": "l", "USER": "u",
+                       "FLASHINFER_WORKSPACE_BASE": "/f"}) == [
         ("TORCH_EXTENSIONS_DIR", "/x/torch_extensions"),
         ("TRITON_CACHE_DIR", "/t/.triton/cache"),
         ("TORCHINDUCTOR_CACHE_DIR", "/scratch/torchinductor_l"),
+        ("FLASHINFER_WORKSPACE_BASE", "/f/.cache/flashinfer"),
     ]
     same = cache_dirs({"TORCH_EXTENSIONS_DIR": "/c/", "TRITON_CACHE_DIR": "/c",
-                       "TORCHINDUCTOR_CACHE_DIR": "rel/dir"})
+                       "TORCHINDUCTOR_CACHE_DIR": "rel/dir",
+                       "FLASHINFER_WORKSPACE_BASE": "rel"})
     assert same == [("TORCH_EXTENSIONS_DIR", "/c")]  # duplicates and relative dirs dropped
     assert cache_dirs({}) == []
+    assert cache_dirs({"HOME": "/"}) == [("TORCH_EXTENSIONS_DIR", "/.cache/torch_extensions"),
+                                        ("TRITON_CACHE_DIR", "/.triton/cache"),
+                                        ("FLASHINFER_WORKSPACE_BASE", "/.cache/flashinfer")]
 
 
 def test_foreign_builds_in_each_cache_are_one_warning_each(tmp_path: Path,
@@ -78,17 +85,22 @@ def test_foreign_builds_in_each_cache_are_one_warning_each(tmp_path: Path,
     triton(home / ".triton" / "cache", elf_builder, "x86_64", "RKQ7CJ3WUK4ND2ZA")
     triton(home / ".triton" / "cache", elf_builder, "aarch64", "Q2MHZP5LQXE4Y7TA")
     so(elf_builder, home / "tmp" / "torchinductor_u" / "ab" / "cabxyz.so", "aarch64")
+    # flashinfer/jit/env.py: <base>/.cache/flashinfer/<GPU archs>/cached_ops/<op>/<op>.so
+    so(elf_builder, home / ".cache" / "flashinfer" / "90_100" / "cached_ops" / "norm" / "norm.so",
+       "x86_64")
     issues = jit_cache_issues(env_for(home), GRACE, Budget())
     assert [(i.rule, i.path, i.fact("name"), i.fact("count")) for i in issues] == [
         ("jit-cache-foreign", f"{home}/.cache/torch_extensions", "TORCH_EXTENSIONS_DIR", "1"),
         ("jit-cache-foreign", f"{home}/.triton/cache", "TRITON_CACHE_DIR", "1"),
+        ("jit-cache-foreign", f"{home}/.cache/flashinfer", "FLASHINFER_WORKSPACE_BASE", "1"),
     ]
+    assert issues[2].fact("files") == "90_100/cached_ops/norm/norm.so"
     assert issues[0].fact("files") == "py311_cu124/fused_adam/fused_adam.so"
     assert issues[1].fact("files") == "RKQ7CJ3WUK4ND2ZA/__triton_launcher.so"
     assert issues[1].fact("file_arch") == "x86_64"
     finding = Catalogue.load().finding(issues[1], {"node_arch": "aarch64"})
     assert finding is not None and finding.severity == "warning"
-    assert "TRITON_CACHE_DIR=$HOME/.cache/TRITON_CACHE_DIR-$(uname -m)" in finding.remediation
+    assert "export TRITON_CACHE_DIR=$HOME/.triton/cache-$(uname -m)" in finding.remediation
     assert "x86_64" in finding.remediation and "{" not in finding.remediation
 
 
@@ -163,3 +175,21 @@ def test_what_the_scan_asks_is_recorded(tmp_path: Path, elf_builder: ElfBuilder)
     paths = {path for _op, path, _answer in record}
     assert {str(cache), str(cache / "K"), str(launcher)} <= paths
     assert str(cache / "K" / "add_kernel.json") not in paths  # not a shared object: not opened
+
+
+def test_a_foreign_build_added_after_a_clean_verdict_breaks_its_record(
+        tmp_path: Path, elf_builder: ElfBuilder) -> None:
+    cache = tmp_path / "cache"
+    triton(cache, elf_builder, "aarch64", "K")
+    env = {"TRITON_CACHE_DIR": str(cache)}
+    fsprobe.start()
+    try:
+        assert jit_cache_issues(env, GRACE, Budget()) == []
+    finally:
+        # Environment variables ("v") are the step's inputs, matched by the C
+        # side against the next step's environment; the rest is the filesystem.
+        record = [r for r in fsprobe.stop() if r[0] != "v"]
+    assert fsprobe.still_true(record)
+    triton(cache, elf_builder, "x86_64", "K2")  # a new entry in the cache root
+    assert not fsprobe.still_true(record)
+    assert len(jit_cache_issues(env, GRACE, Budget())) == 1

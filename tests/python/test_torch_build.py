@@ -14,6 +14,7 @@ from grace_policy import fsprobe
 from grace_policy.budget import Budget, BudgetExceeded
 from grace_policy.node import NodeProfile
 from grace_policy.python.torch_build import (
+    _marker_applies,
     parse_metadata,
     parse_version_py,
     public_version,
@@ -270,3 +271,30 @@ def test_no_finding_without_step_gpus_and_nothing_read(tmp_path: Path,
 def test_no_finding_for_a_cuda_build(tmp_path: Path) -> None:
     torch_dir, meta = install_torch(tmp_path, version_py=V1_CUDA, libs=(), metadata=None)
     assert issues_for(torch_dir, meta) == []
+
+
+def test_parsers_never_raise_on_any_bytes() -> None:
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    lines = st.lists(st.one_of(
+        st.binary(max_size=30),
+        st.sampled_from([b"cuda = None", b"cuda: Optional[str] = '1", b"cuda = '12.4'",
+                         b"__version__ = \"2", b"Requires-Dist: nvidia-x ; (", b"Version:",
+                         b"Requires-Dist: ;", b"Requires-Dist: cuda-toolkit[a] ; extra ==",
+                         b""])), max_size=12)
+
+    @settings(max_examples=200, deadline=None, database=None)
+    @given(lines)
+    def check(parts: list[bytes]) -> None:
+        data = b"\n".join(parts)
+        names = parse_version_py(data)
+        assert all(v is None or isinstance(v, str) for v in names.values())
+        version, reqs = parse_metadata(data)
+        assert isinstance(version, str)
+        for name, _marker in reqs:
+            assert name and name == name.lower()
+        for _name, marker in reqs:
+            _marker_applies(marker, GRACE)
+
+    check()

@@ -25,6 +25,7 @@ SONAMES = {
     6: (58, 60, 60, 60, 9, 7, 4),
     7: (59, 61, 61, 61, 10, 8, 5),
     8: (60, 62, 62, 62, 11, 9, 6),
+    9: (61, 63, 63, 63, 12, 10, 7),
 }
 LIBS = ("avutil", "avcodec", "avformat", "avdevice", "avfilter", "swscale", "swresample")
 
@@ -71,11 +72,24 @@ def issues(site: Path, env: dict[str, str] | None = None, node: NodeProfile = NO
 def test_the_wheel_is_what_the_module_expects(site: Path) -> None:
     names = sorted(p.name for p in (site / "torchcodec").iterdir())
     assert [m for m, _ in core_variants(names)] == [8, 7, 6, 5, 4]
-    for major in SONAMES:
+    for major in (8, 7, 6, 5, 4):
         info = read_elf(str(site / "torchcodec" / f"libtorchcodec_core{major}.so"))
         assert info.machine_name == "aarch64" and info.rpath is None and info.runpath is None
         got = [n for n in info.needed if n.startswith(FFMPEG_PREFIXES)]
         assert got == sonames(major), major  # field notes §8, and the order
+
+
+def test_the_majors_come_from_the_files_not_a_table(elf_builder: ElfBuilder) -> None:
+    """torchcodec 0.17.0 carries a sixth core, for FFmpeg 9: found, named, and
+    satisfied by an FFmpeg 9 alone."""
+    new = torchcodec_site(newest=True)
+    info = read_elf(str(new / "torchcodec" / "libtorchcodec_core9.so"))
+    assert [n for n in info.needed if n.startswith(FFMPEG_PREFIXES)] == sonames(9)
+    [issue] = issues(new)
+    assert issue.fact("majors") == "9, 8, 7, 6, 5, 4"
+    assert issue.fact("missing").startswith("libavutil.so.61 (FFmpeg 9), libavutil.so.60")
+    lib = ffmpeg(elf_builder, "ffmpeg9", 9)
+    assert issues(new, {"LD_LIBRARY_PATH": str(lib)}) == []
 
 
 def test_no_ffmpeg_on_the_node_names_every_major(site: Path) -> None:
@@ -163,6 +177,7 @@ def test_odd_packages_never_raise(tmp_path: Path, site: Path) -> None:
     pkg.mkdir()
     (pkg / "libtorchcodec_core7.so").write_bytes(b"\x7fELF garbage")
     (pkg / "libtorchcodec_coreX.so").write_bytes(b"")
+    (pkg / "libtorchcodec_core\u00b2.so").write_bytes(b"")  # isdigit() but not int()
     (pkg / "libtorchcodec_core9.so").mkdir()
     assert torchcodec_issues(str(pkg), {}, "/", NODE, Budget()) == []
     # Garbage beside a real variant: the real one is still judged.
@@ -174,3 +189,35 @@ def test_odd_packages_never_raise(tmp_path: Path, site: Path) -> None:
 def test_the_budget_bounds_the_search(site: Path) -> None:
     with pytest.raises(BudgetExceeded):
         issues(site, budget=Budget(max_files=2))
+
+
+def test_an_ffmpeg_installed_after_the_verdict_breaks_its_record(
+        site: Path, elf_builder: ElfBuilder, tmp_path: Path) -> None:
+    from grace_policy import fsprobe
+
+    llp = tmp_path / "ffmpeg-later"
+    llp.mkdir()
+    env = {"LD_LIBRARY_PATH": str(llp)}
+    fsprobe.start()
+    try:
+        assert len(issues(site, env)) == 1
+    finally:
+        record = fsprobe.stop()
+    assert fsprobe.still_true(record)
+    built = ffmpeg(elf_builder, "ffmpeg7", 7)
+    for lib in built.iterdir():
+        shutil.copy2(lib, llp / lib.name)
+    assert not fsprobe.still_true(record)
+    assert issues(site, env) == []
+
+
+def test_a_non_elf_file_under_an_ffmpeg_name_stops_that_variant(site: Path,
+                                                               tmp_path: Path) -> None:
+    """glibc stops at a candidate that is not ELF ("invalid ELF header")
+    instead of searching on: that variant fails, and the finding says why."""
+    llp = tmp_path / "broken"
+    llp.mkdir()
+    (llp / "libavutil.so.60").write_text("INPUT(-lavutil)\n")  # a linker script
+    found = issues(site, {"LD_LIBRARY_PATH": str(llp)})
+    assert f"{llp}/libavutil.so.60 (invalid ELF header)" in found[0].fact("candidates")
+    assert found[0].fact("missing").startswith("libavutil.so.60 (FFmpeg 8)")

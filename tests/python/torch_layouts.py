@@ -159,10 +159,13 @@ def copy_tree(src: Path, dest: Path) -> None:
 #: 0.11): a CUDA 13 build with libtorchcodec_core{4..8}.so, 2.4 MB.
 TORCHCODEC_WHEEL = ("torchcodec==0.11.0", "manylinux_2_28_aarch64", "3.11",
                     "5562c28dce8114597116f0884908745c29ce401e4a9d0ae46853cbcd858d4f52")
+#: A current one (8.8 MB): 0.16 added a core for FFmpeg 9.
+TORCHCODEC_WHEEL_NEW = ("torchcodec==0.17.0", "manylinux_2_28_aarch64", "3.11",
+                        "b387f1d935d5a60ebad6de0144d728f5802de9253a65fb1570a6f2ad646c9d3b")
 
 
-def _fetch_torchcodec() -> Path:
-    requirement, platform, python, sha = TORCHCODEC_WHEEL
+def _fetch_torchcodec(wheel: tuple[str, str, str, str] = TORCHCODEC_WHEEL) -> Path:
+    requirement, platform, python, sha = wheel
 
     def build(work: Path) -> Path:
         _run(["python3", "-m", "pip", "download", "-q", "--only-binary=:all:", "--no-deps",
@@ -179,10 +182,13 @@ def _fetch_torchcodec() -> Path:
             zf.extractall(out)
         return out
 
-    return _cached_tree("torchcodec-aarch64-wheel",
-                        {"wheel": requirement, "platform": platform, "sha256": sha}, build)
+    name = "torchcodec-aarch64-wheel" if wheel == TORCHCODEC_WHEEL else \
+        f"torchcodec-{requirement.split('==')[1]}-aarch64-wheel"
+    return _cached_tree(name, {"wheel": requirement, "platform": platform, "sha256": sha}, build)
 
 
-def torchcodec_site() -> Path:
-    """A site-packages holding the real torchcodec 0.11.0 aarch64 wheel, unpacked."""
-    return _or_skip("torchcodec-wheel", _fetch_torchcodec)
+def torchcodec_site(newest: bool = False) -> Path:
+    """A site-packages holding the real torchcodec 0.11.0 (``newest``: 0.17.0)
+    aarch64 wheel, unpacked."""
+    wheel = TORCHCODEC_WHEEL_NEW if newest else TORCHCODEC_WHEEL
+    return _or_skip(f"torchcodec-wheel-{wheel[0]}", lambda: _fetch_torchcodec(wheel))

@@ -112,12 +112,17 @@ def python_issues(exe: str, info: ElfInfo, process: Process, hops: Sequence[Hop]
         return []
     args = interpreter_args(hops, argv)
     _note_inputs(argv[1:] if len(hops) < 2 else args, env)
-    flags, command = parse_python_argv(args)
+    flags, command = parse_python_argv(args, interp.version)
     if command.kind == "none":
         return []
     from .sitepath import sys_path
 
     paths = sys_path(interp, flags, command, env, cwd, node, budget)
+    if paths.startup_error:
+        # CPython stops before it runs anything (a .pth that is not UTF-8,
+        # a PYTHONHOME without a standard library).
+        return [Issue("py-startup-error", exe, paths.startup_error, causes=causes(exe),
+                      facts=(("detail", paths.startup_error),))]
     from .usage import command_imports
 
     used_names = command_imports(command.kind, command.value, cwd=cwd, node=node,

@@ -352,3 +352,14 @@ def test_uv_run_judges_the_project_environment_as_warnings(grace_venv: Path,
     # Outside a project, or another uv command: nothing to judge.
     assert _decide([uv, "run", "python", "x.py"], tmp_path).action == "allow"
     assert _decide([uv, "pip", "list"], project).action == "allow"
+
+
+def test_a_pth_file_that_stops_python_before_it_runs(grace_venv: Path, tmp_path: Path) -> None:
+    # CPython 3.7-3.13 abort at start-up on a .pth that is not UTF-8
+    # (held to the real interpreters in test_sitepath.py).
+    site = envs.site_packages(grace_venv.parent.parent)
+    (site / "broken.pth").write_bytes(b"/opt/\xff\xfe\n")
+    verdict = _decide([grace_venv, "-c", "pass"], tmp_path)
+    assert verdict.action == "reject"
+    (finding,) = verdict.findings
+    assert finding.rule == "py-startup-error" and "Fatal Python error" in finding.predicted_error

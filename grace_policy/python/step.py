@@ -392,10 +392,11 @@ class Environment:
     def _tree(self, pkg_dir: str, top: str) -> list[Issue]:
         """A package directory no RECORD describes, walked."""
         from .contents import is_library
+        from .finder import DATA_DIRS
         from .finder import package_extensions
 
         modules, foreign = package_extensions(pkg_dir, self.suffixes, self.budget,
-                                              node=self.node)
+                                              node=self.node, skip_dirs=DATA_DIRS)
         libraries = tuple(p for _m, p in modules if is_library(os.path.basename(p)))
         return self._loadables(Loadables(
             tuple((m, p) for m, p in modules if p not in libraries), libraries,

@@ -296,6 +296,17 @@ class Cluster:
         states = sorted(set(res.stdout.split()))
         return ",".join(states)
 
+    def settled_node_state(self, timeout: float = 30.0) -> str:
+        """The node state once a finished job's "completing" has passed (a
+        bounded wait): 24.11 and later report it for a while after srun
+        returns, and it says nothing about drains (the release matrix saw it)."""
+        deadline = time.monotonic() + timeout
+        state = self.node_state()
+        while "completing" in state and time.monotonic() < deadline:
+            time.sleep(0.3)
+            state = self.node_state()
+        return state
+
     def node_ready(self) -> bool:
         try:
             state = self.node_state()

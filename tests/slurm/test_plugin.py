@@ -253,7 +253,7 @@ def test_audit_log_records_decisions(grace: SlurmEnv) -> None:
 
 def test_zz_node_never_drained(slurm: SlurmEnv) -> None:
     """After every rejection and failure above, the node still takes jobs."""
-    state = slurm.cluster.node_state()
+    state = slurm.cluster.settled_node_state()
     assert state in ("idle", "mixed", "allocated"), (state, slurm.cluster.node_reason())
     assert "drain" not in state and "down" not in state
     assert slurm.cluster.node_reason() in ("", "Reason=(null)")

@@ -15,13 +15,22 @@ SLURM_NEXT = $(shell v=$$(( $(SLURM_VERSION_HEX) )); printf '%d.%02d' $$((v >> 1
 PKG_VERSION = $(GRACE_VERSION)+slurm$(SLURM_RELEASE)
 PKG_SOURCES = Makefile README.md pyproject.toml grace_policy spank packaging docs
 
-.PHONY: deb rpm
+.PHONY: deb rpm deb-only rpm-only
+
+# What a fresh Debian 12 machine lacks is installed first (install-deps.sh),
+# then a second make reads the Slurm header that may just have arrived.
+deb:
+	bash packaging/install-deps.sh --packaging deb
+	$(MAKE) deb-only
+rpm:
+	bash packaging/install-deps.sh --packaging rpm
+	$(MAKE) rpm-only
 
 # Debian's own tooling on a copy of the sources: debian/ comes from
 # packaging/debian, the changelog names the Slurm release (the version is
 # <ours>+slurm<release>, so packages of two releases never look like upgrades
 # of each other).
-deb:
+deb-only:
 	@test -n "$(SLURM_VERSION_HEX)" || { echo "make deb: <slurm/slurm_version.h> not found (apt-get install libslurm-dev)" >&2; exit 1; }
 	rm -rf $(BUILD)/deb && mkdir -p $(BUILD)/deb/grace-policy-$(PKG_VERSION)
 	tar -cf - --exclude=__pycache__ --exclude='*.pyc' $(PKG_SOURCES) | tar -xf - -C $(BUILD)/deb/grace-policy-$(PKG_VERSION)
@@ -41,7 +50,7 @@ deb:
 # Slurm headers and python3; on a RHEL node the same spec builds against
 # slurm-devel (rpmbuild -ba with the tarball from $(BUILD)/rpm/SOURCES).
 RPM_TOP = $(abspath $(BUILD))/rpm
-rpm:
+rpm-only:
 	@test -n "$(SLURM_VERSION_HEX)" || { echo "make rpm: <slurm/slurm_version.h> not found" >&2; exit 1; }
 	rm -rf $(RPM_TOP) && mkdir -p $(RPM_TOP)/SOURCES $(RPM_TOP)/SPECS
 	tar -czf $(RPM_TOP)/SOURCES/grace-policy-$(GRACE_VERSION).tar.gz --transform 's,^,grace-policy-$(GRACE_VERSION)/,' \

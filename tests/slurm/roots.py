@@ -47,7 +47,8 @@ MIRROR = "http://deb.debian.org/debian"
 #: run tests/slurm inside, and Debian's packaging tools for ``make deb``.
 PACKAGES: tuple[str, ...] = (
     "slurmd", "slurmctld", "slurm-client", "libslurm-dev", "munge",
-    "gcc", "make", "binutils", "gcc-aarch64-linux-gnu", "libc6-dev-arm64-cross",
+    "gcc", "make", "binutils", "build-essential", "gcc-aarch64-linux-gnu",
+    "libc6-dev-arm64-cross",
     "python3-dev", "python3-venv", "python3-pip", "python3-pytest",
     "ca-certificates", "procps", "mount", "debhelper", "dpkg-dev",
 )

@@ -42,8 +42,9 @@ pytestmark = [pytest.mark.slurm, pytest.mark.network]
 
 HERE = Path(__file__).resolve().parent
 SRC = "/src/grace-policy"
-#: Not run inside the roots: this file itself (it would recurse).
-INNER_IGNORE = ("tests/slurm/test_matrix.py",)
+#: Not run inside the roots: the matrix itself (it would recurse) and the
+#: package tests (they open roots of their own).
+INNER_IGNORE = ("tests/slurm/test_matrix.py", "tests/slurm/test_packages.py")
 #: What runs again under contain_spank: launch, verdict, env, batch, no drain,
 #: cache and concurrent steps (test_faults and test_bypass are release-blind C
 #: and config paths already covered by the plain run).
@@ -130,7 +131,7 @@ def _host_collection(files: tuple[str, ...]) -> int:
 def _inner_pytest(root: Root, files: tuple[str, ...], junit: str,
                   env: dict[str, str] | None = None) -> dict[str, int]:
     ignores = " ".join(f"--ignore={i}" for i in INNER_IGNORE)
-    done = root.run(f"python3 -m pytest -q -p no:cacheprovider -o addopts= "
+    done = root.run(f"python3 -m pytest -q -rs -p no:cacheprovider -o addopts= "
                     f"--junitxml={junit} {' '.join(files)} {ignores}",
                     cwd=SRC, env=env, timeout=1200)
     report = root.path / junit.lstrip("/")
@@ -175,9 +176,13 @@ def _elf_symbol_bytes(path: Path, name: str, size: int) -> bytes | None:
 
 
 def _root_constant(root: Root, header: str, expr: str) -> int:
-    done = root.run(f"printf '#include <{header}>\\n{expr}\\n' | gcc -E -P - | tail -n1")
+    """The value of a C constant (macro or enum) as the root's compiler sees it."""
+    src = f"#include <stdio.h>\n#include <{header}>\nint main(void) {{ " \
+          f"printf(\"%ld\\n\", (long)({expr})); return 0; }}\n"
+    (root.path / "tmp" / "const.c").write_text(src)
+    done = root.run("gcc -o /tmp/const /tmp/const.c && /tmp/const")
     assert done.returncode == 0, done.stderr
-    return int(eval(done.stdout.strip(), {}))  # a C integer literal from cpp
+    return int(done.stdout.strip())
 
 
 def test_plugin_was_built_for_the_release(release_root: Root) -> None:

@@ -39,7 +39,9 @@ HOST_BUILD = Path(tempfile.gettempdir())
 NOT_COMPARED = ("proc", "sys", "dev", "src", "tmp", "root", "var/lib/dpkg", "var/lib/apt",
                 "var/cache/apt", "var/cache/debconf", "var/log/dpkg.log", "var/log/apt",
                 "var/log/alternatives.log", "var/lib/rpm", "var/lib/rpm-state",
-                "usr/lib/sysimage/rpm", "etc/grace-test-ca.crt", "etc/resolv.conf")
+                "usr/lib/sysimage/rpm", "etc/grace-test-ca.crt", "etc/resolv.conf",
+                # man-db's index, rebuilt by its trigger whenever man pages come or go
+                "var/cache/man")
 
 
 def _host_release() -> str:

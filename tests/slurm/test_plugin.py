@@ -22,7 +22,8 @@ PREFIX = "grace-policy: "
 #: slurmstepd's own execve() error (to srun: "slurmstepd-NODE: error: execve(): ...", in
 #: slurmd.log: "[JOB.STEP] error: execve(): ..."): proof an exec was attempted. Our own
 #: message quotes the same error after "without this check:", so match the line start.
-EXEC_ATTEMPT = re.compile(r"^(slurmstepd\S*: |\[[0-9.a-z]+\] )error: execve\(\)", re.M)
+#: 26.05 prints "[2026-12-01T08:14:04.295] error: execve(): ..." to srun (field notes §6).
+EXEC_ATTEMPT = re.compile(r"^(slurmstepd\S*: |(\[[0-9.a-zA-Z:-]+\] )+)error: execve\(\)", re.M)
 
 
 def _exec_attempts(text: str) -> int:

@@ -18,7 +18,9 @@ test left behind included), unmounts everything under it, deepest first, and
 deletes the upper directory only when no mount is left.
 
 ``GRACE_SLURM_RELEASES`` (comma-separated, default ``host,24.11,26.05``) says
-which releases the matrix runs; ``host`` alone is the quick local run.
+which releases the matrix runs; ``host`` alone is the quick local run (the
+host's scenarios, plus its package tests in a Debian 12 root); ``none`` makes
+no root at all.
 """
 
 from __future__ import annotations
@@ -82,6 +84,8 @@ def selected() -> list[str]:
     """The releases ``GRACE_SLURM_RELEASES`` asks for (``host`` = 22.05 on the
     machine itself). Unknown names are an error, not a silent narrower run."""
     raw = os.environ.get("GRACE_SLURM_RELEASES", DEFAULT_SELECTION)
+    if raw.strip() == "none":  # no release root at all (the host's scenarios still run)
+        return []
     names = [n.strip() for n in raw.split(",") if n.strip()]
     unknown = [n for n in names if n != HOST and n not in RELEASES]
     if unknown:

@@ -217,3 +217,25 @@ def test_scenarios_pass_with_contain_spank(release_root: Root) -> None:
                            env={"GRACE_SLURMD_PARAMETERS": "contain_spank"})
     assert counts["skipped"] == 0, counts
     assert counts["tests"] == _host_collection(CONTAIN_SPANK_FILES), counts
+
+
+def test_closing_a_root_kills_what_runs_inside_and_unmounts(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """What a failed test leaves in a root (a daemon in its own session, a
+    mount of its own) is gone after close(), found by pid and by mountinfo."""
+    if not _deb_releases():
+        pytest.skip("GRACE_SLURM_RELEASES=none: no release root")
+    name = _deb_releases()[0]
+    root = _open(name, tmp_path_factory.mktemp("close"))
+    try:
+        started = root.run("setsid sleep 600 </dev/null >/dev/null 2>&1 & echo $!\n"
+                           "mkdir -p /mnt/t && mount -t tmpfs tmpfs /mnt/t")
+        assert started.returncode == 0, started.stderr
+        inside = roots.pids_inside(root.path)
+        assert inside, "the daemon should be running inside the root"
+        assert roots._mounts_under(root.path)
+    finally:
+        root.close()
+    assert not set(inside) & set(roots.pids_inside(root.path))
+    assert roots._mounts_under(root.path) == []
+    assert not root.base.exists()

@@ -38,7 +38,7 @@ VERSION = __version__
 def cached(slurm: SlurmEnv) -> Iterator[SlurmEnv]:
     yield slurm
     slurm.use("base")
-    assert slurm.cluster.node_state() in ("idle", "mixed", "allocated")
+    assert slurm.cluster.settled_node_state() in ("idle", "mixed", "allocated")
 
 
 def _cache_dir(env: SlurmEnv, name: str) -> Path:

@@ -392,8 +392,7 @@ class Environment:
     def _tree(self, pkg_dir: str, top: str) -> list[Issue]:
         """A package directory no RECORD describes, walked."""
         from .contents import is_library
-        from .finder import DATA_DIRS
-        from .finder import package_extensions
+        from .finder import DATA_DIRS, package_extensions
 
         modules, foreign = package_extensions(pkg_dir, self.suffixes, self.budget,
                                               node=self.node, skip_dirs=DATA_DIRS)

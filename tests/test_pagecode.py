@@ -20,6 +20,7 @@ from corpus import (
     POLARS_4K,
     PYARROW_4K,
     Corpus,
+    debian_arm64_python_or_skip,
     fetch_jemalloc_source,
     jemalloc_or_skip,
     wheel_or_skip,
@@ -313,6 +314,57 @@ def test_check_step_reports_the_embedded_jemalloc(jemalloc_programs: dict[int, P
     same = check_step([str(exe)], {"PATH": "/usr/bin"}, str(tmp_path),
                       NodeProfile(machine="x86_64", page_size=K4, glibc=(2, 36)))
     assert "page-size-compiled" not in [i.rule for i in same.issues]
+
+
+IMPORT_PROBE = """\
+import os, sys
+sys.path.insert(0, {site!r})
+try:
+    {statement}
+except BaseException as exc:
+    print("FAILED", type(exc).__name__, exc, flush=True)
+    os._exit(7)
+print("IMPORTED", flush=True)
+os._exit(0)
+"""
+
+
+@pytest.mark.network
+@pytest.mark.qemu
+@pytest.mark.parametrize(("wheel", "member", "statement"), [
+    (POLARS_4K, "polars/polars.abi3.so", "import polars; polars.DataFrame({'a': [1]})"),
+    (DUCKDB_16K, "duckdb/duckdb.cpython-311-aarch64-linux-gnu.so",
+     "import duckdb; duckdb.sql('select 42').fetchall()"),
+], ids=["polars-0.14.8", "duckdb-0.9.2"])
+def test_real_imports_fail_exactly_where_the_rule_says(wheel, member: str,  # type: ignore[no-untyped-def]
+                                                       statement: str) -> None:
+    """Debian 12's aarch64 CPython imports the real wheel under qemu-aarch64
+    with a 4, 16 and 64 KiB page: the import fails exactly on the page sizes
+    for which the rule reports the extension module. (os._exit after the
+    probe: duckdb's failed import otherwise hangs at interpreter exit under
+    qemu.)"""
+    root = debian_arm64_python_or_skip()
+    qemu = qemu_aarch64()
+    if qemu is None:
+        pytest.skip("qemu-aarch64 not installed (apt-get install qemu-user)")
+    site = wheel_or_skip(wheel).root / "site-packages"
+    module = site / member
+    info = read_elf(str(module))
+    code = IMPORT_PROBE.format(site=str(site), statement=statement)
+    for page in (K4, K16, K64):
+        run = subprocess.run([qemu, "-p", str(page), "-L", str(root),
+                              str(root / "usr" / "bin" / "python3.11"), "-I", "-c", code],
+                             capture_output=True, text=True, timeout=600, check=False)
+        imported = run.returncode == 0 and run.stdout.strip() == "IMPORTED"
+        issues = pagecode.compiled_page_issues(str(module), info, grace(page), Budget())
+        assert imported != bool(issues), (page, run.returncode, run.stdout, run.stderr[-500:])
+        if not imported and wheel is POLARS_4K:
+            # polars: jemalloc's message (twice), Rust's allocation failure, SIGABRT.
+            assert run.stderr.count("<jemalloc>: Unsupported system page size") >= 1
+            assert run.returncode in (134, -6), run.returncode
+        if not imported and wheel is DUCKDB_16K:
+            # duckdb keeps jemalloc quiet; its own error says what failed.
+            assert "Out of Memory Error" in run.stdout, run.stdout
 
 
 # --------------------------------------------------------------------------

@@ -447,7 +447,8 @@ def compiled_page_issues(path: str, info: ElfInfo, node: NodeProfile,
             or info.data != ELFDATA2LSB or node.machine != "aarch64"
             or is_system_path(path)):
         return []
-    compiled = read_compiled_page(path, budget)
+    # Read where the ELF facts were read (a node image's copy of ``path``).
+    compiled = read_compiled_page(info.path or path, budget)
     if not compiled or compiled >= page:
         return []
     package = _package(path)

@@ -79,28 +79,39 @@ def _imm(text: str) -> int:
 def objdump_page(path: Path, reading: pagecode.Reading) -> set[int]:
     """objdump's reading of the guard: in a window before each block that
     builds the message's address (checked by objdump's own operands), the
-    constant of every ``cmp xN, #imm, lsl #12`` directly followed by a
-    ``b.hi`` into that block."""
+    constant of every ``cmp xN, #imm, lsl #12`` whose first following branch
+    is a ``b.hi`` into that block or a ``b.ls`` over it."""
     assert reading.message is not None and reading.refs
     pages: set[int] = set()
     for ref in reading.refs:
-        rows = objdump(path, ref - pagecode.WINDOW, ref + 16)
+        rows = objdump(path, max(0, ref - pagecode.WINDOW), ref + 16)
         by_addr = {addr: i for i, (addr, *_rest) in enumerate(rows)}
         i = by_addr[ref]
         _a, _w, mnem, ops = rows[i]
         assert mnem == "adrp", rows[i]
         reg, page = ops.split(", ")
-        _a2, _w2, mnem2, ops2 = rows[i + 1]
-        assert mnem2 == "add", rows[i + 1]
-        _dst, base, lo = ops2.split(", ")
-        assert base == reg and int(page, 16) + _imm(lo) == reading.message
+        # The add that completes the address may come a few instructions later.
+        adds = [r for r in rows[i + 1:i + 5] if r[2] == "add" and r[3].split(", ")[1] == reg]
+        assert adds, rows[i:i + 5]
+        _dst, _base, lo = adds[0][3].split(", ")
+        assert int(page, 16) + _imm(lo) == reading.message
+
+        def falls_into_ref(start: int, rows: list = rows, i: int = i) -> bool:  # type: ignore[type-arg]
+            """Execution from row ``start`` reaches ``ref`` without a branch."""
+            return start <= i and not any(m in BLOCK_ENDS or m.startswith("b.")
+                                          for _x, _y, m, _z in rows[start:i])
         for j, (_addr, _word, mnem, ops) in enumerate(rows):
             if not (mnem == "cmp" and ops.startswith("x") and ops.endswith("lsl #12")):
                 continue
-            for _a, _w, later, target in rows[j + 1:j + 4]:
+            for k, (_a, _w, later, target) in enumerate(rows[j + 1:j + 4], start=j + 1):
                 # The first flag user after the compare, with nothing in
-                # between that objdump names as setting flags or branching.
-                if later == "b.hi" and int(target, 16) == ref:
+                # between that objdump names as setting flags or branching:
+                # either b.hi into the block, or b.ls over it when the block
+                # is the fall-through path (no branch between b.ls and it).
+                if later == "b.hi" and int(target, 16) in by_addr \
+                        and falls_into_ref(by_addr[int(target, 16)]):
+                    pages.add(_imm(ops.split(", ")[1]) << 12)
+                if later == "b.ls" and int(target, 16) > ref and falls_into_ref(k + 1):
                     pages.add(_imm(ops.split(", ")[1]) << 12)
                 if later in FLAG_SETTERS or later in BLOCK_ENDS or later.startswith("b."):
                     break
@@ -412,6 +423,33 @@ def test_unsure_and_foreign_files_are_silent(elf_builder: ElfBuilder, tmp_path: 
     assert pagecode.compiled_page_issues(str(info_exe), info, grace()) == []
     assert pagecode.read_compiled_page(str(junk)) is None
     assert pagecode.read_compiled_page(str(tmp_path / "missing")) is None
+
+
+INLINE_GUARD = r"""
+#include <stdio.h>
+#include <unistd.h>
+int main(void) {
+    if ((unsigned long)sysconf(_SC_PAGESIZE) > 16384UL) {
+        fputs("<jemalloc>: Unsupported system page size\n", stderr);
+        return 1;
+    }
+    return 0;
+}
+"""
+
+
+@pytest.mark.cross
+@pytest.mark.parametrize("opt", ["-O0", "-O1", "-O2", "-Os"])
+def test_both_block_layouts_of_the_guard(elf_builder: ElfBuilder, have_cross: str,
+                                         opt: str) -> None:
+    """jemalloc's check reduced to its shape: gcc lays the message block out
+    of line behind a b.hi (-O1, -O2) or inline behind a b.ls that skips it
+    (-O0, -Os). Both read as 16 KiB, as objdump reads them."""
+    exe = elf_builder.compile(INLINE_GUARD, f"bin/guard{opt}", arch="aarch64",
+                              extra_flags=(opt,))
+    reading = pagecode.inspect_file(str(exe))
+    assert reading.page == K16
+    assert objdump_page(exe, reading) == {K16}
 
 
 @pytest.mark.cross

@@ -112,6 +112,54 @@ def lexists(path: str) -> bool:
     return True
 
 
+def _listed(path: str, read):  # type: ignore[no-untyped-def]
+    try:
+        st = os.stat(path)
+        result = read(path)
+    except OSError as exc:
+        note(path, None, exc.errno or 0, "D")
+        raise
+    except ValueError:  # NUL in the path
+        note(path, None, 2, "D")
+        raise FileNotFoundError(2, "No such file or directory", path) from None
+    if _log is not None:
+        _log.append(("D", path, dir_signature(st)))
+    return result
+
+
+def listdir(path: str) -> list[str]:
+    """``os.listdir`` that is written down with the directory's identity and
+    times: an entry added, removed or renamed changes the directory's mtime
+    and ctime, so a replay notices a package installed after the verdict.
+    Raises OSError like ``os.listdir``."""
+    return _listed(path, os.listdir)  # type: ignore[no-any-return]
+
+
+def _scan(path: str) -> list[os.DirEntry[str]]:
+    with os.scandir(path) as it:
+        return list(it)
+
+
+def scandir(path: str) -> list[os.DirEntry[str]]:
+    """``os.scandir`` (entry types without a stat each), written down like
+    :func:`listdir`. Raises OSError like it."""
+    return _listed(path, _scan)  # type: ignore[no-any-return]
+
+
+def dir_signature(st: os.stat_result) -> str:
+    """The answer of a "D" question (keep in step with grace_cache.c)."""
+    if not _stat.S_ISDIR(st.st_mode):
+        return signature(st)
+    return f"D{st.st_dev}:{st.st_ino}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+
+
+def note_input(name: str, value: str | None) -> None:
+    """A step input the check read beyond the fixed ones (the arguments of a
+    Python step: ``argc``, ``argv:N``): a cached verdict must depend on it."""
+    if _log is not None:
+        _log.append(("i", name, "-" if value is None else "=" + value))
+
+
 def note_env(name: str, value: str | None) -> None:
     """An environment variable the check read beyond the fixed inputs
     (``env -S '${VAR}'``): a cached verdict must depend on it too."""
@@ -138,6 +186,13 @@ def answer(op: str, path: str) -> str:
     for ``grace-policy`` itself)."""
     if op == "r":
         return os.path.realpath(path)
+    if op == "D":
+        try:
+            return dir_signature(os.stat(path))
+        except OSError as exc:
+            return signature(None, exc.errno or 0)
+        except ValueError:
+            return signature(None, 2)
     try:
         st = os.lstat(path) if op == "l" else os.stat(path)
     except OSError as exc:

@@ -18,7 +18,8 @@ Format (ASCII, one entry per block; keep in step with grace_cache.c)::
     GPC1
     I <name> <value>        one per input; value "-" absent, "=<enc>" present
     O mode <mode>           what the audit line reports on a hit
-    P <op> <enc path> <enc answer>   op: s stat, l lstat, r realpath
+    P <op> <enc path> <enc answer>   op: s stat, l lstat, r realpath,
+                                     D a directory listed (identity and times)
     .
 
 ``<enc>`` is :func:`grace_policy.fsprobe.encode` (percent-encoding of every
@@ -36,12 +37,16 @@ from .findings import Verdict
 MAGIC = "GPC1"
 END = "."
 #: Entries larger than this are not written (a huge tree is better checked).
-MAX_ENTRY = 64 * 1024
+#: A Python step in a large environment records a few hundred files and
+#: directories (~50 KiB for a torch install).
+MAX_ENTRY = 256 * 1024
 
 
 def cacheable(verdict: Verdict) -> bool:
+    # An exempted finding is never replayed as a clean allow: the entry would
+    # outlive the exemption's last day (and the audit line must say why).
     return (verdict.action == "allow" and not verdict.findings and verdict.env.empty
-            and verdict.error is None and verdict.skipped is None)
+            and verdict.error is None and verdict.skipped is None and not verdict.exempted)
 
 
 def _value(value: str | None) -> str:
@@ -81,11 +86,13 @@ def entry(step_inputs: list[tuple[str, str]], mode: str,
     for op, name, value in probes:
         if op == "v":  # a variable the check read on the way (env -S ${VAR})
             read.setdefault("env:" + name, _value(None if value == "-" else value[1:]))
+        elif op == "i":  # another input it read (argc, argv:N of a Python step)
+            read.setdefault(name, _value(None if value == "-" else value[1:]))
     lines = [MAGIC]
     lines += [f"I {fsprobe.encode(name)} {value}" for name, value in read.items()]
     lines.append(f"O mode {fsprobe.encode(mode)}")
     for op, path, answer in probes:
-        if op == "v":
+        if op in ("v", "i"):
             continue
         if not path.startswith("/"):
             return None

@@ -40,9 +40,10 @@
 #error "GRACE_VERSION (grace_policy.__version__) must be defined by the build"
 #endif
 
-#define GRACE_CACHE_READ_MAX (1024 * 1024) /* read at most the last 1 MiB */
-#define GRACE_CACHE_TRIM (256 * 1024)      /* start over when the file grows past this */
-#define GRACE_CACHE_ENTRY_MAX (64 * 1024)  /* verdict_cache.MAX_ENTRY */
+#define GRACE_CACHE_TRIM (1024 * 1024)     /* start over when the file grows past this */
+#define GRACE_CACHE_ENTRY_MAX (256 * 1024) /* verdict_cache.MAX_ENTRY */
+/* The whole file, at most: what trimming leaves plus one entry. */
+#define GRACE_CACHE_READ_MAX (GRACE_CACHE_TRIM + GRACE_CACHE_ENTRY_MAX)
 
 /* ------------------------------------------------------------------------ */
 /* Opening (root, slurm_spank_init)                                          */
@@ -251,6 +252,22 @@ static int grace_input_matches(const struct grace_step *step, const char *creds,
 		have = creds;
 	} else if (nlen == 4 && memcmp(name, "node", 4) == 0) {
 		have = step->node;
+	} else if (nlen == 4 && memcmp(name, "argc", 4) == 0) {
+		snprintf(decoded, sizeof(decoded), "%d", step->argc);
+		have = decoded;
+	} else if (nlen > 5 && nlen < 16 && memcmp(name, "argv:", 5) == 0) {
+		/* an argument a Python step's check read: "argv:N", N decimal */
+		char num[16];
+		char *endp;
+		long idx;
+
+		memcpy(num, name + 5, nlen - 5);
+		num[nlen - 5] = '\0';
+		idx = strtol(num, &endp, 10);
+		if (*endp != '\0' || num[0] < '0' || num[0] > '9' || idx < 0 ||
+		    step->argv == NULL)
+			return 0;
+		have = idx < step->argc ? step->argv[idx] : NULL;
 	} else if (nlen > 4 && memcmp(name, "env:", 4) == 0) {
 		if (grace_dec(name + 4, nlen - 4, decoded, sizeof(decoded)) <= 0)
 			return 0;
@@ -311,6 +328,19 @@ static int grace_probe_matches(const char *op, size_t oplen, const char *path_to
 		same = grace_enc_equal(ans, alen, real);
 		free(real);
 		return same;
+	}
+	if (op[0] == 'D') {
+		/* a directory the check listed: fsprobe.dir_signature() */
+		rc = stat(path, &st);
+		if (rc == 0 && S_ISDIR(st.st_mode)) {
+			snprintf(sig, sizeof(sig), "D%llu:%llu:%lld:%lld",
+				 (unsigned long long)st.st_dev, (unsigned long long)st.st_ino,
+				 (long long)st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec,
+				 (long long)st.st_ctim.tv_sec * 1000000000LL + st.st_ctim.tv_nsec);
+			return grace_enc_equal(ans, alen, sig);
+		}
+		grace_signature(rc == 0 ? &st : NULL, rc == 0 ? 0 : errno, 0, sig, sizeof(sig));
+		return grace_enc_equal(ans, alen, sig);
 	}
 	if (op[0] == 's')
 		rc = stat(path, &st);
@@ -692,7 +722,7 @@ static const char *grace_step_name(unsigned int step_id, char *buf, size_t len)
 const char *grace_audit_hit(const struct grace_context *ctx, const struct grace_step *step,
 			    const char *mode, double elapsed_ms, char *err, size_t errlen)
 {
-	char line[8192];
+	char line[32768]; /* argv[0] up to PATH_MAX bytes, each escaped to 6 */
 	char num[32], step_buf[32];
 	struct grace_buf b = { line, 0, sizeof(line), 0 };
 	struct utsname uts;
@@ -707,8 +737,10 @@ const char *grace_audit_hit(const struct grace_context *ctx, const struct grace_
 	/* Keys sorted, as json.dumps(sort_keys=True). */
 	grace_puts(&b, "{\"action\": \"allow\", \"cache\": \"hit\", \"elapsed_ms\": ");
 	grace_put_ms(&b, elapsed_ms);
-	grace_puts(&b, ", \"env_set\": [], \"env_unset\": [], \"error\": null, "
-		   "\"event\": \"decision\", \"job_id\": ");
+	/* A hit is a clean allow: enforce would allow it too, nothing exempted
+	 * (exempted verdicts are never cached). */
+	grace_puts(&b, ", \"enforce_action\": \"allow\", \"env_set\": [], \"env_unset\": [], "
+		   "\"error\": null, \"event\": \"decision\", \"exempt\": [], \"job_id\": ");
 	snprintf(num, sizeof(num), "%u", step->job_id);
 	grace_put_json(&b, num);
 	grace_puts(&b, ", \"mode\": ");
@@ -717,7 +749,9 @@ const char *grace_audit_hit(const struct grace_context *ctx, const struct grace_
 	grace_put_json(&b, node);
 	grace_puts(&b, ", \"partition\": ");
 	grace_put_json(&b, step->partition);
-	grace_puts(&b, ", \"paths\": [], \"rules\": [], \"skipped\": null, \"step_id\": ");
+	grace_puts(&b, ", \"paths\": [], \"program\": ");
+	grace_put_json(&b, step->argc > 0 && step->argv != NULL ? step->argv[0] : NULL);
+	grace_puts(&b, ", \"rules\": [], \"skipped\": null, \"step_id\": ");
 	grace_put_json(&b, grace_step_name(step->step_id, step_buf, sizeof(step_buf)));
 	grace_puts(&b, ", \"time\": ");
 	grace_put_time(&b);

@@ -144,8 +144,9 @@ def _cached_tree(name: str, want: dict[str, object], build: Callable[[Path], Pat
 
 def fetch_debian_arm64(packages: tuple[str, ...] = DEBIAN_PACKAGES,
                        name: str = "debian-arm64") -> Path:
-    """Download and unpack ``packages`` (arm64) once into ``name``; return the
-    unpacked root."""
+    """Download and unpack ``packages`` (arm64) once; return the unpacked root.
+    Another package set needs its own ``name`` (its own cache directory), or
+    the two sets would rebuild each other's tree."""
 
     def build(work: Path) -> Path:
         lists, cache, debs, unpack = (work / n for n in ("lists", "cache", "debs", "root"))
@@ -192,6 +193,43 @@ def fetch_aarch64_wheel(requirement: str = WHEEL_REQUIREMENT) -> Path:
 
     return _cached_tree("wheel-aarch64", {"requirement": requirement, "python": WHEEL_PYTHON},
                         build)
+
+
+#: node_exporter, the consumer of the metrics file (its textfile collector
+#: is the oracle for the format), from Debian 12's archive, pinned.
+NODE_EXPORTER = ("prometheus-node-exporter", "1.5.0-1+b6",
+                 "8cb5b39627595ea2cf3cd27be593e0e9af87023d29e1c5b8487e2f9510097e09")
+
+
+def fetch_node_exporter(pin: tuple[str, str, str] = NODE_EXPORTER) -> Path:
+    """Download the pinned node_exporter .deb for this machine's architecture
+    (private apt state: nothing is installed, no service is started), check
+    its sha256 and unpack it once; return the executable."""
+    import hashlib
+
+    name, version, digest = pin
+
+    def build(work: Path) -> Path:
+        lists, cache, debs, unpack = (work / n for n in ("lists", "cache", "debs", "root"))
+        for d in (lists / "partial", cache / "archives" / "partial", debs, unpack):
+            d.mkdir(parents=True)
+        apt = ["apt-get", "-q", f"-oDir::State::Lists={lists}", f"-oDir::Cache={cache}",
+               "-oDir::State::status=/dev/null", "-oAcquire::Retries=1",
+               f"-oAcquire::http::Timeout={NET_TIMEOUT}", "-oAPT::Sandbox::User=root"]
+        _run([*apt, "update"])
+        _run([*apt, "download", f"{name}={version}"], cwd=debs)
+        [deb] = sorted(debs.glob("*.deb")) or [None]
+        if deb is None:
+            raise CorpusUnavailable(f"apt-get download {name}={version} gave no .deb")
+        got = hashlib.sha256(deb.read_bytes()).hexdigest()
+        if got != digest:
+            raise CorpusUnavailable(f"{deb.name}: sha256 {got}, pinned {digest}")
+        _run(["dpkg-deb", "-x", str(deb), str(unpack)])
+        return unpack
+
+    root = _cached_tree("node-exporter", {"package": name, "version": version,
+                                          "sha256": digest}, build)
+    return root / "usr" / "bin" / "prometheus-node-exporter"
 
 
 @dataclass(frozen=True)
@@ -362,7 +400,9 @@ def wheel_or_skip(wheel: PinnedWheel) -> Corpus:
 
 def debian_arm64_python_or_skip() -> Path:
     """Root of :data:`DEBIAN_ARM64_PYTHON` unpacked (skip offline, fail in CI)."""
-    kind = "debian-arm64-python"
+    # Not tests/python/arm64_python.py's "debian-arm64-python": another
+    # package set in the same directory would rebuild it on every switch.
+    kind = "debian-arm64-python-stdlib"
     if kind in _failures:
         _give_up(_failures[kind])
     try:
@@ -394,6 +434,19 @@ def jemalloc_or_skip(lg_page: int) -> Path:
 def debian_arm64() -> Corpus:
     """Unpacked Debian arm64 packages (see :data:`DEBIAN_PACKAGES`)."""
     return _corpus_or_skip("debian-arm64", fetch_debian_arm64)
+
+
+@pytest.fixture(scope="session")
+def node_exporter() -> Path:
+    """The pinned node_exporter executable (see :data:`NODE_EXPORTER`)."""
+    if "node-exporter" in _failures:
+        _give_up(_failures["node-exporter"])
+    try:
+        return fetch_node_exporter()
+    except CorpusUnavailable as exc:
+        _failures["node-exporter"] = f"node_exporter unavailable (network?): {exc}"
+        _give_up(_failures["node-exporter"])
+        raise
 
 
 @pytest.fixture(scope="session")

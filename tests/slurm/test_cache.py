@@ -104,7 +104,8 @@ def test_second_identical_step_is_a_hit_without_python(cached: SlurmEnv) -> None
     # The C line has the Python line's keys (and "cache"), and its values.
     assert set(second[0]) == set(first[0]) | {"cache"}
     for key in ("action", "mode", "partition", "uid", "node", "rules", "paths", "env_set",
-                "env_unset", "error", "skipped", "event", "step_id"):
+                "env_unset", "error", "skipped", "event", "step_id", "program", "enforce_action",
+                "exempt"):
         assert second[0][key] == first[0][key], key
     assert isinstance(second[0]["elapsed_ms"], float)
 

@@ -245,7 +245,11 @@ class PinnedWheel:
 
     @property
     def name(self) -> str:
-        return self.requirement.replace("==", "-").lower()
+        """Cache name; the member list is part of it, so two selections of
+        one wheel (older checkouts unpack fewer members) never rebuild each
+        other's tree."""
+        digest = hashlib.sha256("\0".join(self.members).encode()).hexdigest()[:8]
+        return f"{self.requirement.replace('==', '-').lower()}-{digest}"
 
 
 #: Wheels with an embedded jemalloc built for small pages (issue 11), and one

@@ -523,3 +523,37 @@ def test_truncated_and_damaged_copies_never_raise(tmp_path: Path) -> None:
         path = tmp_path / f"bad{i}.so"
         path.write_bytes(bytes(data))
         assert pagecode.read_compiled_page(str(path), Budget()) in (None, 0, K4)
+
+
+@pytest.mark.network
+@pytest.mark.cross
+def test_a_clean_verdict_records_the_identity_of_what_the_rule_read(
+        jemalloc_programs: dict[int, Path], tmp_path: Path) -> None:
+    """The plugin replays a clean verdict only while every file it read has
+    the same identity (fsprobe): the file the code scan read is among them,
+    so a cached verdict never outlives a rebuilt program."""
+    from grace_policy import fsprobe
+
+    exe = tmp_path / "app"
+    shutil.copy(jemalloc_programs[K64], exe)
+    os.chmod(exe, 0o755)
+    pagecode._known.clear()
+    fsprobe.start()
+    try:
+        budget = Budget()
+        report = check_step([str(exe)], {"PATH": "/usr/bin"}, str(tmp_path), grace(), budget=budget)
+    finally:
+        probes = fsprobe.stop()
+    assert report.issues == () and report.limit is None
+    from elftools.elf.elffile import ELFFile
+
+    with open(exe, "rb") as fh:
+        text = ELFFile(fh).get_section_by_name(".text")["sh_size"]
+    assert budget.bytes_read > text  # the code scan did read it
+    answers = {answer for op, path, answer in probes if path == str(exe) and op == "s"}
+    assert answers == {fsprobe.signature(exe.stat())}
+    assert fsprobe.still_true(probes)
+    with open(exe, "r+b") as fh:  # a rebuilt program: the recorded answer no longer holds
+        fh.seek(0, 2)
+        fh.write(b"\0")
+    assert not fsprobe.still_true(probes)

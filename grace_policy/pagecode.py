@@ -465,7 +465,7 @@ def compiled_page_issues(path: str, info: ElfInfo, node: NodeProfile,
         f"this node's {page // 1024} KiB pages at start-up ('<jemalloc>: Unsupported "
         "system page size', unless the program silences it): every allocation through "
         "it then fails, and the program or the Python import aborts (polars) or fails "
-        "with an out-of-memory error (duckdb)",
+        "with an out-of-memory error (duckdb, whose interpreter then hangs at exit)",
         facts=(("page_size", str(page)), ("page_kib", str(page // 1024)),
                ("file_arch", info.machine_name), ("allocator", "jemalloc"),
                ("compiled_page_kib", str(compiled // 1024)), ("fix_hint", fix),

@@ -113,3 +113,65 @@ def test_real_kernel_does_what_the_rules_predict(cases: Path, kernel: str) -> No
                                              mapped_by_kernel=False, budget=Budget())]
         assert (rc[name] == 1) == ("page-bss-clobber" in rules), (name, console)
     assert rc["use-lg12"] == 3 and rc["bss-patched"] == 1   # both failures really happen
+
+
+PY_INIT = """#!/bin/busybox sh
+B=/bin/busybox
+$B mkdir -p /proc /dev /tmp
+$B mount -t proc proc /proc
+$B mount -t devtmpfs dev /dev
+u=/u/py
+for d in dev tmp proc sp; do $B mkdir -p $u/$d; done
+$B mount -t devtmpfs dev $u/dev
+$B mount -t proc proc $u/proc
+for w in polars duckdb; do
+  $B mount -o bind /wheels/$w $u/sp
+  $B chroot $u /usr/bin/python3.11 -I /probe_$w.py > /dev/hvc0 2>&1
+  echo "RC $w $?" > /dev/hvc0
+  $B umount $u/sp
+done
+echo ALLDONE > /dev/hvc0
+$B poweroff -f
+"""
+
+
+@pytest.mark.qemu
+@pytest.mark.parametrize("kernel", ["64k", "16k"])
+def test_real_kernel_imports_fail_where_the_rule_says(tmp_path: Path, kernel: str) -> None:
+    """Debian 12's aarch64 CPython imports polars 0.14.8 and duckdb 0.9.2 on
+    the real kernel: each import fails exactly when page-size-compiled
+    reports its extension module for that page size."""
+    from corpus import DUCKDB_16K, POLARS_4K, debian_arm64_python_or_skip, wheel_or_skip
+    from test_pagecode import IMPORT_PROBE
+
+    if vm_qemu.qemu_binary() is None:
+        pytest.skip("qemu-system-aarch64 not installed")
+    root = debian_arm64_python_or_skip()
+    wheels = {"polars": (wheel_or_skip(POLARS_4K), "polars/polars.abi3.so",
+                         "import polars; polars.DataFrame({'a': [1]})"),
+              "duckdb": (wheel_or_skip(DUCKDB_16K),
+                         "duckdb/duckdb.cpython-311-aarch64-linux-gnu.so",
+                         "import duckdb; duckdb.sql('select 42').fetchall()")}
+    user = images.userland("glibc236")
+    extra = [("init", PY_INIT.encode(), 0o755),
+             ("bin/busybox", (user / "bin" / "busybox").read_bytes(), 0o755)]
+    trees = [(root, "u/py")]
+    for name, (corpus, _member, statement) in wheels.items():
+        trees.append((corpus.root / "site-packages", f"wheels/{name}"))
+        extra.append((f"u/py/probe_{name}.py",
+                      IMPORT_PROBE.format(site="/sp", statement=statement).encode(), 0o644))
+    initrd = tmp_path / "initrd.cpio"
+    vm_qemu.cpio_newc(initrd, trees, extra=extra)
+    image = images.kernel_64k() if kernel == "64k" else images.kernel_16k()
+    console, _log, _secs = vm_qemu.boot(image, initrd, tmp_path, timeout=900, memory_mib=2048)
+    assert "ALLDONE" in console, console
+    rc = {parts[1]: int(parts[2]) for parts in (line.split() for line in console.splitlines())
+          if len(parts) == 3 and parts[0] == "RC"}
+    node = NodeProfile(machine="aarch64", page_size=65536 if kernel == "64k" else 16384,
+                       glibc=(2, 36), root_is_native=False)
+    for name, (corpus, member, _statement) in wheels.items():
+        module = corpus.root / "site-packages" / member
+        predicted = pagecode.compiled_page_issues(str(module), read_elf(str(module)), node,
+                                                  Budget())
+        assert (rc[name] != 0) == bool(predicted), (name, console)
+    assert rc["polars"] == 134 and "<jemalloc>: Unsupported system page size" in console

@@ -25,10 +25,10 @@ import os
 import zlib
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from ._record import dataclass, field
 from .findings import ACTIONS, MODES
 
 #: A decision line is a few hundred bytes; a line beyond this is not one.
@@ -43,7 +43,7 @@ _CHUNK = 1 << 16
 SKIP_KINDS = ("torn", "foreign", "invalid", "oversized")
 
 
-@dataclass
+@dataclass(frozen=True)
 class Decision:
     """One decision line, checked."""
 
@@ -223,7 +223,7 @@ def program_name(program: str | None) -> str | None:
     return program
 
 
-@dataclass
+@dataclass(frozen=True)
 class Filters:
     since: float | None = None
     until: float | None = None

@@ -38,6 +38,7 @@ RULE_IDS = (
     "py-ext-arch",
     "py-ext-foreign",
     "py-dist-broken",
+    "py-startup-error",
     "check-limit",
     "torch-cpu-only",
     "torchcodec-no-ffmpeg",

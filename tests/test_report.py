@@ -160,8 +160,15 @@ def test_cli_escapes_everything_from_the_log(tmp_path: Path,
     assert "\\x1b[2Jg" in out and "e\\nf" in out
 
 
-def test_cli_usage_and_unreadable(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["report"]) == 64
+def test_cli_usage_and_unreadable(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(f"PlugStackConfig={tmp_path / 'plugstack.conf'}\n")
+    (tmp_path / "plugstack.conf").write_text(
+        "required /usr/lib/slurm/spank_grace_policy.so config=/etc/gp.toml\n")
+    monkeypatch.setenv("SLURM_CONF", str(conf))
+    assert main(["report"]) == 64  # no AUDIT, and no audit= on the plugin's line
+    assert "names no audit= for the plugin" in capsys.readouterr().err
     assert main(["report", "--since", "last tuesday", str(tmp_path)]) == 64
     assert main(["report", "--user", "no-such-user-here", str(tmp_path)]) == 64
     assert main(["report", str(tmp_path / "missing")]) == 2

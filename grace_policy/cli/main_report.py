@@ -16,10 +16,6 @@ import sys
 
 from .common import UsageError, err
 
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from ..auditlog import Report
-
 EX_UNREADABLE = 2
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
@@ -31,7 +27,8 @@ def configure_parser(sub: argparse._SubParsersAction, name: str, help_text: str)
                "relative to now: 90m, 12h, 7d, 2w. Exit codes: 0 done, 2 a file could "
                "not be read at all, 64 usage error.")
     parser.add_argument("audit", nargs="*", metavar="AUDIT",
-                        help="audit log files: the live one, rotated and .gz copies")
+                        help="audit log files: the live one, rotated and .gz copies "
+                             "(default: plugstack.conf's audit= FILE and FILE* next to it)")
     parser.add_argument("--since", metavar="TIME", help="only decisions at or after TIME")
     parser.add_argument("--until", metavar="TIME", help="only decisions before TIME")
     parser.add_argument("--partition", action="append", default=[], metavar="P",
@@ -65,6 +62,24 @@ def parse_when(text: str, now: float) -> float:
     return when.timestamp()
 
 
+def _plugstack_logs() -> list[str]:
+    """No AUDIT given: the log plugstack.conf's ``audit=`` names (the one
+    audit setting) and its rotated copies next to it (``audit.log*``)."""
+    import glob
+
+    from .. import plugstack
+
+    main = plugstack.locate(plugstack.slurm_conf_path())
+    logs = [e.audit for e in plugstack.read(main).lines if e.audit]
+    if not logs:
+        raise UsageError(f"no AUDIT file given, and {main} names no audit= for the plugin "
+                         "(e.g. grace-policy report /var/log/grace-policy/audit.log*)")
+    out: list[str] = []
+    for log in dict.fromkeys(logs):
+        out.extend(p for p in sorted(glob.glob(glob.escape(log) + "*")) if p not in out)
+    return out or list(dict.fromkeys(logs))
+
+
 def _uids(users: list[str]) -> frozenset[int]:
     import pwd
 
@@ -95,10 +110,7 @@ def execute(args: argparse.Namespace, rest: list[str] | None) -> int:
 
     from .. import auditlog
 
-    files = list(args.audit) + list(rest or [])
-    if not files:
-        raise UsageError("no AUDIT file given (e.g. grace-policy report "
-                         "/var/log/grace-policy/audit.log*)")
+    files = list(args.audit) + list(rest or []) or _plugstack_logs()
     if args.top < 1:
         raise UsageError("--top must be at least 1")
     now = time.time()
@@ -267,7 +279,3 @@ def human(data: dict) -> list[str]:
                        f"reject {u['reject']}")
     return out
 
-
-def summary_for(report: Report) -> list[str]:
-    """For tests and other commands: the human lines of a report."""
-    return human(report.to_json())

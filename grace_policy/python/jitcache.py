@@ -19,12 +19,11 @@ The caches and how their owners find them (read in their sources):
 
 HOME and the rest come from the step's environment. Only names that look like
 shared objects (``*.so``, ``*.so.N``) are opened, and only their first bytes
-(class and machine); directories are entered when their name has no dot (hash
-and version directories of these caches) — so a cache of thousands of files
-costs a listing per directory and a small read per shared object, bounded by
-``max_entries`` per cache. Those reads are charged to the budget's bytes and
-deadline but not to its file count: a big cache must not turn a step into
-check-limit for a warning.
+(class and machine); directories are told from the listing's entry types — so
+a cache of thousands of files costs a listing per directory and a small read
+per shared object, bounded by ``max_entries`` per cache. Those reads are
+charged to the budget's bytes and deadline but not to its file count: a big
+cache must not turn a step into check-limit for a warning.
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ import stat as _stat
 from .. import fsprobe
 from ..elf import ElfError, machine_name, read_head
 from ..findings import Issue
-from .nodepath import host_path, listdir
+from .nodepath import host_path, scandir
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -158,23 +157,29 @@ def scan_cache(root: str, node: NodeProfile, budget: Budget, *,
             continue
         seen.add((st.st_dev, st.st_ino))
         try:
-            names = sorted(listdir(host))
+            listed = sorted(scandir(host), key=lambda e: e.name)
         except (OSError, ValueError):
             continue
         subdirs = []
-        for name in names:
+        for entry in listed:
             entries += 1
             if entries > max_entries:
                 return found, True
             budget.tick()
-            if not isinstance(name, str) or name.startswith("."):
+            name = entry.name
+            if name.startswith("."):
                 continue
             path = f"{directory}/{name}"
             if _looks_shared(name):
                 machine = _foreign_machine(host_path(path, node), node, budget)
                 if machine is not None:
                     found.append((path, machine))
-            elif "." not in name and depth < MAX_DEPTH:
+                continue
+            try:
+                is_dir = entry.is_dir()  # free from the listing, except for links
+            except OSError:
+                is_dir = False  # a link loop or an unreadable target
+            if is_dir and depth < MAX_DEPTH:
                 subdirs.append((path, depth + 1))
         stack.extend(reversed(subdirs))
     return found, False

@@ -14,6 +14,8 @@ from .. import fsprobe
 
 #: Programs whose steps usually start Python from the environment they inherit.
 SHELLS = frozenset({"bash", "sh", "dash", "zsh", "ksh", "mksh", "tcsh", "csh", "fish"})
+#: Launchers that run a project's environment (``uv run ...``).
+LAUNCHERS = frozenset({"uv"})
 
 
 def _pythonish(name: str) -> bool:
@@ -22,7 +24,7 @@ def _pythonish(name: str) -> bool:
 
 def may_run_python(path: str) -> bool:
     name = os.path.basename(path)
-    if _pythonish(name) or name in SHELLS:
+    if _pythonish(name) or name in SHELLS or name in LAUNCHERS:
         return True
     real = os.path.basename(fsprobe.realpath(path))
-    return real != name and (_pythonish(real) or real in SHELLS)
+    return real != name and (_pythonish(real) or real in SHELLS or real in LAUNCHERS)

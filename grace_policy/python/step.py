@@ -32,7 +32,7 @@ from .contents import Loadables, classify, record_files
 from .dists import Dist
 from .finder import Located
 from .judge import Judge
-from .names import SHELLS
+from .names import LAUNCHERS, SHELLS
 from .nodepath import listdir
 from .sitepath import SysPath
 
@@ -102,17 +102,27 @@ def python_issues(exe: str, info: ElfInfo, process: Process, hops: Sequence[Hop]
 
     interp = identify(exe, info, node, budget)
     if interp is None:
-        if os.path.basename(exe) in SHELLS:
+        name = os.path.basename(exe)
+        if name in SHELLS:
             return shell_env_issues(env, cwd, node, budget, causes, cuda_index=cuda_index)
+        if name in LAUNCHERS and argv[1:2] == ["run"]:
+            venv = uv_project_env(env, cwd, budget)
+            return shell_env_issues(env, cwd, node, budget, causes, cuda_index=cuda_index,
+                                    first=(f"{venv}/bin/python",) if venv else ())
         return []
     args = interpreter_args(hops, argv)
     _note_inputs(argv[1:] if len(hops) < 2 else args, env)
-    flags, command = parse_python_argv(args)
+    flags, command = parse_python_argv(args, interp.version)
     if command.kind == "none":
         return []
     from .sitepath import sys_path
 
     paths = sys_path(interp, flags, command, env, cwd, node, budget)
+    if paths.startup_error:
+        # CPython stops before it runs anything (a .pth that is not UTF-8,
+        # a PYTHONHOME without a standard library).
+        return [Issue("py-startup-error", exe, paths.startup_error, causes=causes(exe),
+                      facts=(("detail", paths.startup_error),))]
     from .usage import command_imports
 
     used_names = command_imports(command.kind, command.value, cwd=cwd, node=node,
@@ -121,21 +131,46 @@ def python_issues(exe: str, info: ElfInfo, process: Process, hops: Sequence[Hop]
                        cuda_index=cuda_index).issues(used_names)
 
 
+def uv_project_env(env: Mapping[str, str], cwd: str, budget: Budget) -> str | None:
+    """The environment ``uv run`` uses: ``UV_PROJECT_ENVIRONMENT``, else
+    ``.venv`` of the project (the nearest directory up from the cwd with a
+    ``pyproject.toml``)."""
+    directory = cwd
+    for _ in range(64):
+        budget.tick()
+        if fsprobe.isfile(f"{directory.rstrip('/')}/pyproject.toml"):
+            chosen = env.get("UV_PROJECT_ENVIRONMENT")
+            fsprobe.note_env("UV_PROJECT_ENVIRONMENT", chosen)
+            if chosen:
+                return chosen if chosen.startswith("/") else os.path.join(directory, chosen)
+            return f"{directory.rstrip('/')}/.venv"
+        parent = os.path.dirname(directory)
+        if parent == directory:
+            return None
+        directory = parent
+    return None
+
+
 def shell_env_issues(env: Mapping[str, str], cwd: str, node: NodeProfile, budget: Budget,
-                     causes: Causes, *, cuda_index: str | None = None) -> list[Issue]:
+                     causes: Causes, *, cuda_index: str | None = None,
+                     first: Sequence[str] = ()) -> list[Issue]:
     """A shell step (``bash job.sh``) that keeps a user environment active (a
     native ``VIRTUAL_ENV``/``CONDA_PREFIX``, or the first ``python3`` of its
     PATH in a user environment) will most likely run that Python: its
     environment is judged, and everything found is a warning, since which
-    modules the script's python imports is not known."""
+    modules the script's python imports is not known. ``first``: the
+    interpreter a launcher names (``uv run``: the project's ``.venv``); uv
+    syncs the environment from its lock before it runs, so what is found
+    there is a warning too."""
     from ..elf import ElfError, read_elf
     from ..launch import which
     from ..node import node_owns
     from .interp import PyCommand, PyFlags, identify
     from .sitepath import sys_path
 
-    candidates = [f"{env[v].rstrip('/')}/bin/python" for v in ("VIRTUAL_ENV", "CONDA_PREFIX")
-                  if env.get(v, "").startswith("/")]
+    candidates = [*first]
+    candidates += [f"{env[v].rstrip('/')}/bin/python" for v in ("VIRTUAL_ENV", "CONDA_PREFIX")
+                   if env.get(v, "").startswith("/")]
     first = which("python3", env.get("PATH"), cwd, budget)
     if first is not None and not node_owns(first):
         candidates.append(first)
@@ -357,10 +392,11 @@ class Environment:
     def _tree(self, pkg_dir: str, top: str) -> list[Issue]:
         """A package directory no RECORD describes, walked."""
         from .contents import is_library
+        from .finder import DATA_DIRS
         from .finder import package_extensions
 
         modules, foreign = package_extensions(pkg_dir, self.suffixes, self.budget,
-                                              node=self.node)
+                                              node=self.node, skip_dirs=DATA_DIRS)
         libraries = tuple(p for _m, p in modules if is_library(os.path.basename(p)))
         return self._loadables(Loadables(
             tuple((m, p) for m, p in modules if p not in libraries), libraries,

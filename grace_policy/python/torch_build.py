@@ -26,7 +26,7 @@ from ..findings import Issue
 from .dists import requirement_name
 from .gpus import step_gpus
 from .markers import evaluate, node_environment
-from .nodepath import host_path, read_small
+from .nodepath import host_path, read_small, read_until
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -156,8 +156,9 @@ def torch_build(torch_dir: str, dist_meta_dir: str | None, budget: Budget, *,
         return TorchBuild(torch_dir, version, "unknown", "torch/lib/libtorch_cuda.so")
     meta = None
     if dist_meta_dir:
-        meta = read_small(host_path(dist_meta_dir.rstrip("/") + "/METADATA", node),
-                          METADATA_LIMIT, budget)
+        # Headers end at the first blank line; the README after it is not read.
+        meta = read_until(host_path(dist_meta_dir.rstrip("/") + "/METADATA", node),
+                          METADATA_LIMIT, budget, b"\n\n")
     if meta is not None:
         meta_version, reqs = parse_metadata(meta)
         version = version or meta_version

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.metadata as md
 import os
 import sys
+import sysconfig
 from pathlib import Path
 
 import pytest
@@ -26,10 +27,24 @@ ARM = NodeProfile(machine="aarch64", page_size=65536, glibc=(2, 36))
 X86 = NodeProfile(machine="x86_64", page_size=4096, glibc=(2, 36))
 HOST = sys.version_info[:2]
 
-REAL_SITES = [p for p in (
-    os.path.join(sys.prefix, "lib", f"python{HOST[0]}.{HOST[1]}", "site-packages"),
-    "/usr/lib/python3/dist-packages",
-) if os.path.isdir(p)]
+def _real_sites() -> list[str]:
+    """This machine's site dirs that hold enough distributions to compare
+    (on a fresh CI machine: where pip put the test dependencies, and
+    Debian's dist-packages)."""
+    candidates = [
+        os.path.join(sys.prefix, "lib", f"python{HOST[0]}.{HOST[1]}", "site-packages"),
+        sysconfig.get_paths()["purelib"],
+        "/usr/lib/python3/dist-packages",
+    ]
+    out: list[str] = []
+    for path in dict.fromkeys(os.path.realpath(c) for c in candidates):
+        if os.path.isdir(path) and sum(
+                n.endswith((".dist-info", ".egg-info")) for n in os.listdir(path)) >= 6:
+            out.append(path)
+    return out
+
+
+REAL_SITES = _real_sites()
 
 
 def budget() -> Budget:

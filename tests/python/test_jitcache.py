@@ -148,8 +148,9 @@ def test_hostile_trees_never_raise_or_loop(tmp_path: Path, elf_builder: ElfBuild
     (cache / os.fsdecode(b"bad\xffname.so")).write_bytes(b"")
     so(elf_builder, cache / "a" / "b" / "deep" / "x.so", "x86_64")
     (cache / "notadir").write_text("")
+    so(elf_builder, cache / "py3.11_cu130" / "op" / "op.so", "x86_64")  # a dotted directory
     found = jit_cache_issues({"TRITON_CACHE_DIR": str(cache)}, GRACE, Budget())
-    assert [i.fact("files") for i in found] == ["a/b/deep/x.so"]
+    assert [i.fact("files") for i in found] == ["a/b/deep/x.so, py3.11_cu130/op/op.so"]
     assert jit_cache_issues({"TRITON_CACHE_DIR": str(cache / "notadir")}, GRACE, Budget()) == []
 
 

@@ -331,3 +331,35 @@ def test_torchcodec_without_ffmpeg_and_a_foreign_jit_cache(elf_builder: ElfBuild
                       env={"TRITON_CACHE_DIR": str(tmp_path / "triton-cache")})
     (finding,) = [f for f in verdict.findings if f.rule == "jit-cache-foreign"]
     assert finding.severity == "warning"
+
+
+def test_uv_run_judges_the_project_environment_as_warnings(grace_venv: Path,
+                                                           elf_builder: ElfBuilder,
+                                                           tmp_path: Path) -> None:
+    # uv run python train.py: uv (a Rust binary) runs the project's .venv.
+    project = tmp_path / "proj"
+    (project / "src").mkdir(parents=True)
+    (project / "pyproject.toml").write_text("[project]\nname = 'p'\n")
+    (project / ".venv").symlink_to(grace_venv.parent.parent)
+    site = envs.site_packages(grace_venv.parent.parent)
+    envs.pip_install(_ext_wheel(elf_builder, tmp_path, "fastthing", "x86_64",
+                                "_core.abi3.so"), site)
+    uv = elf_builder.compile("int main(void) { return 0; }\n", "bin/uv", arch="aarch64",
+                             page_size=65536)
+    verdict = _decide([uv, "run", "python", "train.py"], project / "src")
+    assert verdict.action == "warn", verdict.findings
+    assert [f.rule for f in verdict.findings] == ["py-dist-broken"]
+    # Outside a project, or another uv command: nothing to judge.
+    assert _decide([uv, "run", "python", "x.py"], tmp_path).action == "allow"
+    assert _decide([uv, "pip", "list"], project).action == "allow"
+
+
+def test_a_pth_file_that_stops_python_before_it_runs(grace_venv: Path, tmp_path: Path) -> None:
+    # CPython 3.7-3.13 abort at start-up on a .pth that is not UTF-8
+    # (held to the real interpreters in test_sitepath.py).
+    site = envs.site_packages(grace_venv.parent.parent)
+    (site / "broken.pth").write_bytes(b"/opt/\xff\xfe\n")
+    verdict = _decide([grace_venv, "-c", "pass"], tmp_path)
+    assert verdict.action == "reject"
+    (finding,) = verdict.findings
+    assert finding.rule == "py-startup-error" and "Fatal Python error" in finding.predicted_error

@@ -298,3 +298,13 @@ def test_parsers_never_raise_on_any_bytes() -> None:
             _marker_applies(marker, GRACE)
 
     check()
+
+
+def test_metadata_is_read_up_to_its_headers(tmp_path: Path) -> None:
+    body = "x" * 60_000
+    torch_dir, meta = install_torch(tmp_path, version_py=None, libs=(), metadata=(
+        "Metadata-Version: 2.1\nName: torch\nVersion: 2.13.0+cpu\n\n" + body))
+    budget = Budget()
+    build = torch_build(str(torch_dir), str(meta), budget, node=GRACE)
+    assert build is not None and build.cuda is None
+    assert budget.bytes_read <= 8192

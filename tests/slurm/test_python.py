@@ -55,10 +55,6 @@ def pyenv(slurm: SlurmEnv) -> Iterator[Path]:
         "brokenpkg/_core.abi3.so": foreign}), site)
     envs.pip_install(envs.build_wheel(work, "cleanpkg", "1.0", {
         "cleanpkg/__init__.py": b"VALUE = 1\n"}), site)
-    # A CPU-only torch, from the real CPU wheel's files (python/torch_layouts.py).
-    from python import torch_layouts
-
-    torch_layouts.copy_tree(torch_layouts.cpu_files(), site)
     subprocess.run(["chmod", "-R", "a+rX", str(root)], check=True)
     yield root / "venv" / "bin" / "python"
     slurm.use("base")
@@ -107,17 +103,6 @@ def test_warn_partition_lets_the_broken_import_run(grace: SlurmEnv, pyenv: Path)
     assert out.exists(), "warn mode must let the step start"
     assert f"{PREFIX}ERROR py-ext-arch:" in res.stderr  # and the import then fails
     assert records[0]["action"] == "warn"
-
-
-def test_cpu_only_torch_on_a_gpu_step_is_warned(grace: SlurmEnv, pyenv: Path) -> None:
-    res, out, records = _step(grace, pyenv, "import torch", marker="py-torch-gpu.out",
-                              srun_args=("--gpus=1",))
-    assert res.returncode == 0 and out.exists(), res.stderr
-    assert f"{PREFIX}WARNING torch-cpu-only:" in res.stderr
-    assert records[0]["action"] == "warn"
-    # The same step without GPUs: a CPU build is what it needs.
-    res, out, records = _step(grace, pyenv, "import torch", marker="py-torch-cpu.out")
-    assert out.exists() and "torch-cpu-only" not in res.stderr
 
 
 def test_clean_python_step_is_cached_and_a_new_package_is_a_miss(slurm: SlurmEnv, tmp_path: Path

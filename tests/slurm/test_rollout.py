@@ -277,6 +277,15 @@ def test_config_check_says_what_the_plugin_will_do(slurm: SlurmEnv) -> None:
         assert res.returncode == 0, res.stderr
         [rec] = _records(log)
         assert rec["uid"] == 65534
+        # report without files reads the log plugstack.conf names, and its
+        # rotated copies (none of another name).
+        log.with_name("audit.log.1").write_text("")
+        log.with_name("other.log").write_text("{}\n")
+        done = _cli(slurm, "report", "--json", extra_env=conf_env)
+        assert done.returncode == 0, done.stderr
+        data = json.loads(done.stdout)
+        assert [f["path"] for f in data["files"]] == [str(log), str(log) + ".1"]
+        assert data["steps"] == 1
         check = _cli(slurm, "config", "check", str(cfg), extra_env=conf_env)
         st = log.stat()
         assert st.st_uid == 0 and st.st_mode & 0o022 == 0

@@ -78,7 +78,9 @@ def page_issues(path: str, info: ElfInfo, node: NodeProfile, *, mapped_by_kernel
     clobbered: set[tuple[LoadSegment, LoadSegment]] = set()
     if not any(i.rule in ("page-align", "page-congruence") for i in issues):
         # Only a file that loads at all can have its .bss overwritten.
-        for a, b, hit in bss_clobbers(path, info, page, budget):
+        # info.path is where the file was read (a node image's copy), path
+        # the node's name for it.
+        for a, b, hit in bss_clobbers(info.path or path, info, page, budget):
             clobbered.add((a, b))
             issues.append(Issue(
                 "page-bss-clobber", path,

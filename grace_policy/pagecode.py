@@ -447,7 +447,8 @@ def compiled_page_issues(path: str, info: ElfInfo, node: NodeProfile,
             or info.data != ELFDATA2LSB or node.machine != "aarch64"
             or is_system_path(path)):
         return []
-    compiled = read_compiled_page(path, budget)
+    # Read where the ELF facts were read (a node image's copy of ``path``).
+    compiled = read_compiled_page(info.path or path, budget)
     if not compiled or compiled >= page:
         return []
     package = _package(path)
@@ -460,10 +461,11 @@ def compiled_page_issues(path: str, info: ElfInfo, node: NodeProfile,
                "(it works on 4 KiB and 64 KiB pages), or ask its provider for one.")
     return [Issue(
         "page-size-compiled", path,
-        f"{path}: <jemalloc>: Unsupported system page size (its jemalloc was built for "
-        f"{compiled // 1024} KiB pages, this node has {page // 1024} KiB): every memory "
-        "allocation through it fails, and the program or Python import usually aborts "
-        "at once",
+        f"{path}: its jemalloc was built for {compiled // 1024} KiB pages and refuses "
+        f"this node's {page // 1024} KiB pages at start-up ('<jemalloc>: Unsupported "
+        "system page size', unless the program silences it): every allocation through "
+        "it then fails, and the program or the Python import aborts (polars) or fails "
+        "with an out-of-memory error (duckdb, whose interpreter then hangs at exit)",
         facts=(("page_size", str(page)), ("page_kib", str(page // 1024)),
                ("file_arch", info.machine_name), ("allocator", "jemalloc"),
                ("compiled_page_kib", str(compiled // 1024)), ("fix_hint", fix),

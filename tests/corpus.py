@@ -240,21 +240,26 @@ class PinnedWheel:
     requirement: str
     sha256: str
     python: str
+    #: Paths in the wheel; one ending in "/" stands for everything under it.
     members: tuple[str, ...]
 
     @property
     def name(self) -> str:
-        return self.requirement.replace("==", "-").lower()
+        """Cache name; the member list is part of it, so two selections of
+        one wheel (older checkouts unpack fewer members) never rebuild each
+        other's tree."""
+        digest = hashlib.sha256("\0".join(self.members).encode()).hexdigest()[:8]
+        return f"{self.requirement.replace('==', '-').lower()}-{digest}"
 
 
 #: Wheels with an embedded jemalloc built for small pages (issue 11), and one
 #: whose auditwheel/patchelf repair overwrote .bss on 64 KiB pages.
 POLARS_4K = PinnedWheel(  # the smallest aarch64 polars wheel before the fix (0.20.21)
     "polars==0.14.8", "22ad73753a766455b47353f6da42c2d12350538f92848205b3a93e2109204006",
-    "3.11", ("polars/polars.abi3.so",))
+    "3.11", ("polars/",))
 DUCKDB_16K = PinnedWheel(
     "duckdb==0.9.2", "b14d98d26bab139114f62ade81350a5342f60a168d94b27ed2c706838f949eda",
-    "3.11", ("duckdb/duckdb.cpython-311-aarch64-linux-gnu.so",))
+    "3.11", ("duckdb/",))
 PYARROW_4K = PinnedWheel(
     "pyarrow==5.0.0", "1d9485741e497ccc516cb0a0c8f56e22be55aea815be185c3f9a681323b0e614",
     "3.9", ("pyarrow/libarrow.so.500", "pyarrow/libparquet.so.500"))
@@ -281,8 +286,12 @@ def fetch_pinned_wheel(wheel: PinnedWheel) -> Path:
             raise CorpusUnavailable(f"pip download gave {len(wheels)} wheels for {wheel}")
         unpack = work / "root"
         with zipfile.ZipFile(wheels[0]) as zf:
+            names = zf.namelist()
             for member in wheel.members:
-                zf.extract(member, unpack / "site-packages")
+                wanted = [n for n in names if n.startswith(member)] if member.endswith("/") \
+                    else [member]
+                for name in wanted:
+                    zf.extract(name, unpack / "site-packages")
         return unpack
 
     return _cached_tree(f"wheel-{wheel.name}", {"requirement": wheel.requirement,
@@ -354,6 +363,14 @@ def build_jemalloc(lg_page: int) -> Path:
                                                   "configure": list(args)}, build)
 
 
+#: Debian 12's aarch64 CPython and what ``import polars``/``import duckdb``
+#: need of it, to import real wheels under qemu-aarch64 with a chosen page.
+DEBIAN_ARM64_PYTHON: tuple[str, ...] = (
+    "libc6", "libgcc-s1", "libstdc++6", "python3.11-minimal", "libpython3.11-minimal",
+    "libpython3.11-stdlib", "libexpat1", "zlib1g", "libffi8", "libbz2-1.0", "liblzma5",
+)
+
+
 _failures: dict[str, str] = {}
 
 
@@ -383,6 +400,23 @@ def _corpus_or_skip(kind: str, fetch: Callable[[], Path]) -> Corpus:
 def wheel_or_skip(wheel: PinnedWheel) -> Corpus:
     """The unpacked members of ``wheel`` (skip offline, fail in CI)."""
     return _corpus_or_skip(wheel.name, lambda: fetch_pinned_wheel(wheel))
+
+
+def debian_arm64_python_or_skip() -> Path:
+    """Root of :data:`DEBIAN_ARM64_PYTHON` unpacked (skip offline, fail in CI)."""
+    # Not tests/python/arm64_python.py's "debian-arm64-python": another
+    # package set in the same directory would rebuild it on every switch.
+    kind = "debian-arm64-python-stdlib"
+    if kind in _failures:
+        _give_up(_failures[kind])
+    try:
+        root = fetch_debian_arm64(DEBIAN_ARM64_PYTHON, name=kind)
+    except CorpusUnavailable as exc:
+        _failures[kind] = f"{kind} unavailable (network?): {exc}"
+        _give_up(_failures[kind])
+    if not (root / "usr" / "bin" / "python3.11").is_file():
+        pytest.fail(f"{root} has no usr/bin/python3.11; delete it to refetch")
+    return root
 
 
 def jemalloc_or_skip(lg_page: int) -> Path:

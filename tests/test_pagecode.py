@@ -20,6 +20,7 @@ from corpus import (
     POLARS_4K,
     PYARROW_4K,
     Corpus,
+    debian_arm64_python_or_skip,
     fetch_jemalloc_source,
     jemalloc_or_skip,
     wheel_or_skip,
@@ -27,6 +28,7 @@ from corpus import (
 from fixtures.build import AARCH64_SYSROOT, ElfBuilder, qemu_aarch64, src
 
 from grace_policy import a64, pagecode
+from grace_policy._record import replace
 from grace_policy.budget import Budget
 from grace_policy.check import check_step
 from grace_policy.elf import read_elf
@@ -77,28 +79,39 @@ def _imm(text: str) -> int:
 def objdump_page(path: Path, reading: pagecode.Reading) -> set[int]:
     """objdump's reading of the guard: in a window before each block that
     builds the message's address (checked by objdump's own operands), the
-    constant of every ``cmp xN, #imm, lsl #12`` directly followed by a
-    ``b.hi`` into that block."""
+    constant of every ``cmp xN, #imm, lsl #12`` whose first following branch
+    is a ``b.hi`` into that block or a ``b.ls`` over it."""
     assert reading.message is not None and reading.refs
     pages: set[int] = set()
     for ref in reading.refs:
-        rows = objdump(path, ref - pagecode.WINDOW, ref + 16)
+        rows = objdump(path, max(0, ref - pagecode.WINDOW), ref + 16)
         by_addr = {addr: i for i, (addr, *_rest) in enumerate(rows)}
         i = by_addr[ref]
         _a, _w, mnem, ops = rows[i]
         assert mnem == "adrp", rows[i]
         reg, page = ops.split(", ")
-        _a2, _w2, mnem2, ops2 = rows[i + 1]
-        assert mnem2 == "add", rows[i + 1]
-        _dst, base, lo = ops2.split(", ")
-        assert base == reg and int(page, 16) + _imm(lo) == reading.message
+        # The add that completes the address may come a few instructions later.
+        adds = [r for r in rows[i + 1:i + 5] if r[2] == "add" and r[3].split(", ")[1] == reg]
+        assert adds, rows[i:i + 5]
+        _dst, _base, lo = adds[0][3].split(", ")
+        assert int(page, 16) + _imm(lo) == reading.message
+
+        def falls_into_ref(start: int, rows: list = rows, i: int = i) -> bool:  # type: ignore[type-arg]
+            """Execution from row ``start`` reaches ``ref`` without a branch."""
+            return start <= i and not any(m in BLOCK_ENDS or m.startswith("b.")
+                                          for _x, _y, m, _z in rows[start:i])
         for j, (_addr, _word, mnem, ops) in enumerate(rows):
             if not (mnem == "cmp" and ops.startswith("x") and ops.endswith("lsl #12")):
                 continue
-            for _a, _w, later, target in rows[j + 1:j + 4]:
+            for k, (_a, _w, later, target) in enumerate(rows[j + 1:j + 4], start=j + 1):
                 # The first flag user after the compare, with nothing in
-                # between that objdump names as setting flags or branching.
-                if later == "b.hi" and int(target, 16) == ref:
+                # between that objdump names as setting flags or branching:
+                # either b.hi into the block, or b.ls over it when the block
+                # is the fall-through path (no branch between b.ls and it).
+                if later == "b.hi" and int(target, 16) in by_addr \
+                        and falls_into_ref(by_addr[int(target, 16)]):
+                    pages.add(_imm(ops.split(", ")[1]) << 12)
+                if later == "b.ls" and int(target, 16) > ref and falls_into_ref(k + 1):
                     pages.add(_imm(ops.split(", ")[1]) << 12)
                 if later in FLAG_SETTERS or later in BLOCK_ENDS or later.startswith("b."):
                     break
@@ -315,6 +328,57 @@ def test_check_step_reports_the_embedded_jemalloc(jemalloc_programs: dict[int, P
     assert "page-size-compiled" not in [i.rule for i in same.issues]
 
 
+IMPORT_PROBE = """\
+import os, sys
+sys.path.insert(0, {site!r})
+try:
+    {statement}
+except BaseException as exc:
+    print("FAILED", type(exc).__name__, exc, flush=True)
+    os._exit(7)
+print("IMPORTED", flush=True)
+os._exit(0)
+"""
+
+
+@pytest.mark.network
+@pytest.mark.qemu
+@pytest.mark.parametrize(("wheel", "member", "statement"), [
+    (POLARS_4K, "polars/polars.abi3.so", "import polars; polars.DataFrame({'a': [1]})"),
+    (DUCKDB_16K, "duckdb/duckdb.cpython-311-aarch64-linux-gnu.so",
+     "import duckdb; duckdb.sql('select 42').fetchall()"),
+], ids=["polars-0.14.8", "duckdb-0.9.2"])
+def test_real_imports_fail_exactly_where_the_rule_says(wheel, member: str,  # type: ignore[no-untyped-def]
+                                                       statement: str) -> None:
+    """Debian 12's aarch64 CPython imports the real wheel under qemu-aarch64
+    with a 4, 16 and 64 KiB page: the import fails exactly on the page sizes
+    for which the rule reports the extension module. (os._exit after the
+    probe: duckdb's failed import otherwise hangs at interpreter exit under
+    qemu.)"""
+    root = debian_arm64_python_or_skip()
+    qemu = qemu_aarch64()
+    if qemu is None:
+        pytest.skip("qemu-aarch64 not installed (apt-get install qemu-user)")
+    site = wheel_or_skip(wheel).root / "site-packages"
+    module = site / member
+    info = read_elf(str(module))
+    code = IMPORT_PROBE.format(site=str(site), statement=statement)
+    for page in (K4, K16, K64):
+        run = subprocess.run([qemu, "-p", str(page), "-L", str(root),
+                              str(root / "usr" / "bin" / "python3.11"), "-I", "-c", code],
+                             capture_output=True, text=True, timeout=600, check=False)
+        imported = run.returncode == 0 and run.stdout.strip() == "IMPORTED"
+        issues = pagecode.compiled_page_issues(str(module), info, grace(page), Budget())
+        assert imported != bool(issues), (page, run.returncode, run.stdout, run.stderr[-500:])
+        if not imported and wheel is POLARS_4K:
+            # polars: jemalloc's message (twice), Rust's allocation failure, SIGABRT.
+            assert run.stderr.count("<jemalloc>: Unsupported system page size") >= 1
+            assert run.returncode in (134, -6), run.returncode
+        if not imported and wheel is DUCKDB_16K:
+            # duckdb keeps jemalloc quiet; its own error says what failed.
+            assert "Out of Memory Error" in run.stdout, run.stdout
+
+
 # --------------------------------------------------------------------------
 # Cost: budget share, cache by identity, silence when unsure
 # --------------------------------------------------------------------------
@@ -359,6 +423,33 @@ def test_unsure_and_foreign_files_are_silent(elf_builder: ElfBuilder, tmp_path: 
     assert pagecode.compiled_page_issues(str(info_exe), info, grace()) == []
     assert pagecode.read_compiled_page(str(junk)) is None
     assert pagecode.read_compiled_page(str(tmp_path / "missing")) is None
+
+
+INLINE_GUARD = r"""
+#include <stdio.h>
+#include <unistd.h>
+int main(void) {
+    if ((unsigned long)sysconf(_SC_PAGESIZE) > 16384UL) {
+        fputs("<jemalloc>: Unsupported system page size\n", stderr);
+        return 1;
+    }
+    return 0;
+}
+"""
+
+
+@pytest.mark.cross
+@pytest.mark.parametrize("opt", ["-O0", "-O1", "-O2", "-Os"])
+def test_both_block_layouts_of_the_guard(elf_builder: ElfBuilder, have_cross: str,
+                                         opt: str) -> None:
+    """jemalloc's check reduced to its shape: gcc lays the message block out
+    of line behind a b.hi (-O1, -O2) or inline behind a b.ls that skips it
+    (-O0, -Os). Both read as 16 KiB, as objdump reads them."""
+    exe = elf_builder.compile(INLINE_GUARD, f"bin/guard{opt}", arch="aarch64",
+                              extra_flags=(opt,))
+    reading = pagecode.inspect_file(str(exe))
+    assert reading.page == K16
+    assert objdump_page(exe, reading) == {K16}
 
 
 @pytest.mark.cross
@@ -421,7 +512,9 @@ def test_truncated_and_damaged_copies_never_raise(tmp_path: Path) -> None:
         path = tmp_path / f"cut{i}.so"
         path.write_bytes(whole[:cut])
         assert pagecode.read_compiled_page(str(path), Budget()) in (None, 0)
-        assert pagecode.compiled_page_issues(str(path), info, grace(), Budget()) == []
+        # The headers as read from the whole file, the bytes from the cut copy.
+        cut_info = replace(info, path=str(path))
+        assert pagecode.compiled_page_issues(str(path), cut_info, grace(), Budget()) == []
     # Section header fields pointing anywhere: no exception, no reading.
     for i, (field, value) in enumerate(((0x28, len(whole) - 8), (0x3C, 0xFFFF), (0x3E, 0xFFF0))):
         data = bytearray(whole)
@@ -430,3 +523,37 @@ def test_truncated_and_damaged_copies_never_raise(tmp_path: Path) -> None:
         path = tmp_path / f"bad{i}.so"
         path.write_bytes(bytes(data))
         assert pagecode.read_compiled_page(str(path), Budget()) in (None, 0, K4)
+
+
+@pytest.mark.network
+@pytest.mark.cross
+def test_a_clean_verdict_records_the_identity_of_what_the_rule_read(
+        jemalloc_programs: dict[int, Path], tmp_path: Path) -> None:
+    """The plugin replays a clean verdict only while every file it read has
+    the same identity (fsprobe): the file the code scan read is among them,
+    so a cached verdict never outlives a rebuilt program."""
+    from grace_policy import fsprobe
+
+    exe = tmp_path / "app"
+    shutil.copy(jemalloc_programs[K64], exe)
+    os.chmod(exe, 0o755)
+    pagecode._known.clear()
+    fsprobe.start()
+    try:
+        budget = Budget()
+        report = check_step([str(exe)], {"PATH": "/usr/bin"}, str(tmp_path), grace(), budget=budget)
+    finally:
+        probes = fsprobe.stop()
+    assert report.issues == () and report.limit is None
+    from elftools.elf.elffile import ELFFile
+
+    with open(exe, "rb") as fh:
+        text = ELFFile(fh).get_section_by_name(".text")["sh_size"]
+    assert budget.bytes_read > text  # the code scan did read it
+    answers = {answer for op, path, answer in probes if path == str(exe) and op == "s"}
+    assert answers == {fsprobe.signature(exe.stat())}
+    assert fsprobe.still_true(probes)
+    with open(exe, "r+b") as fh:  # a rebuilt program: the recorded answer no longer holds
+        fh.seek(0, 2)
+        fh.write(b"\0")
+    assert not fsprobe.still_true(probes)

@@ -53,3 +53,6 @@ bench: plugin
 
 # plugin, install, demo: the SPANK plugin (owned with spank/ and tests/slurm/).
 include packaging/plugin.mk
+
+# deb, rpm: packages pinned to the Slurm release they are built against (issue 9).
+include packaging/packages.mk

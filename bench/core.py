@@ -58,34 +58,37 @@ def read_elf_rate(files: list[str], rounds: int = 5) -> tuple[float, int]:
     return statistics.median(rates), errors
 
 
-def _check(exe: str) -> object:
+def _check(exe: str, *args: str) -> object:
     from grace_policy.budget import Budget
     from grace_policy.check import check_step
     from grace_policy.node import detect
 
-    env = {"PATH": "/usr/bin:/bin"}
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent"}
     budget = Budget(deadline_ms=60_000, max_files=100_000, max_bytes=1 << 34)
-    return check_step([exe], env, "/", detect(), budget=budget)
+    return check_step([exe, *args], env, "/", detect(), budget=budget)
 
 
-def check_times(exe: str, runs: int = 15) -> tuple[float, float, int]:
+def check_times(exe: str, runs: int = 15, args: tuple[str, ...] = ()
+                ) -> tuple[float, float, int]:
     """(first call in a fresh interpreter ms (imports done before the clock
     starts: they are the importtime figure's), median of ``runs`` in-process ms,
-    objects in the tree)."""
+    objects in the tree). ``args``: the step's arguments after ``exe``."""
     exe = os.path.abspath(exe)
     code = ("import sys, time; sys.path.insert(0, sys.argv[1]);"
             "from bench.core import _check; import grace_policy.check, grace_policy.node;"
-            "t0 = time.perf_counter(); r = _check(sys.argv[2]);"
-            "print((time.perf_counter() - t0) * 1000, len(r.tree.objects), len(r.issues))")
-    res = subprocess.run([PY, "-I", "-S", "-c", code, str(REPO), exe], check=True,
+            "t0 = time.perf_counter(); r = _check(*sys.argv[2:]);"
+            "print((time.perf_counter() - t0) * 1000, len(r.tree.objects), len(r.issues),"
+            " r.limit is not None)")
+    res = subprocess.run([PY, "-I", "-S", "-c", code, str(REPO), exe, *args], check=True,
                          capture_output=True, text=True)
-    first, _n, issues = res.stdout.split()
-    if int(issues):
-        raise RuntimeError(f"{exe}: the bench fixture is not clean ({issues} issues)")
+    first, _n, issues, limited = res.stdout.split()
+    if int(issues) or limited == "True":
+        raise RuntimeError(f"{exe}: the bench fixture is not clean ({issues} issues, "
+                           f"stopped early: {limited})")
     times, report = [], None
     for _ in range(runs):
         t0 = time.perf_counter()
-        report = _check(exe)
+        report = _check(exe, *args)
         times.append((time.perf_counter() - t0) * 1000)
     return float(first), statistics.median(times), len(report.tree.objects)  # type: ignore[union-attr]
 

@@ -45,6 +45,9 @@ FIELDS = (
     "elapsed_ms",
     "error",
     "skipped",
+    "program",
+    "enforce_action",
+    "exempt",
 )
 EVENT = "decision"
 
@@ -62,9 +65,15 @@ def record_fields(
     uid: int | None = None,
     node: str | None = None,
     elapsed_ms: float | None = None,
+    program: str | None = None,
 ) -> dict[str, Any]:
     """The fields of one decision line (all of :data:`FIELDS`). Env changes are
-    logged by name only: values may hold secrets."""
+    logged by name only: values may hold secrets.
+
+    ``program``: the step's argv[0] as given. ``enforce_action``: what mode
+    enforce would have done with the same findings (for a warn partition,
+    what rolling enforce out there would refuse; None when nothing was
+    judged). ``exempt``: findings an exemption released, with its reason."""
     if node is None:
         node = os.uname().nodename
     if uid is None:
@@ -85,7 +94,22 @@ def record_fields(
         "elapsed_ms": None if elapsed_ms is None else round(float(elapsed_ms), 3),
         "error": verdict.error,
         "skipped": verdict.skipped,
+        "program": program,
+        "enforce_action": enforce_action(verdict),
+        "exempt": [e.to_json() for e in verdict.exempted],
     }
+
+
+def enforce_action(verdict: Verdict) -> str | None:
+    """The action mode ``enforce`` would have taken on this verdict's findings
+    (the same severities, after exemptions); None when no check ran."""
+    if verdict.mode == "off" or verdict.skipped == "mode off":
+        return None
+    if verdict.action == "reject" or any(f.severity == "error" for f in verdict.findings):
+        return "reject"
+    if verdict.action == "warn":
+        return "warn"
+    return "allow"
 
 
 def iso_utc(now: float | None = None) -> str:
@@ -165,6 +189,7 @@ def write_decision(
     elapsed_ms: float | None = None,
     mode: int = 0o640,
     fd: int | None = None,
+    program: str | None = None,
 ) -> str | None:
     """Append one line for ``verdict`` to ``path``.
 
@@ -181,7 +206,8 @@ def write_decision(
     given = fd
     try:
         fields = record_fields(
-            verdict, job_id=job_id, step_id=step_id, uid=uid, node=node, elapsed_ms=elapsed_ms
+            verdict, job_id=job_id, step_id=step_id, uid=uid, node=node, elapsed_ms=elapsed_ms,
+            program=program,
         )
         if fd is None:
             fd = os.open(path, _OPEN_FLAGS, mode)

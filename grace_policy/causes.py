@@ -29,11 +29,17 @@ def path_causes(
     causes: list[str] = []
     if any(_under(path, p) for p in leaked_prefixes):
         causes.append("leaked-env")
+    pythonpath = env.get("PYTHONPATH")
+    if pythonpath and any(_under(path, p) for p in pythonpath.split(":") if p.startswith("/")):
+        causes.append("pythonpath")
     if any(m in path for m in _JIT_MARKERS):
         causes.append("jit-cache")
     if "jemalloc" in os.path.basename(path):
         causes.append("jemalloc")
     if "/site-packages/" in path or "/dist-packages/" in path:
+        if ".libs/" in path:
+            # auditwheel's PKG.libs: a library the wheel carries for itself.
+            causes.append("bundled-lib")
         causes.append("pip-wheel")
     directory = os.path.dirname(path)
     for _ in range(8):

@@ -23,13 +23,18 @@ from .elf import ELFCLASS32, EM_386, ET_DYN, ET_EXEC, ElfError, ElfInfo, read_el
 from .findings import EnvChanges, Issue
 from .launch import Hop, build_path, c_string, follow
 from .layout import page_issues
-from .loader import LoadTree, resolve
-from .node import NodeProfile, is_system_path, node_owns
+from .loader import LoadTree, Process
+from .node import NodeProfile, node_owns
+from .python.names import may_run_python
 
 #: Variables the check itself reads, besides the policy's env-leak names.
 _READ_VARS = ("PATH", "LD_LIBRARY_PATH", "HOME")
 
 Causes = Callable[[str], tuple[str, ...]]
+
+#: Issues of the interpreter that stop the step before it imports anything.
+_BLOCKING = frozenset({"exe-arch-mismatch", "elf-invalid", "interp-missing", "lib-not-found",
+                       "exe-format", "page-congruence"})
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,7 @@ def check_step(
     env_vars: Sequence[str] = envleak.DEFAULT_VARS,
     env_strip: str = "foreign",
     budget: Budget | None = None,
+    cuda_index: str | None = None,
 ) -> StepReport:
     """Check one step. Raises nothing for bad input; a spent budget ends the
     check early with ``StepReport.limit`` set."""
@@ -79,7 +85,7 @@ def check_step(
         changes = leak.changes
         issues.extend(leak.issues)
         _check(argv, leak.changes.apply(env), cwd, node, budget, issues, state,
-               leak.foreign_prefixes)
+               leak.foreign_prefixes, cuda_index)
     except BudgetExceeded as exc:
         return StepReport(tuple(issues), changes, _opt_str(state.get("exe")),
                           tuple(state.get("hops", ())),  # type: ignore[arg-type]
@@ -95,7 +101,7 @@ def _opt_str(value: object) -> str | None:
 
 def _check(argv: Sequence[str], job_env: Mapping[str, str], cwd: str, node: NodeProfile,
            budget: Budget, issues: list[Issue], state: dict[str, object],
-           leaked: tuple[str, ...]) -> None:
+           leaked: tuple[str, ...], cuda_index: str | None = None) -> None:
     def causes(path: str) -> tuple[str, ...]:
         return path_causes(path, job_env, leaked)
 
@@ -122,8 +128,19 @@ def _check(argv: Sequence[str], job_env: Mapping[str, str], cwd: str, node: Node
                               "lib-not-found") for i in issues[before:]):
                 return
     if last.kind == "elf":
+        kept: dict[str, object] = {}
+        before = len(issues)
         state["tree"] = check_elf(last.path, job_env, cwd, node, budget, issues, causes,
-                                   via_script=script)
+                                   via_script=script, keep=kept)
+        process = kept.get("process")
+        if process is not None and may_run_python(last.path) and not any(
+                i.rule in _BLOCKING and i.fact("max_severity") != "info"
+                for i in issues[before:]):
+            from .python.step import python_issues
+
+            issues.extend(python_issues(
+                last.path, process.main.info, process, hops, argv,  # type: ignore[attr-defined]
+                job_env, cwd, node, budget, causes, cuda_index=cuda_index))
     else:
         issues.append(_hop_issue(hops, name, causes, job_env))
 
@@ -161,12 +178,15 @@ def _hop_issue(hops: list[Hop], name: str, causes: Causes, env: Mapping[str, str
 
 def check_elf(path: str, env: Mapping[str, str], cwd: str, node: NodeProfile, budget: Budget,
               issues: list[Issue], causes: Causes, *, via_script: str | None,
-              as_program: bool = True) -> LoadTree | None:
+              as_program: bool = True, keep: dict[str, object] | None = None
+              ) -> LoadTree | None:
     """Judge one ELF file and everything it loads; issues go to ``issues``.
 
     ``as_program``: the file is started by execve (mapped by the kernel, its
     ``$ORIGIN`` its real directory); False for a library looked at on its own
     (``grace-policy inspect``), which ld.so maps and checks.
+    ``keep``: receives the loader's ``process``, for what the program will
+    dlopen later (a Python interpreter's extension modules).
     """
     try:
         info = read_elf(path, budget=budget)
@@ -212,18 +232,26 @@ def check_elf(path: str, env: Mapping[str, str], cwd: str, node: NodeProfile, bu
 
     # The executable's own layout first: it is known before the (possibly
     # long) library search, and survives a budget that runs out there.
-    for issue in page_issues(path, info, node, mapped_by_kernel=as_program):
+    for issue in page_issues(path, info, node, mapped_by_kernel=as_program, budget=budget):
+        issues.append(_with_causes(issue, causes(path)))
+    for issue in code_page_issues(path, info, node, budget):
         issues.append(_with_causes(issue, causes(path)))
 
-    tree = resolve(path, info, node, env, cwd=cwd, budget=budget, exec_origin=as_program)
+    process = Process(path, info, node, env, cwd=cwd, budget=budget, exec_origin=as_program)
+    tree = process.tree
+    if keep is not None:
+        keep["process"] = process
     for obj in tree.objects:
         if obj.by_name_only or obj.found_via == "exe":
             continue
         budget.tick()
         kernel = obj.found_via == "interp"
         for issue in page_issues(obj.path, obj.info, node, mapped_by_kernel=kernel,
-                                 name=obj.name):
+                                 budget=budget, name=obj.name):
             issues.append(_with_causes(issue, causes(obj.path)))
+        if not kernel:
+            for issue in code_page_issues(obj.path, obj.info, node, budget):
+                issues.append(_with_causes(issue, causes(obj.path)))
     for miss in tree.missing:
         budget.tick()
         if miss.name == info.interp:
@@ -261,12 +289,25 @@ def check_elf(path: str, env: Mapping[str, str], cwd: str, node: NodeProfile, bu
     return tree
 
 
+def code_page_issues(path: str, info: ElfInfo, node: NodeProfile, budget: Budget
+                      ) -> list[Issue]:
+    """Page sizes compiled into the code of one object (embedded jemalloc).
+    On 4 KiB nodes nothing can be compiled for smaller pages, and the module
+    is not even imported."""
+    if node.page_size <= 4096:
+        return []
+    from .pagecode import compiled_page_issues
+
+    return compiled_page_issues(path, info, node, budget)
+
+
 def _with_causes(issue: Issue, causes: tuple[str, ...]) -> Issue:
     facts = issue.facts
-    if issue.rule.startswith("page-") and is_system_path(issue.path):
+    if issue.rule.startswith("page-") and node_owns(issue.path):
         # The node's own system files are built for its page size; a page
         # finding on one means a simulated node or a broken image, neither of
-        # which the user can fix: the admin sees it in the audit log.
+        # which the user can fix: the admin sees it in the audit log. A venv's
+        # bin/python is such a file when it links to the system python.
         facts = (*facts, ("max_severity", "info"))
     return Issue(issue.rule, issue.path, issue.predicted_error, causes, facts)
 

@@ -11,12 +11,21 @@ re-reads the source just far enough to map each dotted key to its line.
 
 from __future__ import annotations
 
+import datetime
 import re
 import sys
 from collections.abc import Iterator, Mapping
 from typing import Annotated, Any, Literal, Optional
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from .messages import escape
 from .node import valid_arch, valid_page_size
@@ -24,6 +33,7 @@ from .policy import (
     DEFAULT_ENV_VARS,
     ConfigError,
     EnvPolicy,
+    Exemption,
     Limits,
     NodeOverrides,
     PartitionPolicy,
@@ -304,6 +314,16 @@ def _template(value: str) -> str:
     return value
 
 
+def _cuda_index(value: str) -> str:
+    # The label of a PyTorch wheel index (cu130, cu128, rocm6.4, cpu): it is
+    # shown to users inside a URL and a command line.
+    ok = 1 <= len(value) <= 16 and value[0].isalpha() and all(
+        c.isascii() and (c.isalnum() or c == ".") and not c.isupper() for c in value)
+    if not ok:
+        raise ValueError("must be a PyTorch wheel index label such as 'cu130' or 'rocm6.4'")
+    return value
+
+
 def _build_hint(value: str) -> str:
     unknown = [f for f in template_fields(value) if f != "partition"]
     if unknown:
@@ -322,6 +342,8 @@ Template = Annotated[str, AfterValidator(_template)]
 
 # pydantic evaluates these annotations at runtime; ``X | None`` fails there on
 # Python 3.9, so the optional forms are spelled out once here.
+CudaIndex = Annotated[str, AfterValidator(_cuda_index)]
+OptCudaIndex = Optional[CudaIndex]
 OptArch = Optional[Arch]
 OptPageSize = Optional[PageSize]
 OptGlibc = Optional[Glibc]
@@ -350,6 +372,7 @@ class PartitionModel(_Model):
     page_size: OptPageSize = None
     glibc: OptGlibc = None
     allow_user_lower: bool = False
+    cuda_index: OptCudaIndex = None
 
 
 class EnvModel(_Model):
@@ -357,9 +380,66 @@ class EnvModel(_Model):
     strip: Literal["foreign", "always", "never"] = "foreign"
 
 
+def _path_glob(value: str) -> str:
+    if not value.startswith("/"):
+        raise ValueError(f"must be an absolute path or glob, got {value!r}")
+    if "[" in value or "{" in value:
+        raise ValueError("only *, ** and ? are glob characters here; [ and { are not "
+                         f"supported (got {value!r})")
+    return value
+
+
+def _one_line_text(value: str) -> str:
+    if not value.strip() or not value.isprintable():
+        raise ValueError("must be one printable line of text (it is shown in the audit log)")
+    return value
+
+
+def _name(value: str) -> str:
+    if not value or not value.isprintable() or value != value.strip():
+        raise ValueError(f"not a user or group name: {value!r}")
+    return value
+
+
+_OptNames = Optional[list[str]]  # spelled out for pydantic on Python 3.9 (see OptArch)
+
+
+class ExemptModel(_Model):
+    """One ``[[rules.RULE.exempt]]``: who or what is released from RULE, why,
+    and until when. Every selector given must match."""
+
+    paths: list[Annotated[str, AfterValidator(_path_glob)]] = Field(default_factory=list)
+    users: list[Annotated[str, AfterValidator(_name)]] = Field(default_factory=list)
+    groups: list[Annotated[str, AfterValidator(_name)]] = Field(default_factory=list)
+    #: Refused with a reason: see the validator.
+    accounts: _OptNames = None
+    until: datetime.date
+    reason: Annotated[str, AfterValidator(_one_line_text)]
+
+    @field_validator("accounts")
+    @classmethod
+    def _no_accounts(cls, value: list[str] | None) -> list[str] | None:
+        # Seen on the test cluster (Slurm 22.05): inside an allocation,
+        # `SLURM_JOB_ACCOUNT=x srun ...` reaches the step as x, and no SPANK
+        # item carries the account, so the plugin has no account a user
+        # cannot choose. An account exemption would be one users grant
+        # themselves.
+        raise ValueError("accounts cannot be exempted: slurmstepd gives the plugin no "
+                         "account the user cannot set (SLURM_JOB_ACCOUNT is the user's to "
+                         "export); use users or groups")
+
+    @model_validator(mode="after")
+    def _selects_something(self) -> ExemptModel:
+        if not (self.paths or self.users or self.groups):
+            raise ValueError("an exemption needs at least one of paths, users, groups "
+                             "(an exemption for everything is severity = \"off\")")
+        return self
+
+
 class RuleModel(_Model):
     severity: OptSeverity = None
     text: OptTemplate = None
+    exempt: list[ExemptModel] = Field(default_factory=list)
 
 
 class AuditModel(_Model):
@@ -400,6 +480,10 @@ def _catalogue_problems(data: Mapping[str, Any]) -> Iterator[tuple[Key, str]]:
         if rule is None:
             yield ("rules", rule_id), f"no such rule (known: {', '.join(ids)})"
             continue
+        if rule_id == "check-limit" and isinstance(body, Mapping) and "exempt" in body:
+            yield (("rules", rule_id, "exempt"),
+                   "check-limit cannot be exempted: it names no program, only a check "
+                   "that did not finish (on_error decides those steps)")
         severity = body.get("severity") if isinstance(body, Mapping) else None
         if severity in ("error", "warning", "info") and (
             ("error", "warning", "info").index(severity)
@@ -484,6 +568,7 @@ def to_policy(model: ConfigModel, source: str | None = None) -> Policy:
                 mode=p.mode,
                 node=NodeOverrides(arch=p.arch, page_size=p.page_size, glibc=_glibc_tuple(p.glibc)),
                 allow_user_lower=p.allow_user_lower,
+                cuda_index=p.cuda_index,
             )
             for name, p in model.partitions.items()
         ),
@@ -493,6 +578,13 @@ def to_policy(model: ConfigModel, source: str | None = None) -> Policy:
         ),
         env=EnvPolicy(vars=tuple(model.env.vars), strip=model.env.strip),
         audit_path=model.audit.path,
+        exemptions=tuple(
+            Exemption(rule=rule_id, until=e.until.isoformat(), reason=e.reason,
+                      paths=tuple(e.paths), users=tuple(e.users), groups=tuple(e.groups),
+                      where=f"rules.{rule_id}.exempt[{i}]")
+            for rule_id, r in model.rules.items()
+            for i, e in enumerate(r.exempt)
+        ),
         source=source,
     )
 

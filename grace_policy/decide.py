@@ -15,6 +15,10 @@ from .findings import ACTIONS, SEVERITY_RANK, EnvChanges, Finding, Verdict
 from .node import NodeProfile, detect
 from .policy import Policy
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .exempt import Exempted, Who
+
 
 def node_for(policy: Policy, partition: str | None, *, base: NodeProfile | None = None,
              use_partition: bool = False) -> NodeProfile:
@@ -56,6 +60,8 @@ def decide(
     user_lowered_mode: str | None = None,
     container: str | None = None,
     probes: list[tuple[str, str, str]] | None = None,
+    who: Who | None = None,
+    today: str | None = None,
 ) -> Verdict:
     """What the plugin does with this step. Never raises.
 
@@ -66,6 +72,10 @@ def decide(
     host to judge), as the caller established it from what Slurm says. The
     step environment is never asked: ``SLURM_CONTAINER`` and plugin option
     variables can all be exported by the user (docs/SECURITY.md).
+
+    ``who``: the job's user and groups as Slurm set them, for the policy's
+    exemptions (none apply without it); ``today``: ``YYYY-MM-DD`` (UTC) to
+    judge their expiry by, default the real date.
     """
     mode = policy.mode
     try:
@@ -75,12 +85,12 @@ def decide(
         if container:
             return Verdict(action="allow", mode=mode, partition=partition, skipped=container)
         if probes is None:
-            return _decide(policy, mode, partition, argv, env, cwd, node)
+            return _decide(policy, mode, partition, argv, env, cwd, node, who, today)
         from . import fsprobe
 
         fsprobe.start()
         try:
-            return _decide(policy, mode, partition, argv, env, cwd, node)
+            return _decide(policy, mode, partition, argv, env, cwd, node, who, today)
         finally:
             probes.extend(fsprobe.stop())
     except BudgetExceeded as exc:
@@ -91,13 +101,16 @@ def decide(
 
 
 def _decide(policy: Policy, mode: str, partition: str | None, argv: Sequence[str],
-            env: Mapping[str, str], cwd: str, node: NodeProfile | None) -> Verdict:
+            env: Mapping[str, str], cwd: str, node: NodeProfile | None,
+            who: Who | None = None, today: str | None = None) -> Verdict:
     from .check import check_step
 
     node = node or node_for(policy, partition)
     budget = Budget(policy.limits.deadline_ms, policy.limits.max_files, policy.limits.max_bytes)
+    part = policy.partition(partition)
     report = check_step(argv, env, cwd, node, env_vars=policy.env.vars,
-                        env_strip=policy.env.strip, budget=budget)
+                        env_strip=policy.env.strip, budget=budget,
+                        cuda_index=part.cuda_index if part is not None else None)
     if not report.issues and report.limit is None:
         return Verdict(action="allow", mode=mode, partition=partition, env=report.env)
     findings: tuple[Finding, ...] = ()
@@ -106,12 +119,17 @@ def _decide(policy: Policy, mode: str, partition: str | None, argv: Sequence[str
 
         catalogue = Catalogue.for_policy(policy)
         findings = catalogue.findings(report.issues, finding_context(node, partition))
+    exempted: tuple[Exempted, ...] = ()
+    if policy.exemptions and findings:
+        from . import exempt
+
+        findings, exempted = exempt.apply(policy, findings, who, today)
     action = action_for(mode, findings)
     if report.limit is not None:
         return _limit_verdict(policy, mode, partition, report.limit, findings=findings,
-                              found_action=action, env=report.env)
+                              found_action=action, env=report.env, exempted=exempted)
     return Verdict(action=action, mode=mode, partition=partition, findings=findings,
-                   env=report.env)
+                   env=report.env, exempted=exempted)
 
 
 def finding_context(node: NodeProfile, partition: str | None) -> dict[str, str]:
@@ -127,7 +145,7 @@ def finding_context(node: NodeProfile, partition: str | None) -> dict[str, str]:
 
 def _limit_verdict(policy: Policy, mode: str, partition: str | None, reason: str, *,
                    findings: tuple[Finding, ...] = (), found_action: str = "allow",
-                   env: EnvChanges | None = None) -> Verdict:
+                   env: EnvChanges | None = None, exempted: tuple[Exempted, ...] = ()) -> Verdict:
     """The check stopped early: ``on_error`` decides what it could not see.
 
     What it saw before stopping still counts (``found_action``), so a step
@@ -156,4 +174,4 @@ def _limit_verdict(policy: Policy, mode: str, partition: str | None, reason: str
     )
     ordered = tuple(sorted((limit, *findings), key=lambda f: SEVERITY_RANK[f.severity]))
     return Verdict(action=action, mode=mode, partition=partition, findings=ordered,
-                   env=env or EnvChanges(), error=reason)
+                   env=env or EnvChanges(), error=reason, exempted=exempted)

@@ -98,6 +98,9 @@ class Verdict:
     error: str | None = None
     #: Set when the step was not judged (container step, mode off, ...).
     skipped: str | None = None
+    #: Findings an admin's exemption released (grace_policy.exempt.Exempted),
+    #: for the audit line; they no longer count towards ``action``.
+    exempted: tuple = ()
 
     @property
     def rule_ids(self) -> tuple[str, ...]:
@@ -115,4 +118,6 @@ class Verdict:
             out["error"] = self.error
         if self.skipped:
             out["skipped"] = self.skipped
+        if self.exempted:
+            out["exempted"] = [e.to_json() for e in self.exempted]
         return out

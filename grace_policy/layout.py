@@ -7,9 +7,16 @@ cases). Each rule reports once per file, naming the first offending segment.
 
 from __future__ import annotations
 
-from .elf import ElfInfo, LoadSegment
+import os
+
+from ._record import dataclass
+from .elf import ElfError, ElfInfo, LoadSegment, open_regular
 from .findings import Issue
 from .node import NodeProfile
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .budget import Budget
 
 #: glibc up to this version also requires p_align to be a multiple of the page.
 OLD_GLIBC = (2, 34)
@@ -21,11 +28,12 @@ def _seg(seg: LoadSegment) -> str:
 
 
 def page_issues(path: str, info: ElfInfo, node: NodeProfile, *, mapped_by_kernel: bool,
-                name: str | None = None) -> list[Issue]:
+                budget: Budget | None = None, name: str | None = None) -> list[Issue]:
     """Page-size problems of one file on ``node``.
 
     ``mapped_by_kernel``: the executable and its PT_INTERP are mapped by
     execve, which does not look at p_align; libraries are mapped by ld.so.
+    ``budget`` is charged for the few file bytes the .bss rule reads.
     ``name``: what ld.so was asked to load (the DT_NEEDED text), which its
     error message names instead of the path (seen on a 64 KiB kernel with
     glibc 2.31 and 2.36); a dlopen or ``ld.so FILE`` names the path.
@@ -71,9 +79,30 @@ def page_issues(path: str, info: ElfInfo, node: NodeProfile, *, mapped_by_kernel
         issues.append(Issue("page-congruence", path, error,
                             facts=(*base, ("segment", _seg(bad)))))
 
+    clobbered: set[tuple[LoadSegment, LoadSegment]] = set()
+    if not any(i.rule in ("page-align", "page-congruence") for i in issues):
+        # Only a file that loads at all can have its .bss overwritten.
+        # info.path is where the file was read (a node image's copy), path
+        # the node's name for it.
+        for a, b, hit in bss_clobbers(info.path or path, info, page, budget):
+            clobbered.add((a, b))
+            issues.append(Issue(
+                "page-bss-clobber", path,
+                f"with {page // 1024} KiB pages the mapping of a later segment puts "
+                f"{hit.nonzero} non-zero file bytes into .bss (vaddr 0x{hit.start:x}-"
+                f"0x{hit.end:x}), which must start as zeros: global or static variables "
+                "there start with garbage, and the program misbehaves or crashes "
+                "(Segmentation fault) with no message from the loader",
+                facts=(*base, ("segment", f"{_seg(a)} and {_seg(b)}"),
+                       ("detail", f"{hit.nonzero} of {hit.end - hit.start} bytes of .bss "
+                                  f"at 0x{hit.start:x} come from file offset "
+                                  f"0x{hit.file_offset:x}")),
+            ))
+            break
+
     segs = sorted(info.load_segments, key=lambda s: s.vaddr)
     for a, b in zip(segs, segs[1:]):
-        if a.flags == b.flags or a.memsz == 0:
+        if a.flags == b.flags or a.memsz == 0 or (a, b) in clobbered:
             continue
         if (a.vaddr + a.memsz - 1) // page >= b.vaddr // page:
             issues.append(Issue(
@@ -95,3 +124,101 @@ def page_issues(path: str, info: ElfInfo, node: NodeProfile, *, mapped_by_kernel
                 facts=(*base, ("segment", f"PT_GNU_RELRO vaddr 0x{start:x} size 0x{size:x}")),
             ))
     return issues
+
+
+@dataclass(frozen=True)
+class BssHit:
+    """Bytes of one segment's zero-fill region that end up non-zero:
+    ``[start, end)`` is the overwritten range, ``file_offset`` where the first
+    non-zero byte comes from."""
+
+    start: int
+    end: int
+    nonzero: int
+    file_offset: int
+
+
+def _down(x: int, page: int) -> int:
+    return x - x % page
+
+
+def _up(x: int, page: int) -> int:
+    return _down(x + page - 1, page)
+
+
+def bss_clobbers(path: str, info: ElfInfo, page: int, budget: Budget | None = None
+                 ) -> list[tuple[LoadSegment, LoadSegment, BssHit]]:
+    """(earlier segment, the later one that overwrites it, what is lost) for
+    each segment whose zero-fill region ends up holding non-zero bytes.
+
+    Replays what glibc's ``_dl_map_segments`` (and, alike, the kernel's ELF
+    loader) does, in program-header order: map ``[down(vaddr), up(vaddr +
+    filesz))`` from file offset ``down(offset)``, then zero ``[vaddr + filesz,
+    vaddr + memsz)``. A later mapping that starts in the same page as an
+    earlier segment's zero fill replaces those zeros with whatever the file
+    holds there. Only the affected range (less than one page per segment) is
+    simulated and read, so the cost is a few small preads, and none at all for
+    the usual file whose segments do not share a page.
+    """
+    loads = info.load_segments
+    out: list[tuple[LoadSegment, LoadSegment, BssHit]] = []
+    if page <= 0:
+        return out
+    for i, a in enumerate(loads):
+        zero_start, zero_end = a.vaddr + a.filesz, a.vaddr + a.memsz
+        if zero_end <= zero_start:
+            continue
+        later = [b for b in loads[i + 1:]
+                 if b.filesz and _down(b.vaddr, page) < zero_end
+                 and _up(b.vaddr + b.filesz, page) > zero_start]
+        if not later:
+            continue
+        lo = max(zero_start, min(_down(b.vaddr, page) for b in later))
+        hi = min(zero_end, max(_up(b.vaddr + b.filesz, page) for b in later))
+        if hi - lo > page * 2:  # not a shared page: a crafted layout, left to others
+            continue
+        memory = _replay(path, loads[i:], lo, hi, page, budget)
+        if memory is None:
+            continue
+        nonzero = len(memory) - memory.count(0)
+        if nonzero:
+            first = next(k for k, byte in enumerate(memory) if byte)
+            culprit = later[-1]
+            for b in later:
+                if _down(b.vaddr, page) <= lo + first < _up(b.vaddr + b.filesz, page):
+                    culprit = b
+            offset = _down(culprit.offset, page) + (lo + first - _down(culprit.vaddr, page))
+            out.append((a, culprit, BssHit(lo, hi, nonzero, offset)))
+    return out
+
+
+def _replay(path: str, loads: tuple[LoadSegment, ...], lo: int, hi: int, page: int,
+            budget: Budget | None) -> bytearray | None:
+    """The bytes of ``[lo, hi)`` after mapping ``loads`` in order (the first
+    is the segment whose zero fill is watched); None if the file cannot be
+    read (another rule reports that)."""
+    memory = bytearray(hi - lo)
+    try:
+        fd, st = open_regular(path)
+    except (OSError, ElfError):
+        return None
+    try:
+        for seg in loads:
+            start, end = _down(seg.vaddr, page), _up(seg.vaddr + seg.filesz, page)
+            a, b = max(start, lo), min(end, hi)
+            if seg.filesz and a < b:
+                offset = _down(seg.offset, page) + (a - start)
+                length = max(0, min(b - a, st.st_size - offset))
+                if budget is not None:
+                    budget.spend_bytes(length)
+                data = os.pread(fd, length, offset) if length else b""
+                # Past the end of the file the page reads as zeros.
+                memory[a - lo:b - lo] = data + bytes(b - a - len(data))
+            a, b = max(seg.vaddr + seg.filesz, lo), min(seg.vaddr + seg.memsz, hi)
+            if a < b:
+                memory[a - lo:b - lo] = bytes(b - a)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return memory

@@ -147,6 +147,23 @@ class _Map:
             self.names.add(info.soname)
 
 
+def host_path(node: NodeProfile, path: str, cwd: str = "/") -> str:
+    """A node path as a path on this host.
+
+    Relative paths are relative to the job's cwd. With a node image, a
+    path is looked up in the image first and on this host after (shared
+    storage such as /home is the same on both), as ``qemu -L`` does.
+    Module-level so the Python-step model (grace_policy/python/) reads
+    node paths by the same rule as the loader.
+    """
+    if not path.startswith("/"):
+        return os.path.join(cwd, path)
+    if node.root in ("", "/"):
+        return path
+    inside = node.in_root(path)
+    return inside if fsprobe.lexists(inside) else path
+
+
 class _Searcher:
     def __init__(self, node: NodeProfile, env: Mapping[str, str], cwd: str,
                  budget: Budget | None, cache: ldcache.LdCache | None) -> None:
@@ -270,18 +287,7 @@ class _Searcher:
         return out
 
     def to_host(self, path: str) -> str:
-        """A node path as a path on this host.
-
-        Relative paths are relative to the job's cwd. With a node image, a
-        path is looked up in the image first and on this host after (shared
-        storage such as /home is the same on both), as ``qemu -L`` does.
-        """
-        if not path.startswith("/"):
-            return os.path.join(self.cwd, path)
-        if self.node.root in ("", "/"):
-            return path
-        inside = self.node.in_root(path)
-        return inside if fsprobe.lexists(inside) else path
+        return host_path(self.node, path, self.cwd)
 
     # -- verifying one candidate (open_verify) -----------------------------------
 
@@ -656,6 +662,216 @@ def _file_id(path: str) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
+class Process:
+    """What one process has mapped: a program started by execve, its
+    libraries, and the objects it ``dlopen``s later.
+
+    A Python interpreter imports extension modules with dlopen after start;
+    each finds its libraries through its own RPATH/RUNPATH, the RPATH chain
+    of the caller up to the executable (conda's python carries
+    ``$ORIGIN/../lib``), ``LD_LIBRARY_PATH`` and the system, and reuses
+    every soname the process has already loaded (any scope: RTLD_LOCAL does
+    not hide a soname from later lookups).
+    """
+
+    def __init__(
+        self,
+        exe_path: str,
+        exe_info: ElfInfo,
+        node: NodeProfile,
+        env: Mapping[str, str],
+        *,
+        cwd: str = "/",
+        budget: Budget | None = None,
+        cache: ldcache.LdCache | None = None,
+        exec_origin: bool = True,
+    ) -> None:
+        self.node = node
+        self.cwd = cwd
+        self.budget = budget
+        self.maps: list[_Map] = []
+        self.by_name: dict[str, _Map] = {}
+        self.by_file: dict[tuple[int, int], _Map] = {}
+        #: Keys added since the dlopen in progress began (undone if it fails).
+        self._added: list[tuple[str, object]] | None = None
+        self.searcher = _Searcher(node, env, cwd, budget, cache)
+        host_exe = self.searcher.to_host(exe_path)
+        if exec_origin:
+            origin = os.path.dirname(fsprobe.realpath(host_exe))
+            if node.root not in ("", "/") and origin.startswith(node.root.rstrip("/") + "/"):
+                origin = origin[len(node.root.rstrip("/")):]
+        else:
+            absolute = exe_path if exe_path.startswith("/") else os.path.join(cwd, exe_path)
+            origin = os.path.dirname(absolute) or "/"
+        main = _Map(exe_path, exe_path, exe_info, None, origin, _file_id(host_exe))
+
+        self.add(main)
+        objects: list[LoadedObject] = [
+            LoadedObject(exe_path, exe_path, exe_info, "exe", None)
+        ]
+        missing: list[Missing] = []
+        fatal: list[Fatal] = []
+        edges: list[tuple[str, str]] = []
+
+        interp = exe_info.interp
+        if not interp and exe_info.needed:
+            # Whatever runs this object has the node's loader mapped already (a
+            # library listed on its own, or dlopened): its soname is taken.
+            interp = next((p for p in CANONICAL_INTERP.get(node.machine, ())
+                           if fsprobe.exists(self.searcher.to_host(p))), None)
+        rtld_loaded = False
+        if interp:
+            status, info, reason, _machine = self.searcher.verify(interp)
+            if status == "ok" and info is not None:
+                rtld = _Map(interp, interp, info, None, os.path.dirname(interp),
+                            _file_id(self.searcher.to_host(interp)))
+                self.add(rtld)
+                rtld_loaded = True
+            elif not node.root_is_native and interp in CANONICAL_INTERP.get(node.machine, ()):
+                pass  # the node's own loader; this host cannot hold it
+            elif status == "fatal" or status == "skip":
+                fatal.append(Fatal(interp, interp, exe_path,
+                                   reason or "cannot run the interpreter"))
+            else:
+                missing.append(Missing(interp, exe_path, (), (interp,), kind="interp"))
+        if not rtld_loaded and exe_info.needed:
+            # Whatever loader ends up running the object (``ld.so FILE``, or the
+            # one a fixed PT_INTERP would name) answers to its soname, so
+            # libc's DT_NEEDED on it is never searched.
+            for path in CANONICAL_INTERP.get(node.machine, ()):
+                status, info, _reason, _machine = self.searcher.verify(path)
+                if status == "ok" and info is not None:
+                    rtld = _Map(path, path, info, None, os.path.dirname(path),
+                                _file_id(self.searcher.to_host(path)))
+                    rtld.names.discard(path)
+                    self.add(rtld)
+                    rtld_loaded = True
+                    break
+        if not rtld_loaded and not node.root_is_native:
+            # Judging another architecture's node from here: its loader is not on
+            # this host, but on the node it is mapped and answers to its soname
+            # (libc, libjemalloc and gconv modules name it in DT_NEEDED).
+            paths = CANONICAL_INTERP.get(node.machine, ())
+            if paths:
+                rtld = _Map(paths[0], paths[0], _placeholder(os.path.basename(paths[0])), None,
+                            os.path.dirname(paths[0]), None)
+                rtld.names.update(paths)
+                rtld.names.update(os.path.basename(p) for p in paths)
+                self.add(rtld)
+
+        self.main = main
+        self.exe_path = exe_path
+        self._walk(deque([main]), objects, missing, fatal, edges)
+        for m in self.maps:
+            if m is not main and m.name == (interp or "") and m.loader is None:
+                objects.insert(1, LoadedObject(m.name, m.path, m.info, "interp", exe_path))
+                break
+        #: The executable's own load tree, as :func:`resolve` returns it.
+        self.tree = LoadTree(tuple(objects), tuple(missing), tuple(fatal), tuple(edges))
+        #: The object that calls dlopen: libpython when the program links it.
+        self.caller = next((m for m in self.maps if m.loader is main
+                            and any(n.startswith("libpython") for n in m.names)), main)
+
+    def add(self, m: _Map) -> None:
+        # Indexed, not scanned: glibc's first-loaded-wins lookup in O(1), so a
+        # hostile tree of thousands of objects stays linear.
+        self.maps.append(m)
+        for known in m.names:
+            self._name(known, m)
+        if m.file_id is not None and m.file_id not in self.by_file:
+            self.by_file[m.file_id] = m
+            if self._added is not None:
+                self._added.append(("file", m.file_id))
+
+    def _name(self, name: str, m: _Map) -> None:
+        if name not in self.by_name:
+            self.by_name[name] = m
+            if self._added is not None:
+                self._added.append(("name", name))
+
+    def dlopen(self, path: str, info: ElfInfo) -> LoadTree:
+        """``dlopen(path)`` by the program: the objects it newly maps (first
+        the file itself, unless already mapped), what is missing and what is
+        fatal. A dlopen that fails maps nothing, so a later one cannot reuse
+        a library of a failed one."""
+        objects: list[LoadedObject] = []
+        missing: list[Missing] = []
+        fatal: list[Fatal] = []
+        edges: list[tuple[str, str]] = []
+        host = self.searcher.to_host(path)
+        fid = _file_id(host)
+        if fid is not None and fid in self.by_file:
+            return LoadTree((), (), (), ())
+        origin = os.path.dirname(path if path.startswith("/") else os.path.join(self.cwd, path))
+        new = _Map(path, path, info, self.caller, origin, fid)
+        self._added = []
+        maps_before = len(self.maps)
+        try:
+            self.add(new)
+            objects.append(LoadedObject(path, path, info, "dlopen", self.caller.path))
+            self._walk(deque([new]), objects, missing, fatal, edges)
+        finally:
+            added, self._added = self._added, None
+        if missing or fatal:
+            for kind, key in added:
+                if kind == "name":
+                    self.by_name.pop(key, None)  # type: ignore[arg-type]
+                else:
+                    self.by_file.pop(key, None)  # type: ignore[arg-type]
+            del self.maps[maps_before:]
+        return LoadTree(tuple(objects), tuple(missing), tuple(fatal), tuple(edges))
+
+    def _walk(self, queue: deque[_Map], objects: list[LoadedObject], missing: list[Missing],
+              fatal: list[Fatal], edges: list[tuple[str, str]]) -> None:
+        while queue:
+            loader = queue.popleft()
+            if self.budget is not None:
+                self.budget.tick()
+            for needed in loader.info.needed:
+                # dl-deps.c expands $ORIGIN/$LIB/$PLATFORM in DT_NEEDED first; the
+                # expanded text is what is matched, searched and printed.
+                name = self.searcher.expand(needed, loader.origin) if "$" in needed else needed
+                if not name:
+                    fatal.append(Fatal(needed, needed, loader.path,
+                                       "empty dynamic string token substitution"))
+                    continue
+                known = self.by_name.get(name)
+                if known is not None:
+                    edges.append((loader.path, known.path))
+                    continue
+                outcome, path, info, skipped, searched, via = self.searcher.search(name, loader)
+                if outcome == "missing" or path is None:
+                    if not any(m.name == name for m in missing):
+                        missing.append(Missing(name, loader.path, tuple(skipped),
+                                               tuple(searched)))
+                    continue
+                if outcome == "fatal":
+                    fatal.append(Fatal(name, path, loader.path, via))
+                    continue
+                if info is None:
+                    # A node system library judged by name from a foreign host.
+                    self.add(_Map(name, path, _placeholder(name), loader, None, None))
+                    objects.append(LoadedObject(name, path, _placeholder(name), via, loader.path,
+                                                tuple(skipped), by_name_only=True))
+                    edges.append((loader.path, path))
+                    continue
+                host_path = self.searcher.to_host(path)
+                fid = _file_id(host_path)
+                same = self.by_file.get(fid) if fid is not None else None
+                if same is not None:
+                    same.names.add(name)
+                    self._name(name, same)
+                    edges.append((loader.path, same.path))
+                    continue
+                absolute = path if path.startswith("/") else os.path.join(self.cwd, path)
+                origin = os.path.dirname(absolute)
+                new = _Map(name, path, info, loader, origin, fid)
+                self.add(new)
+                objects.append(LoadedObject(name, path, info, via, loader.path, tuple(skipped)))
+                edges.append((loader.path, path))
+                queue.append(new)
+
+
 def resolve(
     exe_path: str,
     exe_info: ElfInfo,
@@ -673,133 +889,8 @@ def resolve(
     path, as the kernel reports it to a program started by execve; set False
     to model ``ld.so --list FILE``, where it is the directory as given.
     """
-    searcher = _Searcher(node, env, cwd, budget, cache)
-    host_exe = searcher.to_host(exe_path)
-    if exec_origin:
-        origin = os.path.dirname(fsprobe.realpath(host_exe))
-        if node.root not in ("", "/") and origin.startswith(node.root.rstrip("/") + "/"):
-            origin = origin[len(node.root.rstrip("/")):]
-    else:
-        absolute = exe_path if exe_path.startswith("/") else os.path.join(cwd, exe_path)
-        origin = os.path.dirname(absolute) or "/"
-    main = _Map(exe_path, exe_path, exe_info, None, origin, _file_id(host_exe))
-    maps: list[_Map] = []
-    by_name: dict[str, _Map] = {}
-    by_file: dict[tuple[int, int], _Map] = {}
-
-    def add(m: _Map) -> None:
-        # Indexed, not scanned: glibc's first-loaded-wins lookup in O(1), so a
-        # hostile tree of thousands of objects stays linear.
-        maps.append(m)
-        for known in m.names:
-            by_name.setdefault(known, m)
-        if m.file_id is not None:
-            by_file.setdefault(m.file_id, m)
-
-    add(main)
-    objects: list[LoadedObject] = [
-        LoadedObject(exe_path, exe_path, exe_info, "exe", None)
-    ]
-    missing: list[Missing] = []
-    fatal: list[Fatal] = []
-    edges: list[tuple[str, str]] = []
-
-    interp = exe_info.interp
-    if not interp and exe_info.needed:
-        # Whatever runs this object has the node's loader mapped already (a
-        # library listed on its own, or dlopened): its soname is taken.
-        interp = next((p for p in CANONICAL_INTERP.get(node.machine, ())
-                       if fsprobe.exists(searcher.to_host(p))), None)
-    rtld_loaded = False
-    if interp:
-        status, info, reason, _machine = searcher.verify(interp)
-        if status == "ok" and info is not None:
-            rtld = _Map(interp, interp, info, None, os.path.dirname(interp),
-                        _file_id(searcher.to_host(interp)))
-            add(rtld)
-            rtld_loaded = True
-        elif not node.root_is_native and interp in CANONICAL_INTERP.get(node.machine, ()):
-            pass  # the node's own loader; this host cannot hold it
-        elif status == "fatal" or status == "skip":
-            fatal.append(Fatal(interp, interp, exe_path, reason or "cannot run the interpreter"))
-        else:
-            missing.append(Missing(interp, exe_path, (), (interp,), kind="interp"))
-    if not rtld_loaded and exe_info.needed:
-        # Whatever loader ends up running the object (``ld.so FILE``, or the
-        # one a fixed PT_INTERP would name) answers to its soname, so
-        # libc's DT_NEEDED on it is never searched.
-        for path in CANONICAL_INTERP.get(node.machine, ()):
-            status, info, _reason, _machine = searcher.verify(path)
-            if status == "ok" and info is not None:
-                rtld = _Map(path, path, info, None, os.path.dirname(path),
-                            _file_id(searcher.to_host(path)))
-                rtld.names.discard(path)
-                add(rtld)
-                rtld_loaded = True
-                break
-    if not rtld_loaded and not node.root_is_native:
-        # Judging another architecture's node from here: its loader is not on
-        # this host, but on the node it is mapped and answers to its soname
-        # (libc, libjemalloc and gconv modules name it in DT_NEEDED).
-        paths = CANONICAL_INTERP.get(node.machine, ())
-        if paths:
-            rtld = _Map(paths[0], paths[0], _placeholder(os.path.basename(paths[0])), None,
-                        os.path.dirname(paths[0]), None)
-            rtld.names.update(paths)
-            rtld.names.update(os.path.basename(p) for p in paths)
-            add(rtld)
-
-    queue: deque[_Map] = deque([main])
-    while queue:
-        loader = queue.popleft()
-        if budget is not None:
-            budget.tick()
-        for needed in loader.info.needed:
-            # dl-deps.c expands $ORIGIN/$LIB/$PLATFORM in DT_NEEDED first; the
-            # expanded text is what is matched, searched and printed.
-            name = searcher.expand(needed, loader.origin) if "$" in needed else needed
-            if not name:
-                fatal.append(Fatal(needed, needed, loader.path,
-                                   "empty dynamic string token substitution"))
-                continue
-            known = by_name.get(name)
-            if known is not None:
-                edges.append((loader.path, known.path))
-                continue
-            outcome, path, info, skipped, searched, via = searcher.search(name, loader)
-            if outcome == "missing" or path is None:
-                if not any(m.name == name for m in missing):
-                    missing.append(Missing(name, loader.path, tuple(skipped), tuple(searched)))
-                continue
-            if outcome == "fatal":
-                fatal.append(Fatal(name, path, loader.path, via))
-                continue
-            if info is None:
-                # A node system library judged by name from a foreign host.
-                add(_Map(name, path, _placeholder(name), loader, None, None))
-                objects.append(LoadedObject(name, path, _placeholder(name), via, loader.path,
-                                            tuple(skipped), by_name_only=True))
-                edges.append((loader.path, path))
-                continue
-            host_path = searcher.to_host(path)
-            fid = _file_id(host_path)
-            same = by_file.get(fid) if fid is not None else None
-            if same is not None:
-                same.names.add(name)
-                by_name.setdefault(name, same)
-                edges.append((loader.path, same.path))
-                continue
-            origin = os.path.dirname(path if path.startswith("/") else os.path.join(cwd, path))
-            new = _Map(name, path, info, loader, origin, fid)
-            add(new)
-            objects.append(LoadedObject(name, path, info, via, loader.path, tuple(skipped)))
-            edges.append((loader.path, path))
-            queue.append(new)
-    for m in maps:
-        if m is not main and m.name == (interp or "") and m.loader is None:
-            objects.insert(1, LoadedObject(m.name, m.path, m.info, "interp", exe_path))
-            break
-    return LoadTree(tuple(objects), tuple(missing), tuple(fatal), tuple(edges))
+    return Process(exe_path, exe_info, node, env, cwd=cwd, budget=budget, cache=cache,
+                   exec_origin=exec_origin).tree
 
 
 def _placeholder(name: str) -> ElfInfo:
@@ -815,6 +906,7 @@ __all__ = [
     "LoadTree",
     "LoadedObject",
     "Missing",
+    "Process",
     "machine_name",
     "resolve",
     "supported_hwcaps",

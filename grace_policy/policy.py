@@ -27,7 +27,7 @@ if TYPE_CHECKING:  # typing costs ~4 ms to import; annotations are strings anywa
 
 #: Bumped when the compiled document changes shape, so an old compiled file
 #: is recompiled instead of misread.
-COMPILED_FORMAT = 1
+COMPILED_FORMAT = 2
 
 #: How strict each mode is; a user option may only move down this scale.
 _MODE_RANK = {"off": 0, "warn": 1, "enforce": 2}
@@ -128,9 +128,12 @@ class PartitionPolicy:
     mode: str | None = None
     node: NodeOverrides = field(default_factory=NodeOverrides)
     allow_user_lower: bool = False
+    #: The PyTorch wheel index that matches the partition's CUDA (``cu130``).
+    cuda_index: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"mode": self.mode, "allow_user_lower": self.allow_user_lower}
+        out: dict[str, Any] = {"mode": self.mode, "allow_user_lower": self.allow_user_lower,
+                               "cuda_index": self.cuda_index}
         out.update(self.node.to_json())
         out.pop("root", None)
         return out
@@ -142,6 +145,7 @@ class PartitionPolicy:
             mode=data.get("mode"),
             node=NodeOverrides.from_json(data),
             allow_user_lower=bool(data.get("allow_user_lower", False)),
+            cuda_index=data.get("cuda_index"),
         )
 
 
@@ -153,6 +157,39 @@ class RuleOverride:
     rule: str
     severity: str | None = None
     text: str | None = None
+
+
+@dataclass(frozen=True)
+class Exemption:
+    """An admin's release of one rule for some files and/or people, until a
+    date (grace_policy/exempt.py applies it). Every selector given must match;
+    ``until`` is the last day (UTC, ``YYYY-MM-DD``) on which it applies."""
+
+    rule: str
+    until: str
+    reason: str
+    paths: tuple[str, ...] = ()
+    users: tuple[str, ...] = ()
+    groups: tuple[str, ...] = ()
+    #: Where the admin wrote it (``rules.RULE.exempt[N]``), named in the audit line.
+    where: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rule": self.rule, "until": self.until, "reason": self.reason,
+                "paths": list(self.paths), "users": list(self.users),
+                "groups": list(self.groups), "where": self.where}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Exemption:
+        until = data["until"]
+        if not (isinstance(until, str) and len(until) == 10 and until[4] == "-"):
+            raise ValueError("bad exemption date in compiled policy")
+        selectors = [tuple(str(x) for x in data.get(k) or ()) for k in ("paths", "users", "groups")]
+        if not any(selectors):
+            raise ValueError("exemption without a selector in compiled policy")
+        return cls(rule=str(data["rule"]), until=until, reason=str(data["reason"]),
+                   paths=selectors[0], users=selectors[1], groups=selectors[2],
+                   where=str(data.get("where", "")))
 
 
 @dataclass(frozen=True)
@@ -186,7 +223,11 @@ class Policy:
     partitions: tuple[PartitionPolicy, ...] = ()
     rules: tuple[RuleOverride, ...] = ()
     env: EnvPolicy = field(default_factory=EnvPolicy)
+    #: No longer read by the plugin (plugstack.conf's ``audit=`` is the one
+    #: audit setting); kept so ``config check`` can say so.
     audit_path: str | None = None
+    #: ``[[rules.RULE.exempt]]`` entries, in file order.
+    exemptions: tuple[Exemption, ...] = ()
     #: The TOML this was compiled from, for messages; None for the default.
     source: str | None = field(default=None, compare=False)
 
@@ -265,6 +306,7 @@ class Policy:
             },
             "env": {"vars": list(self.env.vars), "strip": self.env.strip},
             "audit_path": self.audit_path,
+            "exemptions": [e.to_json() for e in self.exemptions],
         }
 
     @classmethod
@@ -302,6 +344,7 @@ class Policy:
             ),
             env=EnvPolicy(vars=tuple(env["vars"]), strip=env["strip"]),
             audit_path=data.get("audit_path"),
+            exemptions=tuple(Exemption.from_json(e) for e in data.get("exemptions", ())),
             source=source,
         )
 

@@ -35,18 +35,29 @@ RULE_IDS = (
     "page-overlap",
     "relro-tail",
     "env-leak",
+    "py-ext-arch",
+    "py-ext-foreign",
+    "py-dist-broken",
+    "py-startup-error",
     "check-limit",
+    "torch-cpu-only",
+    "torchcodec-no-ffmpeg",
+    "jit-cache-foreign",
+    "page-size-compiled",
+    "page-bss-clobber",
 )
 
 #: Causes the checks may put in ``Issue.causes``, most specific first.
 CAUSES = (
     "leaked-env",
+    "pythonpath",
     "conda",
     "venv",
     "user-local",
     "pip-wheel",
     "jit-cache",
     "jemalloc",
+    "bundled-lib",
     "home",
     "system",
 )
@@ -74,6 +85,22 @@ TEMPLATE_FIELDS = frozenset(
         "detail",
         "limit",
         "error",
+        # Python steps (issue 8): torch, torchcodec, JIT caches.
+        "version",
+        "pin",
+        "gpus",
+        "cuda_index",
+        "index_note",
+        "majors",
+        "missing",
+        "count",
+        "files",
+        "per_arch",
+        "allocator",
+        "compiled_page_kib",
+        "fix_hint",
+        # the installed distribution a file belongs to ("numpy 1.19.0")
+        "dist",
     }
 )
 
@@ -242,6 +269,7 @@ class Catalogue:
             raw["candidates_note"] = (
                 f" (skipped, built for another architecture: {candidates})" if candidates else ""
             )
+        raw.setdefault("dist", "the package")
         values = {k: escape(v) for k, v in raw.items()}
         if "build_hint" not in values:
             partition = values.get("partition", "")

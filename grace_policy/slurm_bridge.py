@@ -136,6 +136,13 @@ def run_step(step: StepInput) -> Outcome:
 
     from .decide import decide
 
+    who = None
+    if policy.exemptions:
+        from .exempt import Who
+
+        # The uid is Slurm's (S_JOB_UID); the groups are the credentials
+        # slurmstepd gave this thread from the job's, not the environment.
+        who = Who.current(uid=step.uid)
     probes: list[tuple[str, str, str]] = []
     verdict = decide(
         policy,
@@ -147,6 +154,7 @@ def run_step(step: StepInput) -> Outcome:
         user_lowered_mode=step.user_mode,
         container=step.container,
         probes=probes,
+        who=who,
     )
     out = Outcome(action=verdict.action)
     if verdict.action not in ("allow", "warn", "reject"):
@@ -171,7 +179,7 @@ def run_step(step: StepInput) -> Outcome:
         # slurmstepd has since taken root back. A late line would contradict
         # what was done, and nothing from here is applied any more.
         return Outcome.failed("the check finished after the plugin's timeout; discarded")
-    problem = _audit(step, policy.audit_path, verdict, elapsed_ms)
+    problem = _audit(step, verdict, elapsed_ms)
     if problem:
         out.log.append(_one_line(problem))
     try:
@@ -248,34 +256,24 @@ def _cache_entry(step: StepInput, policy: Any, verdict: Verdict,
     return verdict_cache.entry(ins, verdict.mode, probes + extra)
 
 
-def _audit(step: StepInput, config_path: str | None, verdict: Verdict,
-           elapsed_ms: float) -> str | None:
+def _audit(step: StepInput, verdict: Verdict, elapsed_ms: float) -> str | None:
     """Write the decision to the descriptor root opened, never as the user.
 
-    The check runs as the job's user: opening ``[audit] path`` here would
-    need a file every user can write (and forge lines in). The plugin opens
-    plugstack's ``audit=PATH`` as root before privileges drop; the config's
-    path, if given, must name the same file.
+    The check runs as the job's user: opening a path here would need a file
+    every user can write (and forge lines in). plugstack.conf's
+    ``audit=PATH``, opened by root in slurm_spank_init before privileges
+    drop, is therefore the one audit setting; the config's old ``[audit]
+    path`` is not read (``grace-policy config check`` says so).
     """
     from .audit import write_decision
 
-    if step.audit_path is None:
-        if config_path:
-            return (f"audit log {config_path}: not written: add audit={config_path} to the "
-                    "plugin's line in plugstack.conf (the plugin opens it as root)")
-        return None
-    if config_path and os.path.abspath(config_path) != os.path.abspath(step.audit_path):
-        problem = (f"audit log: the config names {config_path} but plugstack.conf has "
-                   f"audit={step.audit_path}; writing to the latter")
-    else:
-        problem = None
-    if step.audit_fd < 0:
-        return problem  # C logged why it could not open the file
-    failed = write_decision(
+    if step.audit_path is None or step.audit_fd < 0:
+        return None  # not configured, or C logged why it could not open it
+    return write_decision(
         step.audit_path, verdict, job_id=step.job_id, step_id=step.step_name, uid=step.uid,
         node=step.node or None, elapsed_ms=elapsed_ms, fd=step.audit_fd,
+        program=step.argv[0] if step.argv else None,
     )
-    return failed or problem
 
 
 # --------------------------------------------------------------------------

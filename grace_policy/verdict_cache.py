@@ -43,8 +43,10 @@ MAX_ENTRY = 256 * 1024
 
 
 def cacheable(verdict: Verdict) -> bool:
+    # An exempted finding is never replayed as a clean allow: the entry would
+    # outlive the exemption's last day (and the audit line must say why).
     return (verdict.action == "allow" and not verdict.findings and verdict.env.empty
-            and verdict.error is None and verdict.skipped is None)
+            and verdict.error is None and verdict.skipped is None and not verdict.exempted)
 
 
 def _value(value: str | None) -> str:

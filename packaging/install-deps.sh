@@ -1,12 +1,21 @@
 #!/usr/bin/env bash
 # Installs what the tests, the demo and the plugin build need on a fresh Debian
 # machine. Idempotent and quiet when everything is already there.
+# mmdebstrap: the release matrix's Debian roots (tests/slurm/roots.py);
+# debhelper, dpkg-dev, rpm: make deb / make rpm and their tests.
 set -euo pipefail
 need_apt=()
-for pkg in slurmd slurmctld slurm-client libslurm-dev munge gcc-aarch64-linux-gnu \
-           libc6-dev-arm64-cross qemu-user python3-dev python3-pip python3-venv \
-           fakeroot qemu-system-arm flex bison bc xz-utils libssl-dev libelf-dev \
-           mmdebstrap; do
+all_pkgs=(slurmd slurmctld slurm-client libslurm-dev munge gcc-aarch64-linux-gnu
+          libc6-dev-arm64-cross qemu-user python3-dev python3-pip python3-venv
+          fakeroot patchelf dpkg-dev make bzip2 binutils-aarch64-linux-gnu
+          mmdebstrap debhelper rpm
+          qemu-system-arm flex bison bc xz-utils libssl-dev libelf-dev)
+# --packaging deb|rpm: only what make deb / make rpm need (no test tools).
+if [ "${1:-}" = --packaging ]; then
+  all_pkgs=(libslurm-dev python3-dev python3-pip build-essential debhelper dpkg-dev)
+  [ "${2:-}" = rpm ] && all_pkgs+=(rpm)
+fi
+for pkg in "${all_pkgs[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if [ ${#need_apt[@]} -gt 0 ]; then
@@ -17,6 +26,7 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
 fi
+[ "${1:-}" = --packaging ] && exit 0
 PY=${PYTHON:-python3}
 "$PY" - <<'PYEOF' || "$PY" -m pip install -q pyelftools pydantic structlog cffi pytest pytest-cov hypothesis ruff
 import importlib.util, sys

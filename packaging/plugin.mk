@@ -25,7 +25,14 @@ PLUGIN_CFLAGS ?= -O2 -g
 PLUGIN_CFLAGS += -std=gnu11 -fPIC -Wall -Wextra -D_FORTIFY_SOURCE=2 -fstack-protector-strong
 PLUGIN_LDFLAGS := -shared -Wl,-z,now -Wl,-z,relro -Wl,-z,nodelete -Wl,--no-undefined-version
 
-GP_LIBDIR = $(DESTDIR)$(PREFIX)/lib/grace-policy/python
+# Where the plugin goes (Slurm's PluginDir or any absolute path plugstack.conf
+# names) and, beside it, GP_DIR: the C code finds its Python part at
+# <plugin dir>/../grace-policy, so the two move together. Packages set
+# SLURM_PLUGINDIR to the distribution's PluginDir (Debian:
+# /usr/lib/<multiarch>/slurm-wlm, RHEL: /usr/lib64/slurm).
+SLURM_PLUGINDIR ?= $(PREFIX)/lib/slurm
+GP_DIR = $(patsubst %/,%,$(dir $(SLURM_PLUGINDIR)))/grace-policy
+GP_LIBDIR = $(DESTDIR)$(GP_DIR)/python
 GP_SHARE = $(DESTDIR)$(PREFIX)/share/grace-policy
 
 # cffi (for the generator and, at run time, its _cffi_backend) and the core's
@@ -61,12 +68,12 @@ $(PLUGIN_PY_SO): $(BUILD)/spank_grace_policy_cffi.o spank/grace_policy_py.map
 plugin: $(PLUGIN_SO) $(PLUGIN_PY_SO)
 
 # Everything the plugin needs, where it finds it with no environment variable:
-# the plugin locates PREFIX/lib/grace-policy/python from its own path.
+# the plugin locates GP_DIR/python from its own path.
 install: plugin
-	install -d $(DESTDIR)$(PREFIX)/lib/slurm $(DESTDIR)$(PREFIX)/bin $(GP_SHARE)/plugstack.conf.d
-	install -m 0755 $(PLUGIN_SO) $(DESTDIR)$(PREFIX)/lib/slurm/spank_grace_policy.so
-	install -d $(DESTDIR)$(PREFIX)/lib/grace-policy
-	install -m 0755 $(PLUGIN_PY_SO) $(DESTDIR)$(PREFIX)/lib/grace-policy/grace_policy_py.so
+	install -d $(DESTDIR)$(SLURM_PLUGINDIR) $(DESTDIR)$(PREFIX)/bin $(GP_SHARE)/plugstack.conf.d
+	install -m 0755 $(PLUGIN_SO) $(DESTDIR)$(SLURM_PLUGINDIR)/spank_grace_policy.so
+	install -d $(DESTDIR)$(GP_DIR)
+	install -m 0755 $(PLUGIN_PY_SO) $(DESTDIR)$(GP_DIR)/grace_policy_py.so
 	rm -rf $(GP_LIBDIR).new
 	install -d $(GP_LIBDIR).new
 	cp -a $(PYDEPS)/. $(GP_LIBDIR).new/
@@ -75,10 +82,13 @@ install: plugin
 	$(PLUGIN_PYTHON) -I -m compileall -q $(GP_LIBDIR).new >/dev/null
 	chmod -R a+rX,go-w $(GP_LIBDIR).new
 	rm -rf $(GP_LIBDIR) && mv $(GP_LIBDIR).new $(GP_LIBDIR)
-	install -m 0755 packaging/grace-policy.launcher $(DESTDIR)$(PREFIX)/bin/grace-policy
+	sed 's|@GP_PYDIR@|$(GP_DIR)/python|g' packaging/grace-policy.launcher \
+		> $(DESTDIR)$(PREFIX)/bin/grace-policy
+	chmod 0755 $(DESTDIR)$(PREFIX)/bin/grace-policy
 	if [ -f packaging/grace-policy.example.toml ]; then \
 		install -m 0644 packaging/grace-policy.example.toml $(GP_SHARE)/grace-policy.example.toml; fi
-	sed 's|@PREFIX@|$(PREFIX)|g' packaging/plugstack.conf.d/grace-policy.conf.in \
+	sed 's|@PREFIX@|$(PREFIX)|g; s|@SLURM_PLUGINDIR@|$(SLURM_PLUGINDIR)|g' \
+		packaging/plugstack.conf.d/grace-policy.conf.in \
 		> $(GP_SHARE)/plugstack.conf.d/grace-policy.conf
 	chmod 0644 $(GP_SHARE)/plugstack.conf.d/grace-policy.conf
 

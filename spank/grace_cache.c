@@ -722,7 +722,7 @@ static const char *grace_step_name(unsigned int step_id, char *buf, size_t len)
 const char *grace_audit_hit(const struct grace_context *ctx, const struct grace_step *step,
 			    const char *mode, double elapsed_ms, char *err, size_t errlen)
 {
-	char line[8192];
+	char line[32768]; /* argv[0] up to PATH_MAX bytes, each escaped to 6 */
 	char num[32], step_buf[32];
 	struct grace_buf b = { line, 0, sizeof(line), 0 };
 	struct utsname uts;
@@ -737,8 +737,10 @@ const char *grace_audit_hit(const struct grace_context *ctx, const struct grace_
 	/* Keys sorted, as json.dumps(sort_keys=True). */
 	grace_puts(&b, "{\"action\": \"allow\", \"cache\": \"hit\", \"elapsed_ms\": ");
 	grace_put_ms(&b, elapsed_ms);
-	grace_puts(&b, ", \"env_set\": [], \"env_unset\": [], \"error\": null, "
-		   "\"event\": \"decision\", \"job_id\": ");
+	/* A hit is a clean allow: enforce would allow it too, nothing exempted
+	 * (exempted verdicts are never cached). */
+	grace_puts(&b, ", \"enforce_action\": \"allow\", \"env_set\": [], \"env_unset\": [], "
+		   "\"error\": null, \"event\": \"decision\", \"exempt\": [], \"job_id\": ");
 	snprintf(num, sizeof(num), "%u", step->job_id);
 	grace_put_json(&b, num);
 	grace_puts(&b, ", \"mode\": ");
@@ -747,7 +749,9 @@ const char *grace_audit_hit(const struct grace_context *ctx, const struct grace_
 	grace_put_json(&b, node);
 	grace_puts(&b, ", \"partition\": ");
 	grace_put_json(&b, step->partition);
-	grace_puts(&b, ", \"paths\": [], \"rules\": [], \"skipped\": null, \"step_id\": ");
+	grace_puts(&b, ", \"paths\": [], \"program\": ");
+	grace_put_json(&b, step->argc > 0 && step->argv != NULL ? step->argv[0] : NULL);
+	grace_puts(&b, ", \"rules\": [], \"skipped\": null, \"step_id\": ");
 	grace_put_json(&b, grace_step_name(step->step_id, step_buf, sizeof(step_buf)));
 	grace_puts(&b, ", \"time\": ");
 	grace_put_time(&b);

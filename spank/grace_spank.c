@@ -46,6 +46,14 @@
 
 SPANK_PLUGIN(grace_policy, 1);
 
+#if SLURM_VERSION_NUMBER >= SLURM_VERSION_NUM(25, 5, 0)
+/* 25.05+ reads this to decide what a failing slurm_spank_init costs: the
+ * default (ESPANK_NODE_FAILURE) drains the node. Our init never returns an
+ * error, but if Slurm ever sees one from us it must fail the job, not take
+ * the node away from everyone (field notes §2, docs/SPANK.md). */
+int slurm_spank_init_failure_mode = ESPANK_JOB_FAILURE;
+#endif
+
 /* A backstop above the core's own deadline_ms (default 500 ms): only a hung
  * import or a hung read gets this far. */
 #define GRACE_DEFAULT_TIMEOUT_MS 10000

@@ -32,7 +32,7 @@ for _p in (str(TESTS_DIR), str(REPO_ROOT)):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-from corpus import aarch64_wheel, debian_arm64  # noqa: E402, F401  (fixtures)
+from corpus import aarch64_wheel, debian_arm64, node_exporter  # noqa: E402, F401  (fixtures)
 from fixtures.build import (  # noqa: E402
     AARCH64_LOADER,
     CompileCache,

@@ -12,6 +12,7 @@ import os
 import shutil
 from pathlib import Path
 
+import pytest
 from fixtures.build import ElfBuilder, src
 
 from grace_policy import fsprobe, verdict_cache
@@ -149,3 +150,28 @@ def test_a_file_swapped_between_stat_and_open_is_never_cached(tmp_path: Path,
         records = fsprobe.stop()
     assert ("s", str(target), fsprobe.CHANGED) in records
     assert not fsprobe.still_true(records)
+
+
+def test_a_listed_directory_is_replayed_by_identity_and_times(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # Python steps list site-packages: an entry added, removed or renamed
+    # after the verdict must make the recorded answer false (op "D").
+    from grace_policy import fsprobe
+
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    (site / "a.py").write_text("")
+    fsprobe.start()
+    names = fsprobe.listdir(str(site))
+    entries = fsprobe.scandir(str(site))
+    with pytest.raises(OSError):
+        fsprobe.listdir(str(tmp_path / "missing"))
+    records = fsprobe.stop()
+    assert names == ["a.py"] and [e.name for e in entries] == ["a.py"]
+    assert [op for op, _p, _a in records] == ["D", "D"]
+    assert fsprobe.still_true(records)
+    (site / "b.py").write_text("")  # pip installing a package
+    assert not fsprobe.still_true(records)
+    fresh = [("D", str(site), fsprobe.answer("D", str(site)))]
+    (site / "b.py").rename(site / "c.py")
+    assert not fsprobe.still_true(fresh)
+    assert fsprobe.answer("D", str(tmp_path / "missing")) == "n"

@@ -24,8 +24,10 @@ from .common import EX_SOFTWARE, EX_USAGE, PROG, Parser, UsageError, err
 COMMANDS: dict[str, tuple[str, str]] = {
     "check": ("main_check", "what the plugin would do for a job step (exit 0/1/2)"),
     "inspect": ("main_inspect", "ELF facts and load tree of a file, as a node's loader sees it"),
+    "env": ("main_env", "which packages of a Python environment would fail on a node"),
     "explain": ("main_explain", "what a rule checks and what users are told"),
     "config": ("main_config", "validate (and compile) the site's config"),
+    "report": ("main_report", "what the plugin did, from its audit logs (--json, --metrics)"),
 }
 
 

@@ -84,8 +84,13 @@ def execute(args: argparse.Namespace, rest: list[str] | None) -> int:
         return report_config_error(exc)
     node = build_node(args, policy)
     note_unknown_partition(args, policy)
+    who = None
+    if policy.exemptions:
+        from ..exempt import Who
+
+        who = Who.current()  # the asking user, as the plugin would see them in their job
     verdict = decide(policy, partition=args.partition, argv=command, env=env, cwd=cwd,
-                     node=node)
+                     node=node, who=who)
     crashed = bool(verdict.error and verdict.error.startswith("internal error"))
     if args.json:
         out = verdict.to_json()
@@ -130,6 +135,9 @@ def _human(verdict: Verdict, policy: Policy, node: NodeProfile, command: list[st
         lines.append(f"{PREFIX}warn: {program} would start, with the warnings above ({facts})")
     else:
         lines.append(f"{PREFIX}reject: the step would not start ({facts})")
+    for ex in verdict.exempted:
+        lines.append(f"{PREFIX}exempted: {escape(ex.rule)} for {escape(ex.path)} until "
+                     f"{ex.until} ({ex.where}: {escape(ex.reason)})")
     if verdict.error:
         lines.append(f"{PREFIX}note: {escape(verdict.error)}")
     return lines

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import EX_ALLOW, UsageError, err, report_config_error
+from .common import EX_ALLOW, EX_CONFIG, UsageError, err, report_config_error
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -32,6 +32,10 @@ def configure_parser(sub: argparse._SubParsersAction, name: str, help_text: str)
                             "(default: FILE.compiled.json next to FILE)")
     check.add_argument("-o", "--output", metavar="OUT",
                        help="where --compile writes (default: next to FILE)")
+    check.add_argument("--plugstack", metavar="PLUGSTACK",
+                       help="the plugstack.conf to read the plugin's line from (default: "
+                            "PlugStackConfig= of $SLURM_CONF or /etc/slurm/slurm.conf, else "
+                            "plugstack.conf next to it); 'none' to skip")
     check.add_argument("file", nargs="?", metavar="FILE", help="the TOML config")
 
 
@@ -68,7 +72,93 @@ def execute(args: argparse.Namespace, rest: list[str] | None) -> int:
         print(f"  {line}")
     if written is not None:
         print(f"compiled form written to {escape(written)}")
+    lines, broken = _plugstack(path, policy, args.plugstack)
+    for line in lines:
+        print(line)
+    if broken:
+        err(f"config: {escape(path)}: the plugin's line in plugstack.conf is broken: every "
+            "step follows its on_error")
+        return EX_CONFIG
     return EX_ALLOW
+
+
+def _audit_key_line(path: str) -> int | None:
+    from ..config import key_lines
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            return key_lines(f.read()).get(("audit", "path"))
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def _plugstack(path: str, policy: Policy, chosen: str | None) -> tuple[list[str], bool]:
+    """What only plugstack.conf decides, and whether its plugin line is so
+    broken that every step follows on_error."""
+    import os
+
+    from .. import plugstack
+    from ..messages import escape
+
+    out: list[str] = []
+    if policy.audit_path:
+        line = _audit_key_line(path)
+        where = f"{escape(path)}:{line}" if line else escape(path)
+        out.append(f"{where}: audit.path: ignored: the plugin writes the audit log named by "
+                   "audit= on its plugstack.conf line (opened as root before the step drops "
+                   "privileges); remove this key")
+    if chosen == "none":
+        return out, False
+    if chosen is None:
+        conf = plugstack.slurm_conf_path()
+        main = plugstack.locate(conf)
+        how = f"from {escape(conf)}"
+    else:
+        main, how = chosen, "given"
+    stack = plugstack.read(main)
+    for name, reason in stack.unreadable:
+        out.append(f"plugstack {escape(name)}: cannot read: {escape(reason)}")
+    if not stack.lines:
+        if not stack.unreadable:
+            out.append(f"plugstack {escape(main)} ({how}): no {plugstack.PLUGIN_NAME} line: "
+                       "the plugin is not loaded, nothing is checked or written")
+        out.append("  what only plugstack.conf decides (audit log, on_error when the check "
+                   "cannot run, timeout, verdict cache): unknown without it (--plugstack FILE)")
+        return out, False
+    broken = False
+    same = os.path.realpath(path)
+    for entry in stack.lines:
+        out.append(f"plugstack {escape(entry.file)}:{entry.line} ({how}): {entry.kind} "
+                   f"{escape(entry.path)}")
+        if entry.kind == "optional":
+            out.append("  optional: Slurm ignores the plugin's errors: it can never refuse a "
+                       "step (use required)")
+        if entry.error:
+            broken = True
+            out.append(f"  broken: {escape(entry.error)}: every step follows on_error="
+                       f"{entry.on_error} unchecked")
+        if entry.config and os.path.realpath(entry.config) != same:
+            out.append(f"  config: {escape(entry.config)}, not this file: steps use that one")
+        elif entry.config:
+            out.append("  config: this file")
+        if entry.audit:
+            usable, state = plugstack.audit_file_state(entry.audit)
+            out.append(f"  audit log: {escape(entry.audit)}: {escape(state)}"
+                       + ("" if usable else " (slurmd.log says so at every step)"))
+        else:
+            out.append("  audit log: none (no audit= on this line): no decision is written "
+                       "anywhere; add audit=/var/log/grace-policy/audit.log")
+        then = "step allowed unchecked" if entry.on_error == "allow" else "step refused"
+        out.append(f"  when the check cannot run (config, import, timeout): on_error="
+                   f"{entry.on_error} ({then})")
+        out.append(f"  check timeout: {entry.timeout_ms} ms; verdict cache: "
+                   + (escape(entry.cache_dir) if entry.cache_dir else "off"))
+        out.append("  container steps: "
+                   + (f"skipped when the step env has {escape(entry.container_env)}"
+                      if entry.container_env else "never skipped (no container_env=)"))
+        if entry.python_path:
+            out.append(f"  python_path: {escape(entry.python_path)} (searched first)")
+    return out, broken
 
 
 def _summary(policy: Policy) -> list[str]:
@@ -92,10 +182,20 @@ def _summary(policy: Policy) -> list[str]:
             what.append(f"severity {rule.severity}")
         if rule.text:
             what.append("site text")
+        if not what and any(ex.rule == rule.rule for ex in policy.exemptions):
+            continue  # only exemptions: listed below
         lines.append(f"rule {escape(rule.rule)}: " + ", ".join(what or ["no change"]))
     lines.append(f"leaked env: strip {policy.env.strip}: {', '.join(policy.env.vars)}")
-    if policy.audit_path:
-        lines.append(f"audit log {escape(policy.audit_path)}")
+    from ..exempt import today_utc
+
+    today = today_utc()
+    for ex in policy.exemptions:
+        who = [f"paths {', '.join(escape(p) for p in ex.paths)}" if ex.paths else "",
+               f"users {', '.join(escape(u) for u in ex.users)}" if ex.users else "",
+               f"groups {', '.join(escape(g) for g in ex.groups)}" if ex.groups else ""]
+        state = "active" if today <= ex.until else "EXPIRED: no effect"
+        lines.append(f"exemption {ex.where}: {ex.rule} for {' and '.join(w for w in who if w)}"
+                     f" until {ex.until} ({state}): {escape(ex.reason)}")
     return lines
 
 

@@ -36,6 +36,13 @@ PARTITIONS: dict[str, str] = {
 }
 DEFAULT_PARTITION = "enforce"
 
+#: GPUs the test node announces by default: a ``gpu`` gres whose "devices"
+#: are links to /dev/null and /dev/zero, so ``--gpus`` and ``--gres=gpu``
+#: steps are scheduled and get Slurm's GPU variables without any real GPU.
+#: Steps that ask for none see no difference. ``GRACE_TEST_GPUS=0`` turns the
+#: gres off (e.g. for a Slurm release that refuses these stand-in devices).
+GPUS = int(os.environ.get("GRACE_TEST_GPUS", "2") or "0")
+
 #: Daemons we need; a missing one is a visible skip, not a silent pass.
 REQUIRED_BINARIES = ("munged", "slurmctld", "slurmd", "srun", "sbatch", "sinfo", "scontrol")
 
@@ -64,6 +71,8 @@ class Cluster:
 
     root: Path
     partitions: Mapping[str, str] = field(default_factory=lambda: dict(PARTITIONS))
+    #: How many (device-less) GPUs the node announces; 0: no gres at all.
+    gpus: int = GPUS
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     # -- layout -------------------------------------------------------------
@@ -149,8 +158,29 @@ class Cluster:
             "KillWait=5",
             "MessageTimeout=20",
             f"PlugStackConfig={self.plugstack}",
-            f"NodeName={NODE} NodeAddr=127.0.0.1 CPUs={os.cpu_count() or 1} State=UNKNOWN",
+            *self._release_lines(),
         ]
+        node = f"NodeName={NODE} NodeAddr=127.0.0.1 CPUs={os.cpu_count() or 1} State=UNKNOWN"
+        gres = self.conf.parent / "gres.conf"
+        if self.gpus > 0:
+            # slurmd reads gres.conf next to slurm.conf and drops a GPU without
+            # File= ("Ignoring file-less GPU"), and File= must be a character
+            # or block device: links to /dev/null and /dev/zero stand in. With
+            # TaskPlugin=task/none nothing ever constrains or opens them.
+            dev = self.root / "dev"
+            dev.mkdir(exist_ok=True)
+            targets = ("/dev/null", "/dev/zero")
+            for i in range(self.gpus):
+                link = dev / f"nvidia{i}"
+                if not link.is_symlink():
+                    link.symlink_to(targets[i % len(targets)])
+            lines.append("GresTypes=gpu")
+            node += f" Gres=gpu:{self.gpus}"
+            gres.write_text("# Written by tests/slurm/cluster.py: device-less test GPUs.\n"
+                            f"NodeName={NODE} Name=gpu File={dev}/nvidia[0-{self.gpus - 1}]\n")
+        elif gres.exists():
+            gres.unlink()
+        lines.append(node)
         for name in self.partitions:
             default = "YES" if name == DEFAULT_PARTITION else "NO"
             lines.append(f"PartitionName={name} Nodes={NODE} Default={default} "
@@ -158,6 +188,14 @@ class Cluster:
         self.conf.write_text("\n".join(lines) + "\n")
         if not self.plugstack.exists():
             self.plugstack.write_text("# no plugins yet\n")
+
+    @staticmethod
+    def _release_lines() -> list[str]:
+        """Settings only some Slurm releases know, asked for by the release
+        matrix (tests/slurm/test_matrix.py): ``GRACE_SLURMD_PARAMETERS``
+        (e.g. ``contain_spank``, 24.05+) becomes ``SlurmdParameters=``."""
+        params = os.environ.get("GRACE_SLURMD_PARAMETERS", "").strip()
+        return [f"SlurmdParameters={params}"] if params else []
 
     def _spawn(self, name: str, argv: Sequence[str]) -> None:
         log = open(self.root / "log" / f"{name}.stdio", "ab")
@@ -283,9 +321,26 @@ class Cluster:
         raise TimeoutError(f"job {job_id} still {state} after {timeout}s")
 
     def node_state(self) -> str:
-        res = self.run(["sinfo", "-h", "-N", "-n", NODE, "-o", "%T"], timeout=20)
-        states = sorted(set(res.stdout.split()))
-        return ",".join(states)
+        """The node's state once a finished job's clean-up is over: "completing"
+        is transient (it lasts longer on a loaded machine), a drain is not."""
+        deadline = time.monotonic() + 15
+        while True:
+            res = self.run(["sinfo", "-h", "-N", "-n", NODE, "-o", "%T"], timeout=20)
+            state = ",".join(sorted(set(res.stdout.split())))
+            if state != "completing" or time.monotonic() > deadline:
+                return state
+            time.sleep(0.2)
+
+    def settled_node_state(self, timeout: float = 30.0) -> str:
+        """The node state once a finished job's "completing" has passed (a
+        bounded wait): 24.11 and later report it for a while after srun
+        returns, and it says nothing about drains (the release matrix saw it)."""
+        deadline = time.monotonic() + timeout
+        state = self.node_state()
+        while "completing" in state and time.monotonic() < deadline:
+            time.sleep(0.3)
+            state = self.node_state()
+        return state
 
     def node_ready(self) -> bool:
         try:

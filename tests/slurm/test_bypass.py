@@ -273,7 +273,7 @@ def test_audit_file_created_by_the_plugin_is_root_0640(slurm: SlurmEnv) -> None:
 
 
 def test_zz_node_not_drained(slurm: SlurmEnv) -> None:
-    state = slurm.cluster.node_state()
+    state = slurm.cluster.settled_node_state()
     assert state in ("idle", "mixed", "allocated"), (state, slurm.cluster.node_reason())
     assert os.path.exists(slurm.cluster.slurmd_log)
 

@@ -38,7 +38,7 @@ def faults(slurm: SlurmEnv) -> Iterator[SlurmEnv]:
     """Each test sets its own plugstack; afterwards: base config, node healthy."""
     yield slurm
     slurm.use("base")
-    state = slurm.cluster.node_state()
+    state = slurm.cluster.settled_node_state()
     assert state in ("idle", "mixed", "allocated"), (state, slurm.cluster.node_reason())
 
 
@@ -284,7 +284,11 @@ def test_c_backstop_fires_on_a_hung_check(faults: SlurmEnv, on_error: str) -> No
     assert "on_error=allow: step allowed unchecked" in line
     # The step, and its slurmstepd, are gone despite the sleeping thread.
     job = _job(res)
-    squeue = faults.cluster.run(["squeue", "-h", "-j", str(job)]).stdout
+    for _ in range(50):  # 24.11+: "completing" for a moment after srun returns
+        squeue = faults.cluster.run(["squeue", "-h", "-j", str(job)]).stdout
+        if str(job) not in squeue:
+            break
+        time.sleep(0.3)
     assert str(job) not in squeue
     # ... and its slurmstepd process is gone too (given a bounded while to exit).
     title = f"slurmstepd: [{job}."

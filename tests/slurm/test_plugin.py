@@ -22,7 +22,8 @@ PREFIX = "grace-policy: "
 #: slurmstepd's own execve() error (to srun: "slurmstepd-NODE: error: execve(): ...", in
 #: slurmd.log: "[JOB.STEP] error: execve(): ..."): proof an exec was attempted. Our own
 #: message quotes the same error after "without this check:", so match the line start.
-EXEC_ATTEMPT = re.compile(r"^(slurmstepd\S*: |\[[0-9.a-z]+\] )error: execve\(\)", re.M)
+#: 26.05 prints "[2026-12-01T08:14:04.295] error: execve(): ..." to srun (field notes §6).
+EXEC_ATTEMPT = re.compile(r"^(slurmstepd\S*: |(\[[0-9.a-zA-Z:-]+\] )+)error: execve\(\)", re.M)
 
 
 def _exec_attempts(text: str) -> int:
@@ -253,7 +254,7 @@ def test_audit_log_records_decisions(grace: SlurmEnv) -> None:
 
 def test_zz_node_never_drained(slurm: SlurmEnv) -> None:
     """After every rejection and failure above, the node still takes jobs."""
-    state = slurm.cluster.node_state()
+    state = slurm.cluster.settled_node_state()
     assert state in ("idle", "mixed", "allocated"), (state, slurm.cluster.node_reason())
     assert "drain" not in state and "down" not in state
     assert slurm.cluster.node_reason() in ("", "Reason=(null)")

@@ -1,0 +1,1 @@
+"""Python steps: what the node's CPython would import (issue 8)."""

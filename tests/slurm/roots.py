@@ -1,0 +1,309 @@
+"""Debian roots holding other Slurm releases, for the release matrix (issue 9).
+
+Slurm 22.05 is the host's (Debian 12). 24.11 (Debian 13) and 26.05 (Debian
+sid) come from Debian's own packages: ``mmdebstrap`` makes a root of that
+suite with slurmd, slurmctld, munge, the compilers and python3, once, cached
+under ``~/.cache/grace-policy-tests/slurm-root-<suite>`` with the same lock
+and stamp as the test corpora (``tests/corpus.py``). A Debian 12 root is made
+the same way for the package test of the host's release, so installing a
+.deb never touches the machine itself.
+
+Each use mounts an overlay on the cached root (the cache stays pristine: what
+a run builds, installs or purges lands in a throwaway upper directory, which
+is also how the purge test sees what was left behind), plus ``/proc`` and
+recursive, slave-propagation binds of ``/sys`` (slurmd wants the host's cgroup
+mounts, field notes §6) and ``/dev``. :meth:`Root.close` kills every process
+whose root is the overlay (by pid, from ``/proc/PID/root``: daemons a crashed
+test left behind included), unmounts everything under it, deepest first, and
+deletes the upper directory only when no mount is left.
+
+``GRACE_SLURM_RELEASES`` (comma-separated, default ``host,24.11,26.05``) says
+which releases the matrix runs; ``host`` alone is the quick local run (the
+host's scenarios, plus its package tests in a Debian 12 root); ``none`` makes
+no root at all.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+TESTS_DIR = Path(__file__).resolve().parent.parent
+if str(TESTS_DIR) not in sys.path:
+    sys.path.insert(0, str(TESTS_DIR))
+
+from corpus import CorpusUnavailable, _cached_tree  # noqa: E402
+
+REPO = TESTS_DIR.parent
+MIRROR = "http://deb.debian.org/debian"
+#: What a root holds: Slurm and munge, what the plugin build and the test
+#: programs need (gcc, the aarch64 cross compiler, python3-dev, pip), pytest to
+#: run tests/slurm inside, and Debian's packaging tools for ``make deb``.
+PACKAGES: tuple[str, ...] = (
+    "slurmd", "slurmctld", "slurm-client", "libslurm-dev", "munge",
+    "gcc", "make", "binutils", "build-essential", "gcc-aarch64-linux-gnu",
+    "libc6-dev-arm64-cross",
+    "python3-dev", "python3-venv", "python3-pip", "python3-pytest",
+    "ca-certificates", "procps", "mount", "debhelper", "dpkg-dev",
+)
+#: Bumped when a root must be rebuilt for a reason the package list does not show.
+ROOT_LAYOUT = 1
+
+
+@dataclass(frozen=True)
+class Release:
+    """A Slurm release the matrix covers and the Debian suite that ships it."""
+
+    slurm: str   # major.minor, as plugin_version and the package pin see it
+    suite: str
+    debian: str
+
+    @property
+    def cache_name(self) -> str:
+        return f"slurm-root-{self.suite}"
+
+
+HOST = "host"
+RELEASES: dict[str, Release] = {
+    "22.05": Release("22.05", "bookworm", "Debian 12"),
+    "24.11": Release("24.11", "trixie", "Debian 13"),
+    "26.05": Release("26.05", "sid", "Debian sid"),
+}
+DEFAULT_SELECTION = "host,24.11,26.05"
+
+
+def selected() -> list[str]:
+    """The releases ``GRACE_SLURM_RELEASES`` asks for (``host`` = 22.05 on the
+    machine itself). Unknown names are an error, not a silent narrower run."""
+    raw = os.environ.get("GRACE_SLURM_RELEASES", DEFAULT_SELECTION)
+    if raw.strip() == "none":  # no release root at all (the host's scenarios still run)
+        return []
+    names = [n.strip() for n in raw.split(",") if n.strip()]
+    unknown = [n for n in names if n != HOST and n not in RELEASES]
+    if unknown:
+        raise ValueError(f"GRACE_SLURM_RELEASES: unknown release(s) {unknown}; "
+                         f"known: {HOST}, {', '.join(RELEASES)}")
+    return names
+
+
+def _run(cmd: Sequence[str], timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    try:
+        done = subprocess.run(list(cmd), capture_output=True, text=True, timeout=timeout,
+                              check=False)
+    except FileNotFoundError as exc:
+        raise CorpusUnavailable(f"{cmd[0]} not installed (bash packaging/install-deps.sh)") \
+            from exc
+    except subprocess.TimeoutExpired as exc:
+        raise CorpusUnavailable(f"{' '.join(cmd[:3])}... timed out") from exc
+    if done.returncode != 0:
+        tail = (done.stderr or done.stdout).strip().splitlines()[-5:]
+        raise CorpusUnavailable(f"{' '.join(cmd[:2])}... failed: {' | '.join(tail)}")
+    return done
+
+
+def cached_root(release: Release) -> Path:
+    """The release's root, made once with mmdebstrap (about 1.5 min and 800 MB)."""
+
+    def build(work: Path) -> Path:
+        target = work / "root"
+        _run(["mmdebstrap", "--mode=root", "--variant=apt", "--quiet",
+              f"--include={','.join(PACKAGES)}",
+              # sid's Release file on the mirror may be past its Valid-Until
+              # (field notes §6); kept in the root's apt config for later apt runs.
+              '--aptopt=Acquire::Check-Valid-Until "false"',
+              release.suite, str(target), MIRROR])
+        return target
+
+    want = {"suite": release.suite, "packages": list(PACKAGES), "mirror": MIRROR,
+            "layout": ROOT_LAYOUT}
+    return _cached_tree(release.cache_name, want, build)
+
+
+def _mounts_under(path: Path) -> list[str]:
+    """Mount points at or below ``path``, deepest first (from mountinfo)."""
+    prefix = str(path)
+    found = []
+    with open("/proc/self/mountinfo") as fh:
+        for line in fh:
+            point = line.split()[4].replace("\\040", " ")
+            if point == prefix or point.startswith(prefix + "/"):
+                found.append(point)
+    return sorted(set(found), key=lambda p: p.count("/"), reverse=True)
+
+
+def pids_inside(path: Path) -> list[int]:
+    """Processes whose root directory is ``path`` (chroot'ed into it)."""
+    want = str(path)
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.readlink(f"/proc/{entry}/root") == want:
+                found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+@dataclass
+class Root:
+    """An overlay on a cached release root, with /proc, /sys and /dev."""
+
+    release: Release
+    lower: Path
+    base: Path
+
+    @property
+    def path(self) -> Path:
+        return self.base / "merged"
+
+    @property
+    def upper(self) -> Path:
+        return self.base / "upper"
+
+    def open(self) -> None:
+        for sub in ("upper", "work", "merged"):
+            (self.base / sub).mkdir(parents=True, exist_ok=True)
+        try:
+            self._mount("-t", "overlay", "overlay", "-o",
+                        f"lowerdir={self.lower},upperdir={self.upper},"
+                        f"workdir={self.base / 'work'}", str(self.path))
+            self._mount("-t", "proc", "proc", str(self.path / "proc"))
+            for sub in ("sys", "dev"):
+                self._mount("--rbind", f"/{sub}", str(self.path / sub))
+                # Unmounting our copy must never reach the host's mounts.
+                self._mount("--make-rslave", str(self.path / sub))
+            # What the root needs from the host to reach PyPI and Debian:
+            # the resolver and the CA bundle (pip in a fresh root fails with
+            # CERTIFICATE_VERIFY_FAILED otherwise, field notes §6).
+            for src, dest in (("/etc/resolv.conf", "etc/resolv.conf"),
+                              ("/etc/ssl/certs/ca-certificates.crt", "etc/grace-test-ca.crt")):
+                target = self.path / dest
+                if target.is_symlink() or target.exists():
+                    target.unlink()
+                shutil.copyfile(src, target)
+        except BaseException:
+            self.close()
+            raise
+
+    def _mount(self, *args: str) -> None:
+        done = subprocess.run(["mount", *args], capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"mount {' '.join(args)}: {done.stderr.strip()}")
+
+    def env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        """A clean environment for commands in the root (nothing of the host's
+        Python or pip settings leaks in; CI is passed on so skips stay failures)."""
+        env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+               "HOME": "/root", "LANG": "C.UTF-8", "PIP_CERT": "/etc/grace-test-ca.crt",
+               "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_DEFAULT_TIMEOUT": "120",
+               "DEBIAN_FRONTEND": "noninteractive"}
+        for key in ("CI", "GRACE_TEST_CACHE"):
+            if key in os.environ:
+                env[key] = os.environ[key]
+        if extra:
+            env.update(extra)
+        return env
+
+    def run(self, script: str, *, timeout: float = 900, cwd: str = "/",
+            env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        """``sh -ec script`` inside the root. On a timeout the whole session
+        and everything else inside the root is killed, by pid."""
+        proc = subprocess.Popen(
+            ["chroot", str(self.path), "/bin/sh", "-ec", f"cd {cwd}\n{script}"],
+            env=self.env(env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            self.kill_inside()
+            out, err = proc.communicate()
+            err += f"\n[killed after {timeout}s]"
+        return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+    def copy_source(self, dest: str = "/src/grace-policy") -> str:
+        """The repository's sources (no build/, no .git) at ``dest`` in the root:
+        the plugin is built there against the root's Slurm and python3."""
+        target = self.path / dest.lstrip("/")
+        if target.exists():
+            shutil.rmtree(target)
+        shutil.copytree(REPO, target, symlinks=True, ignore=shutil.ignore_patterns(
+            ".git", "build", "__pycache__", ".pytest_cache", ".coverage", "*.pyc",
+            ".ruff_cache", ".hypothesis"))
+        return dest
+
+    def kill_inside(self) -> None:
+        """SIGKILL every process chroot'ed into the root, until none is left."""
+        for _ in range(50):
+            pids = pids_inside(self.path)
+            if not pids:
+                return
+            for pid in pids:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.1)
+
+    def close(self) -> None:
+        """Kill what runs inside, unmount everything under the root, and delete
+        the upper layer only if nothing is mounted there any more."""
+        if self.path.exists():
+            self.kill_inside()
+        for _ in range(3):
+            points = _mounts_under(self.path)
+            if not points:
+                break
+            for point in points:
+                if subprocess.run(["umount", point], capture_output=True,
+                                  check=False).returncode != 0:
+                    subprocess.run(["umount", "-l", point], capture_output=True, check=False)
+        left = _mounts_under(self.path)
+        if left:
+            raise RuntimeError(f"still mounted, {self.base} kept: {left}")
+        shutil.rmtree(self.base, ignore_errors=True)
+
+
+def open_root(release: Release, tmp: Path | None = None) -> Root:
+    """A fresh overlay on ``release``'s cached root (built if needed)."""
+    lower = cached_root(release)
+    base = Path(tempfile.mkdtemp(prefix=f"grace-root-{release.suite}-", dir=tmp))
+    base.chmod(0o755)
+    root = Root(release=release, lower=lower, base=base)
+    root.open()
+    return root
+
+
+def main(argv: Sequence[str]) -> int:
+    """``python3 -m tests.slurm.roots build [RELEASE...]``: make the cached
+    roots ahead of a test run (e.g. in a CI image); ``shell RELEASE``: an
+    interactive shell in a throwaway overlay of one."""
+    if argv and argv[0] == "build":
+        for name in argv[1:] or list(RELEASES):
+            print(name, cached_root(RELEASES[name]), flush=True)
+        return 0
+    if len(argv) == 2 and argv[0] == "shell":
+        root = open_root(RELEASES[argv[1]])
+        try:
+            subprocess.run(["chroot", str(root.path), "/bin/bash", "-l"], env=root.env(),
+                           check=False)
+        finally:
+            root.close()
+        return 0
+    print("usage: python3 -m tests.slurm.roots build [RELEASE...] | shell RELEASE",
+          file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

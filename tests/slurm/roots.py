@@ -127,6 +127,12 @@ def cached_root(release: Release) -> Path:
     return _cached_tree(release.cache_name, want, build)
 
 
+def _test_cache() -> Path:
+    """tests/corpus.py's cache_root(), without importing the test package."""
+    env = os.environ.get("GRACE_TEST_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "grace-policy-tests"
+
+
 def _mounts_under(path: Path) -> list[str]:
     """Mount points at or below ``path``, deepest first (from mountinfo)."""
     prefix = str(path)
@@ -182,6 +188,15 @@ class Root:
                 self._mount("--rbind", f"/{sub}", str(self.path / sub))
                 # Unmounting our copy must never reach the host's mounts.
                 self._mount("--make-rslave", str(self.path / sub))
+            # The tests' download cache at the same path: what the host
+            # fetched once (a wheel that lies only on this disk, a Debian
+            # package of the host's release) is there for the inner run too,
+            # which must skip nothing.
+            cache = _test_cache()
+            cache.mkdir(parents=True, exist_ok=True)
+            inside = self.path / str(cache).lstrip("/")
+            inside.mkdir(parents=True, exist_ok=True)
+            self._mount("--bind", str(cache), str(inside))
             # What the root needs from the host to reach PyPI and Debian:
             # the resolver and the CA bundle (pip in a fresh root fails with
             # CERTIFICATE_VERIFY_FAILED otherwise, field notes §6).

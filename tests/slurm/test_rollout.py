@@ -152,7 +152,11 @@ def test_exemption_lets_exactly_the_program_through_until_its_date(
             assert PREFIX not in res.stderr
             assert "cache" not in rec
             assert (rec["action"], rec["enforce_action"], rec["uid"]) == ("allow", "allow", 65534)
-            assert "page-congruence" not in rec["rules"]  # type: ignore[operator]
+            # Released: no page finding on the tool itself (the node's own
+            # libraries may have info-level ones on a simulated 64 KiB node:
+            # Debian 13's libc is not 64 KiB-congruent).
+            found = list(zip(rec["rules"], rec["paths"]))  # type: ignore[call-overload]
+            assert ("page-congruence", str(vendor / "tool")) not in found, found
             assert rec["program"] == str(vendor / "tool")
             assert rec["exempt"] == [
                 {"rule": "page-congruence", "path": str(vendor / "tool"), "reason": REASON,

@@ -56,7 +56,7 @@ def audit_of(run: slurmnode.NodeRun) -> list[dict[str, object]]:
 
 
 def test_every_scenario_ran(node: slurmnode.NodeRun) -> None:
-    assert list(node.steps) == list(slurmnode.SCENARIOS), node.console[-2000:]
+    assert list(node.steps) == [*slurmnode.SCENARIOS, *slurmnode.DIRECT], node.console[-2000:]
     # One decision line per step, from this node.
     records = audit_of(node)
     assert len(records) == len(slurmnode.SCENARIOS), node.audit
@@ -107,3 +107,23 @@ def test_the_guest_had_no_network_device(node: slurmnode.NodeRun) -> None:
     """Everything ran over loopback: qemu gets -nodefaults and no NIC, so the
     guest's kernel has no interface but lo."""
     assert node.netdevs == ("lo",)
+
+
+def test_python_step_importing_a_4k_extension_is_refused(node: slurmnode.NodeRun) -> None:
+    # The prediction, and what the node's own python really does without Slurm.
+    step = node.steps["python-4k-ext"]
+    assert step.rc != 0, step.stderr
+    assert f"{PREFIX}ERROR page-congruence: /cases/venv-py/lib/python3.11/site-packages/" \
+           "ext4k/_core.abi3.so" in step.stderr
+    predicted = "ELF load command address/offset not page-aligned"
+    assert f"ImportError: /cases/venv-py/lib/python3.11/site-packages/ext4k/_core.abi3.so: " \
+           f"{predicted}" in said(step.stderr)
+    real = node.steps["python-4k-ext-direct"]
+    assert real.rc != 0 and predicted in real.stderr, real.stderr
+    assert "ImportError" in real.stderr
+    # The same environment, the package not imported: a warning, and it runs.
+    unused = node.steps["python-unused"]
+    assert unused.rc == 0 and unused.stdout == "ran\n", unused.stderr
+    assert f"{PREFIX}WARNING py-dist-broken:" in unused.stderr
+    actions = [r["action"] for r in audit_of(node) if "venv-py" in str(r.get("program"))]
+    assert actions == ["reject", "warn"], actions

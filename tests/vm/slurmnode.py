@@ -49,6 +49,15 @@ SCENARIOS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
                       {"VIRTUAL_ENV": "/cases/venv-x86",
                        "PATH": "/cases/venv-x86/bin:/usr/bin:/bin"}),
     "4k-build": (("/cases/bin/hello-4k",), {}),
+    # Python steps in a venv of the node's own python3: a package whose
+    # extension module was linked for 4 KiB pages, imported or not.
+    "python-4k-ext": (("/cases/venv-py/bin/python", "-c", "import ext4k"), {}),
+    "python-unused": (("/cases/venv-py/bin/python", "-c", "print('ran')"), {}),
+}
+
+#: name -> argv run as nobody without Slurm: what really happens on this node.
+DIRECT: dict[str, tuple[str, ...]] = {
+    "python-4k-ext-direct": ("/cases/venv-py/bin/python", "-c", "import ext4k"),
 }
 
 CONFIG = """\
@@ -176,6 +185,9 @@ def init_script(epoch: int | None = None) -> str:
         cmd = " ".join(_shell_quote(a) for a in argv)
         inner = f"env {assigns} srun -p {PARTITION} -N1 -n1 {cmd}"
         lines.append(f"step {name} su -s /bin/sh nobody -c {_shell_quote(inner)}")
+    for name, argv in DIRECT.items():
+        cmd = " ".join(_shell_quote(a) for a in argv)
+        lines.append(f"step {name} su -s /bin/sh nobody -c {_shell_quote(cmd)}")
     lines.append(INIT_TAIL)
     return "\n".join(lines)
 
@@ -261,7 +273,9 @@ def build_plugin(work: Path, root: Path) -> Path:
     stamp = guest / ".stamp"
     stamp.touch()
     req = REPO / "packaging/plugin-requirements.txt"
-    os.utime(stamp, (req.stat().st_atime, req.stat().st_mtime))
+    # Nanoseconds: a float mtime can land a few ns before the file's, and
+    # make then rebuilds PYDEPS with the host's (x86_64) wheels.
+    os.utime(stamp, ns=(req.stat().st_atime_ns, req.stat().st_mtime_ns))
     _run([*make, f"PYDEPS={guest}", f"DESTDIR={stage}", "PREFIX=/usr/local", "install"],
          timeout=900)
     return stage
@@ -280,10 +294,32 @@ def build_cases(work: Path, cache: object) -> Path:
     compile_c(src("hello.c"), venv / "bin/python3", arch="x86_64", **kw)
     (venv / "bin/python").symlink_to("python3")
     (venv / "pyvenv.cfg").write_text("home = /usr/bin\nversion = 3.11.2\n")
+    _python_venv(cases / "venv-py", cache)
     for path in cases.rglob("*"):
         if not path.is_symlink():
             path.chmod(0o755)
     return cases
+
+
+def _python_venv(venv: Path, cache: object) -> None:
+    """A venv of the guest's /usr/bin/python3 (3.11) holding ``ext4k``, a
+    package installed as pip lays it out (RECORD included) whose extension
+    module is an aarch64 build linked for 4 KiB pages."""
+    site = venv / "lib/python3.11/site-packages"
+    (site / "ext4k").mkdir(parents=True)
+    (venv / "bin").mkdir()
+    (venv / "bin/python3").symlink_to("/usr/bin/python3.11")
+    (venv / "bin/python").symlink_to("python3")
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\ninclude-system-site-packages = false\n"
+                                     "version = 3.11.2\n")
+    (site / "ext4k/__init__.py").write_text("from . import _core\n")
+    compile_c("int PyInit__core(void) { return 0; }\n", site / "ext4k/_core.abi3.so",
+              arch="aarch64", page_size=4096, shared=True, cache=cache)
+    meta = site / "ext4k-1.0.dist-info"
+    meta.mkdir()
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: ext4k\nVersion: 1.0\n")
+    (meta / "RECORD").write_text("ext4k/__init__.py,,\next4k/_core.abi3.so,,\n"
+                                 "ext4k-1.0.dist-info/METADATA,,\next4k-1.0.dist-info/RECORD,,\n")
 
 
 @dataclass(frozen=True)

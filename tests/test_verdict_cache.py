@@ -175,3 +175,25 @@ def test_a_listed_directory_is_replayed_by_identity_and_times(tmp_path) -> None:
     (site / "b.py").rename(site / "c.py")
     assert not fsprobe.still_true(fresh)
     assert fsprobe.answer("D", str(tmp_path / "missing")) == "n"
+
+
+def test_a_python_step_records_its_own_arguments_as_c_reads_them(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # C compares "argv:N" with the step's S_JOB_ARGV. A console script's
+    # interpreter sees other arguments (its #! line adds the script path):
+    # the entry must name the step's, or it could never be replayed.
+    venv = tmp_path / "venv"
+    import subprocess
+    import sys
+
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    tool = venv / "bin" / "tool"
+    tool.write_text(f"#!{venv}/bin/python\nimport json\n")
+    tool.chmod(0o755)
+    fsprobe.start()
+    verdict = decide(Policy(), partition=None, argv=[str(tool), "--epochs", "3"],
+                     env={"PATH": "/usr/bin", "HOME": str(tmp_path)}, cwd=str(tmp_path),
+                     node=None)
+    records = fsprobe.stop()
+    assert verdict.action == "allow", verdict.findings
+    inputs = [(name, value) for op, name, value in records if op == "i"]
+    assert inputs == [("argc", "=3"), ("argv:1", "=--epochs"), ("argv:2", "=3")]

@@ -41,8 +41,7 @@ Causes = Callable[[str], tuple[str, ...]]
 #: Variables CPython's start-up reads that change what it imports; a cached
 #: verdict depends on them.
 PYTHON_VARS = ("PYTHONPATH", "PYTHONHOME", "PYTHONUSERBASE", "PYTHONNOUSERSITE",
-               "PYTHONSAFEPATH", "PYTHONPLATLIBDIR", "PYTHONNOUSERSITE", "VIRTUAL_ENV",
-               "CONDA_PREFIX")
+               "PYTHONSAFEPATH", "PYTHONPLATLIBDIR", "VIRTUAL_ENV", "CONDA_PREFIX")
 
 #: Site-directory entries that are metadata, not importable code.
 _META_SUFFIXES = (".dist-info", ".egg-info", ".pth", ".egg-link", ".data")
@@ -83,8 +82,10 @@ def _env_words(arg: str | None) -> list[str]:
 
 
 def _note_inputs(args: Sequence[str], env: Mapping[str, str]) -> None:
-    # The verdict of a Python step depends on its arguments (-c, -m, the
-    # script) and on CPython's variables, not only on argv[0].
+    # The verdict of a Python step depends on the step's own arguments (-c,
+    # -m, the script; "run" of uv) and on CPython's variables, not only on
+    # argv[0]. The step's argv, as C sees it: what #! lines add to the
+    # interpreter's argv is recorded with the scripts' identities.
     fsprobe.note_input("argc", str(len(args) + 1))
     for i, arg in enumerate(args, 1):
         fsprobe.note_input(f"argv:{i}", arg)
@@ -100,6 +101,7 @@ def python_issues(exe: str, info: ElfInfo, process: Process, hops: Sequence[Hop]
     when it is a CPython interpreter; ``[]`` for any other program."""
     from .interp import identify, parse_python_argv
 
+    _note_inputs(argv[1:], env)
     interp = identify(exe, info, node, budget)
     if interp is None:
         name = os.path.basename(exe)
@@ -111,7 +113,6 @@ def python_issues(exe: str, info: ElfInfo, process: Process, hops: Sequence[Hop]
                                     first=(f"{venv}/bin/python",) if venv else ())
         return []
     args = interpreter_args(hops, argv)
-    _note_inputs(argv[1:] if len(hops) < 2 else args, env)
     flags, command = parse_python_argv(args, interp.version)
     if command.kind == "none":
         return []

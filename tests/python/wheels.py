@@ -39,11 +39,10 @@ The pinned corpus (small; the numpy ones are 12 MB each):
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 from pathlib import Path
 
-from corpus import NET_TIMEOUT, CorpusUnavailable, _cached_tree, _give_up, _run
+from corpus import NET_TIMEOUT, CorpusUnavailable, _cached_tree, _give_up, _run, sha256_file
 
 from grace_policy._record import dataclass
 
@@ -96,13 +95,6 @@ def pin_for(requirement: str, platform: str, python_version: str) -> WheelPin:
     raise KeyError(f"no pinned wheel for {requirement} {plat} {python_version} (pinned: {known})")
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
 
 def _install(pin: WheelPin) -> Path:
     def build(work: Path) -> Path:
@@ -118,7 +110,7 @@ def _install(pin: WheelPin) -> Path:
         if not wheel.is_file():
             got = sorted(p.name for p in dl.iterdir())
             raise CorpusUnavailable(f"pip downloaded {got}, wanted {pin.filename}")
-        if _sha256(wheel) != pin.sha256:
+        if sha256_file(wheel) != pin.sha256:
             raise CorpusUnavailable(f"{pin.filename}: sha256 differs from the pin")
         root = work / "root"
         (root / "wheel").mkdir(parents=True)

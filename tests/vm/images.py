@@ -21,13 +21,12 @@ the pin (``apt-cache policy`` with the same options shows the new one).
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import subprocess
 from pathlib import Path
 
-from corpus import NET_TIMEOUT, CorpusUnavailable, _cached_tree, _run, cache_root
+from corpus import NET_TIMEOUT, CorpusUnavailable, _cached_tree, _run, cache_root, sha256_file
 
 #: suite -> ((package, version, sha256), ...)
 PINS: dict[str, tuple[tuple[str, str, str], ...]] = {
@@ -159,13 +158,6 @@ def _apt(state: Path, suite: str) -> list[str]:
     ]
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
 
 def fetch_debs(suite: str) -> Path:
     """The pinned .deb files of ``suite``, verified; returns their directory."""
@@ -183,7 +175,7 @@ def fetch_debs(suite: str) -> Path:
             if len(found) != 1:
                 raise CorpusUnavailable(f"{suite}: {name}={version} not downloaded "
                                         "(dropped from the archive? bump PINS)")
-            got = _sha256(found[0])
+            got = sha256_file(found[0])
             if got != digest:
                 raise CorpusUnavailable(f"{suite}: {found[0].name} has sha256 {got}, "
                                         f"pinned {digest}")

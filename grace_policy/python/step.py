@@ -166,15 +166,13 @@ def shell_env_issues(env: Mapping[str, str], cwd: str, node: NodeProfile, budget
     from ..elf import ElfError, read_elf
     from ..launch import which
     from ..node import node_owns
-    from .interp import PyCommand, PyFlags, identify
-    from .sitepath import sys_path
 
     candidates = [*first]
     candidates += [f"{env[v].rstrip('/')}/bin/python" for v in ("VIRTUAL_ENV", "CONDA_PREFIX")
                    if env.get(v, "").startswith("/")]
-    first = which("python3", env.get("PATH"), cwd, budget)
-    if first is not None and not node_owns(first):
-        candidates.append(first)
+    on_path = which("python3", env.get("PATH"), cwd, budget)
+    if on_path is not None and not node_owns(on_path):
+        candidates.append(on_path)
     for python in candidates:
         budget.tick()
         try:
@@ -184,13 +182,27 @@ def shell_env_issues(env: Mapping[str, str], cwd: str, node: NodeProfile, budget
         if info.machine != node.machine_number or info.elf_class != node.elf_class:
             continue  # another machine's env: the env-leak rule speaks for it
         process = Process(python, info, node, env, cwd=cwd, budget=budget)
-        interp = identify(python, info, node, budget)
-        if interp is None:
-            continue
-        paths = sys_path(interp, PyFlags(), PyCommand("stdin", ""), env, cwd, node, budget)
-        return Environment(interp.version, paths, process, env, cwd, node, budget, causes,
-                           cuda_index=cuda_index, all_warnings=True).issues(())
+        found = _environment(python, process, env, cwd, node, budget, causes,
+                             cuda_index=cuda_index, all_warnings=True)
+        if found is not None:
+            return found.issues(())
     return []
+
+
+def _environment(python: str, process: Process, env: Mapping[str, str], cwd: str,
+                 node: NodeProfile, budget: Budget, causes: Causes, *,
+                 cuda_index: str | None, all_warnings: bool) -> Environment | None:
+    """The environment of interpreter ``python`` started with no script (what
+    a shell step's or a user's ``python`` would see), or None for no CPython."""
+    from .interp import PyCommand, PyFlags, identify
+    from .sitepath import sys_path
+
+    interp = identify(python, process.main.info, node, budget)
+    if interp is None:
+        return None
+    paths = sys_path(interp, PyFlags(), PyCommand("stdin", ""), env, cwd, node, budget)
+    return Environment(interp.version, paths, process, env, cwd, node, budget, causes,
+                       cuda_index=cuda_index, all_warnings=all_warnings)
 
 
 def _listdir(path: str) -> list[str]:
@@ -495,8 +507,6 @@ def environment_report(python: str, env: Mapping[str, str], cwd: str, node: Node
     as used; every group is judged either way."""
     from ..causes import path_causes
     from ..check import check_elf
-    from .interp import PyCommand, PyFlags, identify
-    from .sitepath import sys_path
 
     def causes(path: str) -> tuple[str, ...]:
         return path_causes(path, env)
@@ -508,10 +518,6 @@ def environment_report(python: str, env: Mapping[str, str], cwd: str, node: Node
     if not isinstance(process, Process) or any(
             i.rule in ("exe-arch-mismatch", "elf-invalid", "interp-missing") for i in issues):
         return issues, None
-    interp = identify(python, process.main.info, node, budget)
-    if interp is None:
-        return issues, None
-    paths = sys_path(interp, PyFlags(), PyCommand("stdin", ""), env, cwd, node, budget)
-    groups = Environment(interp.version, paths, process, env, cwd, node, budget, causes,
-                         cuda_index=cuda_index).groups(imports)
-    return issues, groups
+    found = _environment(python, process, env, cwd, node, budget, causes,
+                         cuda_index=cuda_index, all_warnings=False)
+    return issues, (found.groups(imports) if found is not None else None)

@@ -197,3 +197,16 @@ def test_a_python_step_records_its_own_arguments_as_c_reads_them(tmp_path) -> No
     assert verdict.action == "allow", verdict.findings
     inputs = [(name, value) for op, name, value in records if op == "i"]
     assert inputs == [("argc", "=3"), ("argv:1", "=--epochs"), ("argv:2", "=3")]
+
+
+def test_a_shell_step_records_no_arguments(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # 'srun bash -c ...' loops: what bash's environment holds does not depend
+    # on the command string, so one cache entry serves them all.
+    fsprobe.start()
+    verdict = decide(Policy(), partition=None, argv=["/bin/bash", "-c", "echo 1"],
+                     env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}, cwd=str(tmp_path),
+                     node=None)
+    records = fsprobe.stop()
+    assert verdict.action == "allow", verdict.findings
+    assert not [r for r in records if r[0] == "i"], records
+    assert ("v", "PYTHONPATH", "-") in records  # but the variables its python would read

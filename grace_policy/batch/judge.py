@@ -84,6 +84,9 @@ def read_script(script: str, args: Sequence[str], env: Mapping[str, str], cwd: s
                       login=login).read()
     except BudgetExceeded as exc:
         return Reading(limit=str(exc))
+    except shparse.ParserUnavailable as exc:
+        # An install without the parser: the script is judged as before.
+        return Reading(skipped=f"no shell parser ({exc})")
 
 
 def decide_batch(policy: Policy, *, partition: str | None, argv: Sequence[str],
@@ -130,6 +133,8 @@ def _with_lines(policy: Policy, own: Verdict, partition: str | None, argv: Seque
     node = node or node_for(policy, partition)
     start_env = own.env.apply(dict(env))
     reading = read_script(argv[0], argv[1:], start_env, cwd, budget, login=shell[1])
+    if reading.skipped:
+        return own
     kept_own = own.findings
     env_changes = own.env
     leak = [f for f in own.findings if f.rule == "env-leak"]
@@ -175,7 +180,16 @@ def _worded(finding: Finding, command: Command) -> Finding:
     shown = f"line {command.line}: {command.text}"
     if finding.path:
         shown += f" -> {finding.path}"
-    return replace(finding, severity=severity, path=shown)
+    error = finding.predicted_error
+    execve = "slurmstepd: error: execve(): "
+    if not command.srun and error.startswith(execve):
+        # bash, not slurmstepd, starts the line's program and says so.
+        what = error[len(execve):]
+        if what.endswith(": Exec format error"):
+            what = what[:-len(": Exec format error")] + ": cannot execute binary file: " \
+                "Exec format error"
+        error = f"line {command.line}: {what}"
+    return replace(finding, severity=severity, path=shown, predicted_error=error)
 
 
 def _judge(policy: Policy, reading: Reading, node: NodeProfile, partition: str | None,

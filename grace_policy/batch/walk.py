@@ -13,7 +13,6 @@ function call, a block that changed the state). Nothing is ever run.
 from __future__ import annotations
 
 import os
-import re
 
 from .. import fsprobe
 from .._record import dataclass, field
@@ -31,7 +30,7 @@ if TYPE_CHECKING:
 MAX_STATEMENTS = 20000
 MAX_DEPTH = 64
 #: Characters of a command's source text kept for messages.
-TEXT_CHARS = 80
+TEXT_CHARS = 160
 
 #: Builtins and keywords that change nothing a later command depends on.
 _INERT = frozenset("""
@@ -45,7 +44,8 @@ _UNKNOWABLE = frozenset({"module", "ml", "spack", "eval", "setenv", "use", "envm
 #: Programs that run their arguments as a command (after their own options).
 _WRAPPERS = {"time": 0, "nohup": 0, "command": 0, "builtin": 0}
 _CONDA = frozenset({"conda", "mamba", "micromamba"})
-_HOOK = re.compile(r"""^eval\s+["']?\$\(\s*(\S+)\s+shell(\.bash|\s+hook)""")
+#: ``eval "$(conda shell.bash hook)"`` and its spellings (compiled when met).
+_HOOK = r"""^eval\s+["']?\$\(\s*(\S+)\s+shell(\.bash|\s+hook)"""
 
 
 @dataclass(frozen=True)
@@ -75,6 +75,8 @@ class Reading:
     statements: int = 0
     #: Where the reading stopped early (the budget), else None.
     limit: str | None = None
+    #: Why the script was not read at all (no parser), else None.
+    skipped: str | None = None
 
 
 @dataclass
@@ -562,7 +564,9 @@ class Reader:
     def _conda_hook(self, node: Any, state: _State) -> bool:
         """``eval "$(conda shell.bash hook)"``: defines the conda function;
         its effect is the ``CONDA_EXE`` of the conda that printed it."""
-        match = _HOOK.match(_text(node).strip())
+        import re
+
+        match = re.match(_HOOK, _text(node).strip())
         if not match:
             return False
         exe = match.group(1)

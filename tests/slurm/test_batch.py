@@ -1,0 +1,165 @@
+"""Batch scripts on a real Slurm (issue 21): what the script's lines will run
+is judged before its first line runs.
+
+The node is this x86_64 machine; ``foreign`` is an aarch64 build of the
+side-effect program (harness.py), the interpreter of ``venv-foreign``. Each
+failing script's line 2 leaves a file behind if the script ever starts: a
+rejected job must not leave it, a warned one must.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from .harness import SlurmEnv
+
+pytestmark = pytest.mark.slurm
+
+PREFIX = "grace-policy: "
+
+
+@pytest.fixture(scope="module")
+def envs(slurm: SlurmEnv) -> dict[str, Path]:
+    """Activate scripts for the harness' venvs (as ``python -m venv`` writes
+    them: the prefix literally), a directory of foreign tools, and a conda
+    installation whose ``fenv`` was built on an aarch64 machine."""
+    files = slurm.files
+    for name in ("venv-foreign", "venv-native"):
+        (files / name / "bin" / "activate").write_text(
+            "deactivate () {\n    unset VIRTUAL_ENV\n}\n"
+            f'VIRTUAL_ENV="{files / name}"\nexport VIRTUAL_ENV\n'
+            '_OLD_VIRTUAL_PATH="$PATH"\nPATH="$VIRTUAL_ENV/bin:$PATH"\nexport PATH\n')
+    fbin = files / "foreign-bin"
+    fbin.mkdir(exist_ok=True)
+    shutil.copy2(files / "foreign", fbin / "tool")
+    conda = files / "conda"
+    for sub in ("bin", "etc/profile.d", "envs/fenv/bin", "envs/fenv/conda-meta", "conda-meta"):
+        (conda / sub).mkdir(parents=True, exist_ok=True)
+    (conda / "bin" / "conda").write_text("#!/bin/sh\nexit 0\n")
+    (conda / "bin" / "conda").chmod(0o755)
+    (conda / "etc" / "profile.d" / "conda.sh").write_text("conda() { :; }\n")
+    shutil.copy2(files / "foreign", conda / "envs" / "fenv" / "bin" / "python")
+    for path in (fbin, conda):
+        for root, _dirs, _names in os.walk(path):
+            os.chmod(root, 0o755)
+    return {"foreign": files / "venv-foreign", "native": files / "venv-native",
+            "fbin": fbin, "conda": conda}
+
+
+def _run(grace: SlurmEnv, name: str, body: str, *, env: dict[str, str] | None = None,
+         args: tuple[str, ...] = ()) -> tuple[str, str, Path]:
+    """sbatch ``body`` (after ``#!/bin/bash`` and a line 2 that leaves
+    ``NAME.side``) as nobody; (final state, output text, side file)."""
+    out = grace.cluster.shared / f"{name}.out"
+    if out.exists():
+        out.unlink()
+    side = grace.side_file(f"{name}.side")
+    script = f"#!/bin/bash\ntouch {side}\n{body}"
+    job = grace.cluster.sbatch(script, ["-o", str(out), *args], user="nobody", env=env)
+    state = grace.cluster.wait_job(job)
+    text = out.read_text() if out.exists() else ""
+    assert "Traceback" not in text
+    return state, text, side
+
+
+def _assert_rejected_before_first_line(grace: SlurmEnv, state: str, text: str,
+                                       side: Path, expected: str) -> None:
+    assert state == "FAILED", text
+    assert expected in text, text
+    assert f"{PREFIX}step not started" in text, text
+    assert not side.exists(), "the script's line 2 ran although the job was rejected"
+    assert grace.cluster.settled_node_state() in ("idle", "mixed"), grace.cluster.node_reason()
+
+
+def test_foreign_venv_on_the_main_path_fails_before_line_one(grace: SlurmEnv,
+                                                             envs: dict[str, Path]) -> None:
+    before = len(grace.audit_lines())
+    state, text, side = _run(grace, "b-venv",
+                             f"source {envs['foreign']}/bin/activate\npython train.py --epochs 3\n")
+    _assert_rejected_before_first_line(
+        grace, state, text, side,
+        f"{PREFIX}ERROR exe-arch-mismatch: line 4: python train.py --epochs 3 -> "
+        f"{envs['foreign']}/bin/python")
+    records = [json.loads(line) for line in grace.audit_lines()[before:]]
+    assert [r["action"] for r in records] == ["reject"]
+    assert "exe-arch-mismatch" in json.dumps(records[0])
+
+
+def test_the_same_line_inside_an_if_only_warns(grace: SlurmEnv, envs: dict[str, Path]) -> None:
+    state, text, side = _run(grace, "b-if",
+                             f"source {envs['foreign']}/bin/activate\n"
+                             'if [ -n "$SLURM_JOB_ID" ]; then\n    python train.py\nfi\n'
+                             "echo script-ran\n")
+    assert state == "COMPLETED", text
+    assert f"{PREFIX}WARNING exe-arch-mismatch: line 5: python train.py -> " in text, text
+    assert "ERROR" not in text
+    assert side.exists() and "script-ran" in text
+
+
+def test_foreign_tool_on_an_exported_path(grace: SlurmEnv, envs: dict[str, Path]) -> None:
+    state, text, side = _run(grace, "b-path", f"export PATH={envs['fbin']}:$PATH; tool --help\n")
+    _assert_rejected_before_first_line(
+        grace, state, text, side,
+        f"{PREFIX}ERROR exe-arch-mismatch: line 3: tool --help -> {envs['fbin']}/tool")
+
+
+def test_conda_activate_of_a_foreign_env(grace: SlurmEnv, envs: dict[str, Path]) -> None:
+    conda = envs["conda"]
+    state, text, side = _run(grace, "b-conda",
+                             f"source {conda}/etc/profile.d/conda.sh\nconda activate fenv\n"
+                             "python -c 'import sys'\n")
+    _assert_rejected_before_first_line(
+        grace, state, text, side,
+        f"{PREFIX}ERROR exe-arch-mismatch: line 5: python -c 'import sys' -> "
+        f"{conda}/envs/fenv/bin/python")
+
+
+def test_srun_of_a_foreign_program(grace: SlurmEnv, envs: dict[str, Path]) -> None:
+    foreign = grace.files / "foreign"
+    state, text, side = _run(grace, "b-srun", f"srun -n 1 --export=ALL {foreign} out\n")
+    _assert_rejected_before_first_line(
+        grace, state, text, side,
+        f"{PREFIX}ERROR exe-arch-mismatch: line 3: srun -n 1 --export=ALL {foreign} out -> "
+        f"{foreign}")
+
+
+def test_unset_before_the_first_command_makes_a_leak_harmless(grace: SlurmEnv,
+                                                               envs: dict[str, Path]) -> None:
+    leak = {"VIRTUAL_ENV": str(envs["foreign"]), "CONDA_PREFIX": str(envs["foreign"])}
+    # Without the unset: the plugin strips the leak and says so.
+    state, text, side = _run(grace, "b-leak", "echo VENV=${VIRTUAL_ENV:-unset}\n", env=leak)
+    assert state == "COMPLETED" and f"{PREFIX}WARNING env-leak" in text, text
+    # With it: nothing to say, and the script does its own cleaning.
+    state, text, side = _run(grace, "b-unset",
+                             "unset CONDA_PREFIX VIRTUAL_ENV\nhostname\n"
+                             "echo VENV=${VIRTUAL_ENV:-unset}\n",
+                             env=leak)
+    assert state == "COMPLETED", text
+    assert PREFIX not in text, text
+    assert "VENV=unset" in text and side.exists()
+
+
+def test_clean_script_with_a_native_venv_runs_in_silence(grace: SlurmEnv,
+                                                          envs: dict[str, Path]) -> None:
+    state, text, side = _run(grace, "b-clean",
+                             f"source {envs['native']}/bin/activate\ncd \"$SLURM_SUBMIT_DIR\"\n"
+                             "python -c 'print(\"native-ran\")'\nsrun -n1 hostname\n")
+    assert state == "COMPLETED", text
+    assert PREFIX not in text, text
+    assert "native-ran" in text and side.exists()
+
+
+def test_commands_built_by_command_substitution_are_not_judged(grace: SlurmEnv,
+                                                               envs: dict[str, Path]) -> None:
+    foreign = grace.files / "foreign"
+    state, text, side = _run(grace, "b-subst",
+                             f"$(echo {foreign}) x || true\nP=$(printf %s {foreign}); $P || true\n"
+                             "echo script-ran\n")
+    assert state == "COMPLETED", text
+    assert PREFIX not in text, text
+    assert "script-ran" in text and side.exists()

@@ -52,14 +52,14 @@ def envs(slurm: SlurmEnv) -> dict[str, Path]:
 
 
 def _run(grace: SlurmEnv, name: str, body: str, *, env: dict[str, str] | None = None,
-         args: tuple[str, ...] = ()) -> tuple[str, str, Path]:
-    """sbatch ``body`` (after ``#!/bin/bash`` and a line 2 that leaves
-    ``NAME.side``) as nobody; (final state, output text, side file)."""
+         args: tuple[str, ...] = (), head: str = "") -> tuple[str, str, Path]:
+    """sbatch ``body`` (after ``#!/bin/bash``, ``head`` and a line that
+    leaves ``NAME.side``) as nobody; (final state, output text, side file)."""
     out = grace.cluster.shared / f"{name}.out"
     if out.exists():
         out.unlink()
     side = grace.side_file(f"{name}.side")
-    script = f"#!/bin/bash\ntouch {side}\n{body}"
+    script = f"#!/bin/bash\n{head}touch {side}\n{body}"
     job = grace.cluster.sbatch(script, ["-o", str(out), *args], user="nobody", env=env)
     state = grace.cluster.wait_job(job)
     text = out.read_text() if out.exists() else ""
@@ -135,10 +135,8 @@ def test_unset_before_the_first_command_makes_a_leak_harmless(grace: SlurmEnv,
     state, text, side = _run(grace, "b-leak", "echo VENV=${VIRTUAL_ENV:-unset}\n", env=leak)
     assert state == "COMPLETED" and f"{PREFIX}WARNING env-leak" in text, text
     # With it: nothing to say, and the script does its own cleaning.
-    state, text, side = _run(grace, "b-unset",
-                             "unset CONDA_PREFIX VIRTUAL_ENV\nhostname\n"
-                             "echo VENV=${VIRTUAL_ENV:-unset}\n",
-                             env=leak)
+    state, text, side = _run(grace, "b-unset", "hostname\necho VENV=${VIRTUAL_ENV:-unset}\n",
+                             env=leak, head="unset CONDA_PREFIX VIRTUAL_ENV\n")
     assert state == "COMPLETED", text
     assert PREFIX not in text, text
     assert "VENV=unset" in text and side.exists()

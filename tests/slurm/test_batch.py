@@ -161,3 +161,121 @@ def test_commands_built_by_command_substitution_are_not_judged(grace: SlurmEnv,
     assert state == "COMPLETED", text
     assert PREFIX not in text, text
     assert "script-ran" in text and side.exists()
+
+
+# -- at submit time: cli_filter/lua with the shipped cli_filter.lua ----------
+
+@pytest.fixture(scope="module")
+def submit_conf(slurm: SlurmEnv) -> Path:
+    """A slurm.conf for client commands with ``CliFilterPlugins=cli_filter/lua``
+    and, beside it, a site cli_filter.lua that calls the installed file; the
+    grace-policy config makes gb200sim refuse at submit time."""
+    shipped = slurm.prefix / "share" / "grace-policy" / "cli_filter.lua"
+    assert shipped.is_file(), "make install did not install cli_filter.lua"
+    etc = slurm.cluster.root.parent / "etc-submit"
+    etc.mkdir(exist_ok=True)
+    etc.chmod(0o755)
+    config = etc / "grace-policy.toml"
+    config.write_text(slurm.configs["base"].read_text().replace(
+        "[partitions.gb200sim]\n", '[partitions.gb200sim]\nsubmit = "enforce"\n'))
+    config.chmod(0o644)
+    import subprocess
+
+    done = subprocess.run([str(slurm.prefix / "bin" / "grace-policy"), "config", "check",
+                           "--compile", "--plugstack", "none", str(config)],
+                          env={}, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    conf = etc / "slurm.conf"
+    conf.write_text(slurm.cluster.conf.read_text() + "CliFilterPlugins=cli_filter/lua\n")
+    conf.chmod(0o644)
+    site = etc / "cli_filter.lua"
+    site.write_text(f'local grace = dofile("{shipped}")\ngrace.config = "{config}"\n')
+    site.chmod(0o644)
+    return conf
+
+
+def _submit(grace: SlurmEnv, conf: Path, command: str) -> tuple[int, str]:
+    """Run a client command line as nobody with the cli_filter slurm.conf;
+    (exit code, stdout and stderr merged in the order they were written)."""
+    res = grace.cluster.run(["sh", "-c", f"{command} 2>&1"], user="nobody",
+                            env={"SLURM_CONF": str(conf)}, timeout=120)
+    assert "Traceback" not in res.stdout
+    return res.returncode, res.stdout
+
+
+def _script_file(grace: SlurmEnv, name: str, body: str) -> Path:
+    path = grace.cluster.shared / name
+    path.write_text(f"#!/bin/bash\n{body}")
+    path.chmod(0o755)
+    return path
+
+
+def test_sbatch_prints_findings_before_the_job_id(grace: SlurmEnv, envs: dict[str, Path],
+                                                  submit_conf: Path) -> None:
+    script = _script_file(grace, "s-warn.sh", f"source {envs['foreign']}/bin/activate\n"
+                                               "python train.py\n")
+    out = grace.cluster.shared / "s-warn.out"
+    rc, text = _submit(grace, submit_conf, f"sbatch -o {out} {script}")
+    assert rc == 0, text
+    finding = (f"{PREFIX}ERROR exe-arch-mismatch: line 3: python train.py -> "
+               f"{envs['foreign']}/bin/python")
+    assert finding in text, text
+    assert f"{PREFIX}sbatch: submitted anyway" in text
+    assert text.index(finding) < text.index("Submitted batch job"), text
+    job = int(text.split("Submitted batch job")[1].split()[0])
+    assert grace.cluster.wait_job(job) == "FAILED"  # and the plugin stopped it on the node
+
+
+def test_sbatch_is_refused_where_the_partition_enforces(grace: SlurmEnv, envs: dict[str, Path],
+                                                        submit_conf: Path) -> None:
+    script = _script_file(grace, "s-enf.sh", f"source {envs['foreign']}/bin/activate\n"
+                                              "python train.py\n")
+    rc, text = _submit(grace, submit_conf, f"sbatch -p gb200sim -J grace-refused {script}")
+    assert rc != 0, text
+    assert f"{PREFIX}ERROR exe-arch-mismatch: line 3: python train.py" in text, text
+    assert f"{PREFIX}sbatch: job not submitted" in text
+    assert "Submitted batch job" not in text
+    queued = grace.cluster.run(["squeue", "-h", "-n", "grace-refused", "-o", "%i"])
+    assert queued.returncode == 0 and queued.stdout.strip() == ""
+
+
+def test_a_clean_sbatch_prints_nothing(grace: SlurmEnv, envs: dict[str, Path],
+                                      submit_conf: Path) -> None:
+    script = _script_file(grace, "s-clean.sh", f"source {envs['native']}/bin/activate\n"
+                                                "python -c pass\nsrun hostname\n")
+    out = grace.cluster.shared / "s-clean.out"
+    rc, text = _submit(grace, submit_conf, f"sbatch -p gb200sim -o {out} {script}")
+    assert rc == 0, text
+    assert text.startswith("Submitted batch job") and PREFIX not in text, text
+    job = int(text.split()[3])
+    assert grace.cluster.wait_job(job) == "COMPLETED"
+    assert PREFIX not in out.read_text()
+
+
+def test_wrap_and_srun_are_judged_at_submit_time(grace: SlurmEnv, envs: dict[str, Path],
+                                                 submit_conf: Path) -> None:
+    foreign = grace.files / "foreign"
+    rc, text = _submit(grace, submit_conf, f"sbatch -p gb200sim --wrap '{foreign} x'")
+    assert rc != 0 and f"{PREFIX}sbatch: job not submitted" in text, text
+    assert f"line 4: {foreign} x -> {foreign}" in text
+    rc, text = _submit(grace, submit_conf, f"srun -p gb200sim -n1 {foreign}")
+    assert rc != 0 and f"{PREFIX}srun: job not submitted" in text, text
+    # --export rules apply to the submitting shell's environment.
+    rc, text = _submit(grace, submit_conf,
+                       f"PATH={envs['fbin']}:$PATH srun -p gb200sim -n1 --export=ALL tool")
+    assert rc != 0 and f"{PREFIX}ERROR exe-arch-mismatch: {envs['fbin']}/tool" in text, text
+
+
+def test_srun_inside_an_allocation_is_left_to_the_plugin(grace: SlurmEnv, submit_conf: Path
+                                                         ) -> None:
+    foreign = grace.files / "foreign"
+    script = _script_file(grace, "s-inner.sh", f"S=srun; $(echo $S) -n1 {foreign}\necho after\n")
+    out = grace.cluster.shared / "s-inner.out"
+    rc, text = _submit(grace, submit_conf, f"sbatch -p gb200sim -o {out} {script}")
+    assert rc == 0 and PREFIX not in text, text  # the reader cannot know '$(echo $S)'
+    job = int(text.split()[3])
+    grace.cluster.wait_job(job)
+    inner = out.read_text()
+    assert "after" in inner
+    assert f"{PREFIX}step not started" in inner, inner  # the plugin, on the node
+    assert "job not submitted" not in inner  # not the submit filter (it skipped)

@@ -258,6 +258,9 @@ def test_user_text_in_messages_is_escaped(world) -> None:
     "{ " * 2000 + "x; " + "} " * 2000 + "\n",
     "fi done esac ))) ]] }}} $((( ${ \"'\n",
     "cat <<EOF\n" + "x\n" * 10000,
+    "echo " + "${X:-" * 3000 + "y" + "}" * 3000 + "\n",
+    "a && " * 5000 + "b\n",
+    "x | " * 5000 + "y\n",
 ])
 def test_hostile_scripts_end_in_a_verdict(world, body: str) -> None:
     v = _decide(world, body)

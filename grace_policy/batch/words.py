@@ -271,7 +271,7 @@ def fields(node: Any, shell: ShellVars) -> list[str] | None:
     blanks, ``"$@"`` one per argument); None when any part is unknown."""
     try:
         pieces = _pieces(node, shell, quoted=False)
-    except Unknown:
+    except (Unknown, RecursionError):  # RecursionError: ${X:-${X:-...}} thousands deep
         return None
     if pieces and node.type in ("word", "concatenation") and not pieces[0][1]:
         first = pieces[0]
@@ -325,5 +325,5 @@ def value(node: Any | None, shell: ShellVars) -> str | None:
         if node.type in ("word", "concatenation"):
             text = _tilde(text, shell)
         return text
-    except Unknown:
+    except (Unknown, RecursionError):
         return None

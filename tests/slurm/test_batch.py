@@ -228,11 +228,14 @@ def test_sbatch_prints_findings_before_the_job_id(grace: SlurmEnv, envs: dict[st
 
 def test_sbatch_is_refused_where_the_partition_enforces(grace: SlurmEnv, envs: dict[str, Path],
                                                         submit_conf: Path) -> None:
-    script = _script_file(grace, "s-enf.sh", f"source {envs['foreign']}/bin/activate\n"
+    # The partition from the script's own #SBATCH line: sbatch has read them
+    # when cli_filter runs.
+    script = _script_file(grace, "s-enf.sh", "#SBATCH -p gb200sim -J grace-refused\n"
+                                              f"source {envs['foreign']}/bin/activate\n"
                                               "python train.py\n")
-    rc, text = _submit(grace, submit_conf, f"sbatch -p gb200sim -J grace-refused {script}")
+    rc, text = _submit(grace, submit_conf, f"sbatch {script}")
     assert rc != 0, text
-    assert f"{PREFIX}ERROR exe-arch-mismatch: line 3: python train.py" in text, text
+    assert f"{PREFIX}ERROR exe-arch-mismatch: line 4: python train.py" in text, text
     assert f"{PREFIX}sbatch: job not submitted" in text
     assert "Submitted batch job" not in text
     queued = grace.cluster.run(["squeue", "-h", "-n", "grace-refused", "-o", "%i"])

@@ -173,6 +173,27 @@ def test_srun_lines_are_judged_as_their_steps(world) -> None:
                           f"{world['foreign']} a -> {world['foreign']}")]
 
 
+def test_a_launcher_s_script_is_judged_in_the_launcher_s_python(world) -> None:
+    """``torchrun X.py``: X.py runs in torchrun's python, and what it imports
+    (here a module built for aarch64 next to it) is judged there."""
+    work = world["root"] / "launch"
+    work.mkdir(exist_ok=True)
+    src = work / "m.c"
+    src.write_text("int x;\n")
+    tag = f"cpython-{sys.version_info[0]}{sys.version_info[1]}-x86_64-linux-gnu"
+    subprocess.run(["aarch64-linux-gnu-gcc", "-shared", "-fPIC", "-o",
+                    str(work / f"foo.{tag}.so"), str(src)], check=True)
+    (work / "train.py").write_text("import foo\n")
+    launcher = work / "torchrun"
+    launcher.write_text(f"#!{sys.executable}\nimport sys\n")
+    launcher.chmod(0o755)
+    v = _decide(world, f"export PATH={work}:$PATH\ncd {work}\n"
+                       "torchrun --nproc_per_node=2 train.py --lr 1\n")
+    assert [(s, r) for s, r, _p in _lines(v)] == [("error", "py-ext-arch")], v.findings
+    assert _lines(v)[0][2] == (f"line 4: torchrun --nproc_per_node=2 train.py --lr 1 -> "
+                               f"{work}/foo.{tag}.so")
+
+
 def test_expansions_the_step_knows_are_expanded(world) -> None:
     env = {**_env(world), "ARCH_TOOLS": str(world["fbin"])}
     v = _decide(world, 'D="${NOPE:-$ARCH_TOOLS}"\n"$D/tool" "$@"\n', env=env, args=("a b",))

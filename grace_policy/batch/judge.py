@@ -236,6 +236,10 @@ def _judge(policy: Policy, reading: Reading, node: NodeProfile, partition: str |
                 out.append((finding, cmd))
         if limit is not None:
             break
+    # A file the launched script imports also shows as a broken distribution
+    # of the launcher's environment: one block per file and line is enough.
+    strong = {(f.path, c.line) for f, c in out if f.rule != "py-dist-broken"}
+    out = [(f, c) for f, c in out if f.rule != "py-dist-broken" or (f.path, c.line) not in strong]
     return out, limit
 
 

@@ -96,7 +96,13 @@ def _decide(world: dict[str, Path], body: str, *, policy: Policy | None = None,
 
 
 def _lines(verdict: Verdict) -> list[tuple[str, str, str]]:
-    return [(f.severity, f.rule, f.path) for f in verdict.findings if f.path.startswith("line ")]
+    """The commands' findings (not the note on where the script became uncertain)."""
+    return [(f.severity, f.rule, f.path) for f in verdict.findings
+            if f.path.startswith("line ") and f.rule != "batch-uncertain"]
+
+
+def _uncertain_at(verdict: Verdict) -> list[str]:
+    return [f.path for f in verdict.findings if f.rule == "batch-uncertain"]
 
 
 def test_a_foreign_venv_python_on_the_main_path_is_an_error_naming_the_line(world) -> None:
@@ -256,6 +262,17 @@ def test_other_interpreters_are_judged_as_before(world) -> None:
 def test_a_login_shell_makes_everything_uncertain(world) -> None:
     v = _decide(world, f"{world['foreign']}\n", shebang="#!/bin/bash -l")
     assert [s for s, _r, _p in _lines(v)] == ["warning"]
+    assert _uncertain_at(v) == ["line 1"]
+
+
+def test_where_the_script_becomes_uncertain_is_an_info_note(world) -> None:
+    from grace_policy.messages import user_lines
+
+    v = _decide(world, "hostname\nmodule load cuda/12\nhostname\n")
+    assert v.action == "allow" and _uncertain_at(v) == ["line 3"]
+    [note] = [f for f in v.findings if f.rule == "batch-uncertain"]
+    assert note.severity == "info" and "module load cuda/12" in note.remediation
+    assert user_lines(v) == []  # job output shows warnings and errors only
 
 
 def test_user_text_in_messages_is_escaped(world) -> None:

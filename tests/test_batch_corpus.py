@@ -58,7 +58,10 @@ def test_slurm_example_scripts_read_without_a_finding(scripts: list) -> None:
             verdict = decide_batch(Policy(), partition=None, argv=[str(script)], env=env,
                                    cwd="/tmp", node=node)
         assert verdict.error is None, (script.name, verdict.error)
-        assert [f.rule for f in verdict.findings] == [], (script.name, verdict.findings)
+        shown = [f.rule for f in verdict.findings if f.severity != "info"]
+        assert shown == [], (script.name, verdict.findings)
+        # info: only why the rest of a script is uncertain (module load, ...)
+        assert {f.rule for f in verdict.findings} <= {"batch-uncertain"}
         read += 1
     # Seen in the output with -s; what the report quotes.
     print(f"\n{read} Slurm example scripts, {commands} commands judged, "

@@ -159,6 +159,8 @@ def _with_lines(policy: Policy, own: Verdict, partition: str | None, argv: Seque
     else:
         exempted = own.exempted
     lines = tuple(_worded(f, c) for f, c in found)
+    if reading.uncertain is not None:
+        lines += _uncertain(policy, reading.uncertain, node, partition)
     findings = tuple(sorted((*kept_own, *lines), key=lambda f: SEVERITY_RANK[f.severity]))
     action = action_for(own.mode, findings)
     limit = limit or reading.limit
@@ -167,6 +169,20 @@ def _with_lines(policy: Policy, own: Verdict, partition: str | None, argv: Seque
                               found_action=action, env=env_changes, exempted=exempted)
     return Verdict(action=action, mode=own.mode, partition=partition, findings=findings,
                    env=env_changes, exempted=exempted)
+
+
+def _uncertain(policy: Policy, where: tuple[int, str], node: NodeProfile,
+               partition: str | None) -> tuple[Finding, ...]:
+    """Why the rest of the script only warns: an info finding (``check``
+    by hand and the audit log show it; job output does not)."""
+    from ..decide import finding_context
+    from ..rules import Catalogue
+
+    line, why = where
+    finding = Catalogue.for_policy(policy).finding(
+        Issue("batch-uncertain", f"line {line}", "", facts=(("detail", why),)),
+        finding_context(node, partition))
+    return (finding,) if finding is not None else ()
 
 
 def _leak_vars(env: Mapping[str, str], policy: Policy) -> set[str]:

@@ -105,6 +105,13 @@ def decide_batch(policy: Policy, *, partition: str | None, argv: Sequence[str],
                  who=who, today=today)
     if own.skipped or own.error or not argv:
         return own
+    if any(f.rule == "exe-unreadable" and f.path == argv[0] for f in own.findings) \
+            and os.access(argv[0], os.R_OK):
+        # A script submitted without its x bit (check --batch, submit):
+        # slurmd runs its own copy, mode 0700. Never so for the plugin.
+        own = replace(own, findings=tuple(f for f in own.findings
+                                          if not (f.rule == "exe-unreadable"
+                                                  and f.path == argv[0])))
     try:
         return _with_lines(policy, own, partition, argv, env, cwd, node, who, today)
     except BudgetExceeded as exc:

@@ -237,6 +237,14 @@ def test_unset_at_the_top_makes_a_leak_harmless(world) -> None:
     assert [r for _s, r, _p in _lines(left)] == ["exe-arch-mismatch"]
 
 
+def test_exec_and_exit_end_the_main_path(world) -> None:
+    assert _lines(_decide(world, f"exec > log 2>&1\n{world['foreign']}\n"))
+    assert not _lines(_decide(world, f"exec hostname\n{world['foreign']}\n"))
+    assert not _lines(_decide(world, f"exit 3\n{world['foreign']}\n"))
+    [(severity, _r, _p)] = _lines(_decide(world, f"exec {world['foreign']}\n"))
+    assert severity == "error"
+
+
 def test_a_clean_script_with_a_native_venv_is_silent(world) -> None:
     v = _decide(world, f"source {world['nv']}/bin/activate\ncd \"$SLURM_SUBMIT_DIR\"\n"
                        "python -c 'import sys'\nsrun hostname | sort\nexit 0\n"
@@ -369,3 +377,32 @@ def test_the_reader_keeps_typing_off_a_batch_step(world) -> None:
                           ":".join(p for p in sys.path if p)],
                          capture_output=True, text=True, check=True, timeout=60).stdout
     assert out.split() == ["tree_sitter._binding"]
+
+
+@pytest.mark.parametrize("line,argv", [
+    ('X="a b"; cat $X', ["cat", "a", "b"]),
+    ('X="a b"; cat "$X"', ["cat", "a b"]),
+    ("X=a; cat ${X}y '$X' \\$X", ["cat", "ay", "$X", "$X"]),
+    ('cat "${HOME}/x" ~/y', ["cat", "{home}/x", "{home}/y"]),
+    ('cat "$@" $1', ["cat", "one", "two words", "one"]),
+    ("cat ${NOPE:-dflt} ${NOPE-d2} ${HOME:+set}", ["cat", "dflt", "d2", "set"]),
+    ("cat ${Y:=made}; cat $Y", ["cat", "made"]),
+    ("A=x; A+=y; cat $A", ["cat", "xy"]),
+    ("E=; cat $E a", ["cat", "a"]),
+    ('cat "a"b"c" "$#"', ["cat", "abc", "2"]),
+    ("set -- p q; shift; cat $@", ["cat", "q"]),
+])
+def test_words_expand_as_bash_expands_them(world, line: str, argv: list[str]) -> None:
+    script = _script(world, line + "\n")
+    reading = read_script(str(script), ["one", "two words"], _env(world), str(world["root"]),
+                          Budget())
+    home = str(world["home"])
+    assert list(reading.commands[-1].argv) == [a.format(home=home) for a in argv]
+
+
+def test_only_exported_variables_reach_a_command(world) -> None:
+    script = _script(world, "A=1\nexport B=2\nC=3 cat\nexport A\ncat\n")
+    reading = read_script(str(script), [], _env(world), str(world["root"]), Budget())
+    first, second = reading.commands
+    assert ("A" not in first.env, first.env["B"], first.env["C"]) == (True, "2", "3")
+    assert (second.env["A"], "C" in second.env) == ("1", False)

@@ -368,10 +368,10 @@ class Reader:
                 state.done = True
             return
         if cmd == "exec":
-            if len(words) > 1:
+            if len(words) > 1:  # 'exec > log' only redirects: the script goes on
                 self._run(words[1:], env_extra, node, state, main, line)
-            if main and state is self.state:
-                state.done = True
+                if main and state is self.state:
+                    state.done = True
             return
         if cmd in ("cd", "pushd"):
             self._cd(words[1:], state, line)

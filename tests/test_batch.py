@@ -273,6 +273,21 @@ def test_a_login_shell_makes_everything_uncertain(world) -> None:
     assert _uncertain_at(v) == ["line 1"]
 
 
+def test_exemptions_release_a_line_s_finding_by_its_file(world) -> None:
+    from grace_policy.exempt import Who
+    from grace_policy.policy import Exemption
+
+    policy = Policy(exemptions=(Exemption(rule="exe-arch-mismatch", until="2999-12-31",
+                                          reason="vendor tool", paths=(str(world["fbin"]) + "/*",),
+                                          where="rules.exe-arch-mismatch.exempt[0]"),))
+    script = _script(world, f"{world['fbin']}/tool\n{world['foreign']}\n")
+    with no_hang():
+        v = decide_batch(policy, partition=None, argv=[str(script)], env=_env(world),
+                         cwd=str(world["root"]), node=HOST, who=Who(uid=os.getuid()))
+    assert [p for _s, _r, p in _lines(v)] == [f"line 3: {world['foreign']} -> {world['foreign']}"]
+    assert [e.path for e in v.exempted] == [f"{world['fbin']}/tool"]
+
+
 def test_where_the_script_becomes_uncertain_is_an_info_note(world) -> None:
     from grace_policy.messages import user_lines
 

@@ -272,7 +272,9 @@ def test_wrap_and_srun_are_judged_at_submit_time(grace: SlurmEnv, envs: dict[str
 def test_srun_inside_an_allocation_is_left_to_the_plugin(grace: SlurmEnv, submit_conf: Path
                                                          ) -> None:
     foreign = grace.files / "foreign"
-    script = _script_file(grace, "s-inner.sh", f"S=srun; $(echo $S) -n1 {foreign}\necho after\n")
+    # slurmd gives the job its own SLURM_CONF: point srun at the filtering one.
+    script = _script_file(grace, "s-inner.sh", f"export SLURM_CONF={submit_conf}\n"
+                                                f"S=srun; $(echo $S) -n1 {foreign}\necho after\n")
     out = grace.cluster.shared / "s-inner.out"
     rc, text = _submit(grace, submit_conf, f"sbatch -p gb200sim -o {out} {script}")
     assert rc == 0 and PREFIX not in text, text  # the reader cannot know '$(echo $S)'
@@ -281,4 +283,7 @@ def test_srun_inside_an_allocation_is_left_to_the_plugin(grace: SlurmEnv, submit
     inner = out.read_text()
     assert "after" in inner
     assert f"{PREFIX}step not started" in inner, inner  # the plugin, on the node
-    assert "job not submitted" not in inner  # not the submit filter (it skipped)
+    # The submit filter stayed out of it: none of its closing lines, and the
+    # finding is printed once (by the plugin), not twice.
+    assert f"{PREFIX}srun:" not in inner, inner
+    assert inner.count(f"{PREFIX}ERROR exe-arch-mismatch: {foreign}") == 1, inner

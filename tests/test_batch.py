@@ -347,7 +347,7 @@ def test_a_symlinked_activate_to_a_fifo_or_a_device_is_no_venv(world) -> None:
 def test_too_large_or_too_many_commands_is_a_check_limit(world) -> None:
     big = _decide(world, "# x\n" * 300_000)
     assert "check-limit" in [f.rule for f in big.findings]
-    many = _decide(world, "".join(f"{world['fbin']}/tool {i}\n" for i in range(100)))
+    many = _decide(world, "".join(f"{world['fbin']}/tool {i}\n" for i in range(250)))
     rules = [f.rule for f in many.findings]
     assert "check-limit" in rules and "exe-arch-mismatch" in rules
     assert many.action == "reject"  # what was found before the cap still counts

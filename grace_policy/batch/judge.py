@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 #: Interpreters whose scripts are read (tree-sitter's bash grammar reads sh too).
 SHELLS = frozenset({"sh", "bash", "dash"})
 #: Distinct commands judged per script; the rest counts as a check limit.
-MAX_COMMANDS = 64
+MAX_COMMANDS = 200
 #: Line findings that say nothing a batch line needs: a name not found may be
 #: a function or alias defined where the reader cannot see; leaked
 #: variables are the batch step's own finding.

@@ -23,7 +23,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import core, fixtures, pyenv
+from . import batch, core, fixtures, pyenv
 from . import slurm as sl
 
 REPO = Path(__file__).resolve().parent.parent
@@ -165,6 +165,17 @@ def main() -> int:
                              f"{bare:.1f} ms", f"{step:.1f} ms", f"+{step - bare:.1f} ms",
                              f"{step / bare:.2f}×", ""))
             print(rows[-1], flush=True)
+        # ---- batch scripts (issue 21) ----------------------------------------
+        typical = batch.typical_script(root)
+        sub = batch.submit_ms(prefix, cfg, typical, max(11, RUNS // 2))
+        rows.append(_row("submit-host check of a typical job script (`grace-policy submit`, "
+                         "as cli_filter.lua runs it)", "≤ 300 ms", "", f"{sub:.0f} ms", "", "",
+                         "holds" if sub <= 300 else "**misses**"))
+        with_lines, plain = batch.batch_step_ms(pkgdir, str(cfg), typical, max(11, RUNS // 2))
+        rows.append(_row("batch step's Python side, typical script: decide vs decide_batch "
+                         "(fresh process, policy loaded)", "(informational)", f"{plain:.1f} ms",
+                         f"{with_lines:.1f} ms", f"+{with_lines - plain:.1f} ms", "", ""))
+        print(rows[-2], rows[-1], sep="\n", flush=True)
         imports = core.importtime(pkgdir, str(cfg), prof_argv)
         profile = core.profile_decide(str(cfg), prof_argv)
 

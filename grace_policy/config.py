@@ -366,8 +366,15 @@ class NodeModel(_Model):
     root: OptAbsPath = None
 
 
+Submit = Literal["warn", "enforce"]
+OptSubmit = Optional[Submit]
+
+
 class PartitionModel(_Model):
     mode: OptMode = None
+    #: What the submit-host check (cli_filter.lua) does with a job that
+    #: would be rejected here: tell the user (warn) or refuse it (enforce).
+    submit: OptSubmit = None
     arch: OptArch = None
     page_size: OptPageSize = None
     glibc: OptGlibc = None
@@ -448,6 +455,7 @@ class AuditModel(_Model):
 
 class ConfigModel(_Model):
     mode: Mode = "enforce"
+    submit: Submit = "warn"
     on_error: Literal["allow", "deny"] = "allow"
     deadline_ms: Annotated[int, Field(ge=1, le=600_000)] = 500
     max_files: Annotated[int, Field(ge=1, le=10_000_000)] = 2000
@@ -549,6 +557,7 @@ def to_policy(model: ConfigModel, source: str | None = None) -> Policy:
     """The lean, frozen form of a validated config."""
     return Policy(
         mode=model.mode,
+        submit=model.submit,
         on_error=model.on_error,
         limits=Limits(
             deadline_ms=model.deadline_ms, max_files=model.max_files, max_bytes=model.max_bytes
@@ -566,6 +575,7 @@ def to_policy(model: ConfigModel, source: str | None = None) -> Policy:
             PartitionPolicy(
                 name=name,
                 mode=p.mode,
+                submit=p.submit,
                 node=NodeOverrides(arch=p.arch, page_size=p.page_size, glibc=_glibc_tuple(p.glibc)),
                 allow_user_lower=p.allow_user_lower,
                 cuda_index=p.cuda_index,

@@ -119,6 +119,14 @@ class NodeOverrides:
         )
 
 
+def _submit(value: Any, optional: bool = False) -> Any:
+    if value is None and optional:
+        return None
+    if value not in ("warn", "enforce"):
+        raise ValueError("bad submit action in compiled policy")
+    return value
+
+
 @dataclass(frozen=True)
 class PartitionPolicy:
     """What the admin said about one partition. ``mode`` None means the
@@ -130,10 +138,12 @@ class PartitionPolicy:
     allow_user_lower: bool = False
     #: The PyTorch wheel index that matches the partition's CUDA (``cu130``).
     cuda_index: str | None = None
+    #: The submit-host check's action for this partition (None: the top level's).
+    submit: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"mode": self.mode, "allow_user_lower": self.allow_user_lower,
-                               "cuda_index": self.cuda_index}
+                               "cuda_index": self.cuda_index, "submit": self.submit}
         out.update(self.node.to_json())
         out.pop("root", None)
         return out
@@ -146,6 +156,7 @@ class PartitionPolicy:
             node=NodeOverrides.from_json(data),
             allow_user_lower=bool(data.get("allow_user_lower", False)),
             cuda_index=data.get("cuda_index"),
+            submit=_submit(data.get("submit"), optional=True),
         )
 
 
@@ -212,6 +223,9 @@ class Policy:
     default instance is what applies when no config file is given."""
 
     mode: str = "enforce"
+    #: What cli_filter.lua does on the submit host with a job the check
+    #: would reject: ``warn`` (tell, then queue) or ``enforce`` (refuse).
+    submit: str = "warn"
     on_error: str = "allow"
     limits: Limits = field(default_factory=Limits)
     site_build_hint: str = ""
@@ -263,6 +277,13 @@ class Policy:
             return requested
         return mode
 
+    def submit_for(self, partition: str | None) -> str:
+        """The submit-host action for jobs to ``partition``."""
+        part = self.partition(partition)
+        if part is not None and part.submit is not None:
+            return part.submit
+        return self.submit
+
     def node_overrides_for(self, partition: str | None) -> NodeOverrides:
         """``[node]`` with the partition's facts on top: the partition entry is
         the more specific statement about the nodes a step lands on."""
@@ -292,6 +313,7 @@ class Policy:
     def to_json(self) -> dict[str, Any]:
         return {
             "mode": self.mode,
+            "submit": self.submit,
             "on_error": self.on_error,
             "deadline_ms": self.limits.deadline_ms,
             "max_files": self.limits.max_files,
@@ -327,6 +349,7 @@ class Policy:
         env = data["env"]
         return cls(
             mode=mode,
+            submit=_submit(data.get("submit", "warn")),
             on_error=on_error,
             limits=Limits(
                 deadline_ms=int(data["deadline_ms"]),

@@ -45,6 +45,7 @@ RULE_IDS = (
     "jit-cache-foreign",
     "page-size-compiled",
     "page-bss-clobber",
+    "batch-uncertain",
 )
 
 #: Causes the checks may put in ``Issue.causes``, most specific first.

@@ -144,6 +144,13 @@ def run_step(step: StepInput) -> Outcome:
         # slurmstepd gave this thread from the job's, not the environment.
         who = Who.current(uid=step.uid)
     probes: list[tuple[str, str, str]] = []
+    if step.batch:
+        # The job's script: its lines are read too (grace_policy/batch/). A
+        # broken install of the reader leaves the script judged as before.
+        try:
+            from .batch.judge import decide_batch as decide
+        except Exception:
+            pass
     verdict = decide(
         policy,
         partition=step.partition,

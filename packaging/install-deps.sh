@@ -28,8 +28,10 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 fi
 [ "${1:-}" = --packaging ] && exit 0
 PY=${PYTHON:-python3}
-"$PY" - <<'PYEOF' || "$PY" -m pip install -q pyelftools pydantic structlog cffi pytest pytest-cov hypothesis ruff
+"$PY" - <<'PYEOF' || "$PY" -m pip install -q pyelftools pydantic structlog cffi pytest pytest-cov hypothesis ruff \
+    tree-sitter==0.26.1 tree-sitter-bash==0.25.1
 import importlib.util, sys
-mods = ["elftools", "pydantic", "structlog", "cffi", "pytest", "pytest_cov", "hypothesis", "ruff"]
+mods = ["elftools", "pydantic", "structlog", "cffi", "pytest", "pytest_cov", "hypothesis", "ruff",
+        "tree_sitter", "tree_sitter_bash"]
 sys.exit(0 if all(importlib.util.find_spec(m) for m in mods) else 1)
 PYEOF

@@ -34,6 +34,8 @@ SLURM_PLUGINDIR ?= $(PREFIX)/lib/slurm
 GP_DIR = $(patsubst %/,%,$(dir $(SLURM_PLUGINDIR)))/grace-policy
 GP_LIBDIR = $(DESTDIR)$(GP_DIR)/python
 GP_SHARE = $(DESTDIR)$(PREFIX)/share/grace-policy
+# The config cli_filter.lua hands to 'grace-policy submit' (plugstack's config=).
+GP_CONFIG ?= /etc/slurm/grace-policy.toml
 
 # cffi (for the generator and, at run time, its _cffi_backend) and the core's
 # dependencies, for PLUGIN_PYTHON, in a directory of our own: never in the
@@ -91,6 +93,9 @@ install: plugin
 		packaging/plugstack.conf.d/grace-policy.conf.in \
 		> $(GP_SHARE)/plugstack.conf.d/grace-policy.conf
 	chmod 0644 $(GP_SHARE)/plugstack.conf.d/grace-policy.conf
+	sed 's|@GP_CLI@|$(PREFIX)/bin/grace-policy|g; s|@GP_CONFIG@|$(GP_CONFIG)|g' \
+		packaging/cli_filter.lua > $(GP_SHARE)/cli_filter.lua
+	chmod 0644 $(GP_SHARE)/cli_filter.lua
 
 demo:
 	bash scripts/demo.sh

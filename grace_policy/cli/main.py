@@ -23,6 +23,7 @@ from .common import EX_SOFTWARE, EX_USAGE, PROG, Parser, UsageError, err
 #: name → (module, one-line help), in the order ``--help`` lists them.
 COMMANDS: dict[str, tuple[str, str]] = {
     "check": ("main_check", "what the plugin would do for a job step (exit 0/1/2)"),
+    "submit": ("main_submit", "the submit-host check of cli_filter.lua (exit 0/2)"),
     "inspect": ("main_inspect", "ELF facts and load tree of a file, as a node's loader sees it"),
     "env": ("main_env", "which packages of a Python environment would fail on a node"),
     "explain": ("main_explain", "what a rule checks and what users are told"),

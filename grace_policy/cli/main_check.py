@@ -36,7 +36,8 @@ def configure_parser(sub: argparse._SubParsersAction, name: str, help_text: str)
     parser = sub.add_parser(
         name, help=help_text,
         usage="grace-policy check [--partition P | --arch A --page-size N --glibc V] "
-              "[--root DIR] [--config F] [--env-file F] [--cwd D] [--json] -- CMD [ARGS...]",
+              "[--root DIR] [--config F] [--env-file F] [--cwd D] [--json] "
+              "(-- CMD [ARGS...] | --batch SCRIPT [-- ARGS...])",
         description="Say what the plugin would do if a job step ran CMD: find the program "
                     "the way slurmstepd does, follow #! lines, resolve its libraries like "
                     "the node's glibc, judge architecture and page layout, and clean leaked "
@@ -47,11 +48,23 @@ def configure_parser(sub: argparse._SubParsersAction, name: str, help_text: str)
     parser.add_argument("--cwd", metavar="D",
                         help="the job's working directory (default: the current one)")
     parser.add_argument("--json", action="store_true", help="print the verdict as JSON")
+    parser.add_argument("--batch", metavar="SCRIPT",
+                        help="judge SCRIPT as an sbatch job's batch step: the script and "
+                             "every command its lines will run (read, never run); "
+                             "words after '--' are the script's arguments")
     parser.add_argument("command", nargs="*", metavar="CMD",
                         help="the step's command line; put it after '--'")
 
 
 def _command(args: argparse.Namespace, rest: list[str] | None) -> list[str]:
+    if args.batch is not None:
+        if args.command:
+            raise UsageError("--batch SCRIPT: put the script's arguments after '--'")
+        if not os.path.isfile(args.batch):
+            from ..messages import escape
+
+            raise UsageError(f"--batch: not a file: {escape(args.batch)!r}")
+        return [os.path.abspath(args.batch), *(rest or [])]
     if rest is not None and args.command:
         raise UsageError("put the whole command after '--' (found "
                          f"{len(args.command)} word(s) before it)")
@@ -89,8 +102,15 @@ def execute(args: argparse.Namespace, rest: list[str] | None) -> int:
         from ..exempt import Who
 
         who = Who.current()  # the asking user, as the plugin would see them in their job
-    verdict = decide(policy, partition=args.partition, argv=command, env=env, cwd=cwd,
-                     node=node, who=who)
+    if args.batch is not None:
+        from ..batch.judge import decide_batch
+
+        env.setdefault("SLURM_SUBMIT_DIR", cwd)
+        verdict = decide_batch(policy, partition=args.partition, argv=command, env=env,
+                               cwd=cwd, node=node, who=who)
+    else:
+        verdict = decide(policy, partition=args.partition, argv=command, env=env, cwd=cwd,
+                         node=node, who=who)
     crashed = bool(verdict.error and verdict.error.startswith("internal error"))
     if args.json:
         out = verdict.to_json()

@@ -85,13 +85,12 @@ class Basis:
     def text(self, node: NodeProfile) -> str:
         """One sentence for ``grace-policy env``: the answer's basis."""
         ver = f"CPython {self.version[0]}.{self.version[1]}" if self.version else "no CPython"
-        told = f", {self.evidence}" if self.evidence else ""
+        told = f"; the version from its {self.evidence}" if self.evidence else ""
         if self.kind == "node-build":
-            via = (f"{self.program} links to {self.real}, " if self.program != self.real
-                   else f"{self.real} is ")
-            return (f"the node's own {node.machine} {ver}{told} ({via}a distribution path: "
-                    f"each node has its own build there; its standard library is the "
-                    f"node's and not judged from here)")
+            via = f"{self.program} links there; " if self.program != self.real else ""
+            return (f"the node's own {node.machine} {ver} at {self.real} ({via}a distribution "
+                    f"path: each node has its own build there{told}; its standard library "
+                    f"is the node's and not judged from here)")
         built = f"built for {self.machine}" if self.machine else "not a readable ELF file"
         if node.root_is_native:
             why = "the node's architecture is this host's, or its image is given: " \
@@ -99,7 +98,7 @@ class Basis:
         else:
             why = "a user's own interpreter, not a distribution path: the node runs this " \
                   "very file"
-        return f"{self.real} itself, {ver}{told}, {built} ({why})"
+        return f"{self.real} itself, {ver}, {built} ({why}{told})"
 
     def to_json(self) -> dict[str, object]:
         return {"kind": self.kind, "program": self.program, "real": self.real,

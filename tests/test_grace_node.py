@@ -11,6 +11,7 @@ second identical clean step must be a hit.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from corpus import CorpusUnavailable, _give_up
@@ -18,7 +19,9 @@ from fixtures.build import CompileCache
 from vm import slurmnode
 from vm.qemu import BootError, qemu_binary
 
-from grace_policy.node import host_machine
+from grace_policy.decide import decide
+from grace_policy.node import NodeProfile, host_machine
+from grace_policy.policy import Policy
 
 pytestmark = [
     pytest.mark.vm, pytest.mark.network, pytest.mark.cross,
@@ -127,3 +130,58 @@ def test_python_step_importing_a_4k_extension_is_refused(node: slurmnode.NodeRun
     assert f"{PREFIX}WARNING py-dist-broken:" in unused.stderr
     actions = [r["action"] for r in audit_of(node) if "venv-py" in str(r.get("program"))]
     assert actions == ["reject", "warn"], actions
+
+
+#: What the plugin must decide here for the login node's environments (issue 16).
+LOGIN_VERDICTS = {
+    "login-venv-x86": ("reject", ["py-ext-arch"]),
+    "login-venv-unused": ("warn", ["py-dist-broken"]),
+    "login-user-site": ("reject", ["py-ext-arch"]),
+    "login-pythonpath": ("reject", ["py-ext-arch"]),
+    "login-console-script": ("reject", ["py-ext-arch"]),
+    "login-clean": ("allow", []),
+}
+
+
+def _on_host(cases: Path, text: str) -> str:
+    return str(cases) + text[len("/cases"):] if text.startswith("/cases/") else text
+
+
+def test_login_node_predictions_are_the_nodes_verdicts(node: slurmnode.NodeRun) -> None:
+    """Each environment filled on the x86_64 login node with its
+    distribution's python, judged from this x86_64 host for the aarch64
+    64 KiB partition, gets the verdict the plugin gave on the node, where
+    the node's own /usr/bin/python3.11 ran it."""
+    assert node.cases is not None and set(LOGIN_VERDICTS) == set(slurmnode.LOGIN_SCENARIOS)
+    records = dict(zip(slurmnode.SCENARIOS, audit_of(node)))
+    grace = NodeProfile(machine="aarch64", page_size=65536, glibc=(2, 36),
+                        root_is_native=False)
+    for name in slurmnode.LOGIN_SCENARIOS:
+        argv, extra = slurmnode.SCENARIOS[name]
+        here = [_on_host(node.cases, a) for a in argv]
+        script = Path(here[0])
+        if script.read_bytes().startswith(b"#!/cases/"):
+            # the console script's #! names the guest path; the same script
+            # as pip would have written it here
+            copy = script.with_name(script.name + "-here")
+            copy.write_text("#!" + _on_host(node.cases, script.read_text()[2:]))
+            copy.chmod(0o755)
+            here[0] = str(copy)
+        env = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent",
+               **{k: _on_host(node.cases, v) for k, v in extra.items()}}
+        verdict = decide(Policy(), partition=None, argv=here, env=env, cwd=str(node.cases),
+                         node=grace)
+        predicted = (verdict.action, sorted(set(verdict.rule_ids)))
+        record = records[name]
+        on_node = (record["action"], sorted(set(record["rules"])))  # type: ignore[arg-type]
+        assert predicted == on_node == LOGIN_VERDICTS[name], (name, verdict.findings, record)
+        step = node.steps[name]
+        if on_node[0] == "reject":
+            assert step.rc != 0 and "ran" not in step.stdout, (name, step.stderr)
+            assert f"{PREFIX}ERROR py-ext-arch:" in step.stderr
+        else:
+            assert step.rc == 0 and "ran" in step.stdout, (name, step.stderr)
+    # Without Slurm the node's python fails at the import the plugin named.
+    real = node.steps["login-venv-x86-direct"]
+    assert real.rc != 0 and "ImportError: /cases/venv-sys/lib/python3.11/site-packages/bcrypt/" \
+                              "_bcrypt.abi3.so: cannot open shared object file" in real.stderr

@@ -42,7 +42,7 @@ from grace_policy.elf import read_elf
 from grace_policy.findings import Verdict
 from grace_policy.node import NodeProfile
 from grace_policy.policy import Policy
-from python import envs
+from python import envs, torch_layouts
 from python.wheels import copy_site
 
 pytestmark = [pytest.mark.network, pytest.mark.qemu, pytest.mark.cross]
@@ -384,3 +384,47 @@ def test_an_aarch64_interpreter_built_here_agrees(world: World, elf_builder: Elf
         assert [v.action for v in got] == [action, action], got
         own_rules, system_rules = ([f.rule for f in v.findings] for v in got)
         assert own_rules == system_rules, got
+
+
+def _torch_cpu(site: Path) -> None:
+    shutil.copytree(torch_layouts.cpu_files(), site, dirs_exist_ok=True)
+
+
+def _torchcodec(site: Path) -> None:
+    shutil.copytree(torch_layouts.torchcodec_site(), site, dirs_exist_ok=True)
+
+
+#: The rules of particular packages, for a system-python venv seen from
+#: here: (fill the site, the command's imports, extra env, the rule and the
+#: action expected).
+SPECIAL = {
+    "torch-cpu-on-a-gpu-step": (_torch_cpu, "import torch", {"SLURM_GPUS_ON_NODE": "4"},
+                                "torch-cpu-only", "warn"),
+    "torchcodec-without-ffmpeg": (_torchcodec, "import torchcodec", {}, "torchcodec-no-ffmpeg",
+                                  "reject"),
+    "x86-jit-cache": (_torch_cpu, "import torch", {"TORCH_EXTENSIONS_DIR": "@jit"},
+                      "jit-cache-foreign", "warn"),
+}
+
+
+@pytest.mark.parametrize("name", SPECIAL)
+def test_package_rules_in_a_system_venv(world: World, elf_builder: ElfBuilder,
+                                        name: str) -> None:
+    """torch CPU-only on a GPU step, torchcodec with no FFmpeg for it, an
+    x86_64 JIT cache: seen from here in a venv of the distribution's python
+    as in the same files behind an aarch64 interpreter file."""
+    fill, imports, extra, rule, action = SPECIAL[name]
+    jit = elf_builder.path(f"jit-{name}")
+    torch_ext = jit / "py311_cpu" / "fused_adam" / "fused_adam.so"
+    torch_ext.parent.mkdir(parents=True)
+    torch_ext.write_bytes(elf_builder.library("build/libfused.so", arch="x86_64").read_bytes())
+    env = world.env(**{k: str(jit) if v == "@jit" else v for k, v in extra.items()})
+    system = system_venv(world.root / f"special-{name}")
+    fill(site_of(system.parent.parent))
+    base = envs.base_python(elf_builder, "base", "3.11")
+    own = envs.make_venv(base, elf_builder.path(f"own-{name}"))
+    fill(envs.site_packages(own.parent.parent))
+    got = [predict(GRACE, [str(py), "-c", imports], env, world.p("work")) for py in (system, own)]
+    rules = [sorted({f.rule for f in v.findings}) for v in got]
+    assert rules[0] == rules[1] and rule in rules[0], [v.findings for v in got]
+    assert got[0].action == got[1].action == action

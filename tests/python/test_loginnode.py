@@ -18,7 +18,9 @@ is. A predicted reject must be a command that fails there with the
 predicted error; allow and warn must be commands that run, and a warned
 package must really fail when imported. The other way round, for an
 x86_64 node judged as if from an aarch64 host (``root_is_native`` False),
-this host's own python is the node's interpreter and runs the command.
+this host's own python is the node's interpreter and runs the command, and
+the check with this host detected as the node (what the plugin does on it)
+gives the predicted verdict.
 The plugin itself on a real 64 KiB node, with Slurm, gives the same
 verdicts on the same kinds of environment in ``tests/test_grace_node.py``.
 """
@@ -40,12 +42,15 @@ from grace_policy.cli.main import main
 from grace_policy.decide import decide
 from grace_policy.elf import read_elf
 from grace_policy.findings import Verdict
-from grace_policy.node import NodeProfile
+from grace_policy.node import NodeProfile, detect, host_machine
 from grace_policy.policy import Policy
 from python import envs, torch_layouts
 from python.wheels import copy_site
 
-pytestmark = [pytest.mark.network, pytest.mark.qemu, pytest.mark.cross]
+pytestmark = [pytest.mark.network, pytest.mark.qemu, pytest.mark.cross,
+              pytest.mark.skipif(host_machine() != "x86_64",
+                                 reason="this host's python plays the x86_64 node and the "
+                                        "x86_64 login node")]
 
 SYSTEM_PYTHON = "/usr/bin/python3.11"
 #: The Grace node, asked about from this x86_64 host.
@@ -295,6 +300,10 @@ def test_x86_answer_is_what_the_node_does(world: World, name: str) -> None:
     verdict = predict(X86, argv, env, cwd)
     got = (verdict.action, tuple(dict.fromkeys(f.rule for f in verdict.findings)))
     assert got == (case.action, case.rules), verdict.findings
+    # This host is such a node: the plugin's own verdict here (the node
+    # detected, its files native) is the one predicted.
+    here = predict(detect(), argv, env, cwd)
+    assert (here.action, tuple(dict.fromkeys(f.rule for f in here.findings))) == got
     real = run_on_x86(argv, env, cwd)
     if case.action == "reject":
         assert real.returncode != 0, real.stdout

@@ -135,3 +135,24 @@ def test_budget_ends_a_deep_walk(tmp_path: Path) -> None:
     report = check_step(["/d/l0"], {}, "/", HOST, image=open_image(str(root)),
                         budget=Budget(2000))
     assert report.issues and report.limit is None
+
+
+def test_image_glibc_is_its_ld_so(x86_root: Path) -> None:
+    import re
+    import subprocess
+
+    from grace_policy.image.step import image_glibc
+
+    ldso = x86_root / "lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"
+    if HOST.machine != "x86_64":
+        pytest.skip("runs the image's x86_64 ld.so --version as the oracle")
+    said = subprocess.run([str(ldso), "--version"], capture_output=True, text=True,
+                          check=True).stdout
+    m = re.search(r"release version (\d+)\.(\d+)", said)
+    assert m
+    with fsprobe.using(DirView(str(x86_root))):
+        assert image_glibc(HOST) == (int(m.group(1)), int(m.group(2)))
+    empty = x86_root.parent / "empty"
+    empty.mkdir(exist_ok=True)
+    with fsprobe.using(DirView(str(empty))):
+        assert image_glibc(HOST) is None

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from . import envleak
+from . import envleak, fsprobe
 from ._record import dataclass, replace
 from .budget import Budget, BudgetExceeded
 from .causes import path_causes
@@ -88,7 +88,6 @@ def check_step(
     budget = budget or Budget()
     if image is None:
         return _check_step(argv, env, cwd, node, env_vars, env_strip, budget, cuda_index, None)
-    from . import fsprobe
     from .image.step import image_report
 
     # The view ticks the budget as it decompresses (a deadline for huge
@@ -125,7 +124,7 @@ def _check_step(argv: Sequence[str], env: Mapping[str, str], cwd: str, node: Nod
         issues.extend(leak.issues)
         ctx = StepContext(node=node, env=leak.changes.apply(env), cwd=cwd, budget=budget,
                           view=image.view if image is not None else None, image=image,
-                          cuda_index=cuda_index)
+                          cuda_index=cuda_index, read=fsprobe.recording())
         _check(argv, ctx, issues, state, leak.foreign_prefixes)
     except BudgetExceeded as exc:
         return StepReport(tuple(issues), changes, _opt_str(state.get("exe")),

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 
 from . import fsprobe
 from ._record import dataclass
-from .elf import open_regular
+from .elf import ElfError, open_regular
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -135,7 +135,7 @@ def which(name: str, path: str | None, cwd: str, budget: Budget | None = None) -
         if not candidate.startswith("/"):
             candidate = os.path.join(cwd, candidate)
         try:
-            if fsprobe.isfile(candidate) and os.access(candidate, os.X_OK):
+            if fsprobe.isfile(candidate) and fsprobe.executable(candidate):
                 return candidate
         except ValueError:
             continue
@@ -343,7 +343,7 @@ def _classify(path: str, budget: Budget | None = None) -> Hop:
     if budget is not None:
         budget.take_file()
     try:
-        fd, st = open_regular(path)
+        fh, st = open_regular(path)
     except FileNotFoundError:
         return Hop(path, "missing", detail="No such file or directory")
     except NotADirectoryError:
@@ -354,19 +354,19 @@ def _classify(path: str, budget: Budget | None = None) -> Hop:
         if exc.errno is not None and fsprobe.isdir(path):
             return Hop(path, "unreadable", detail="Is a directory")
         return Hop(path, "unreadable", detail=exc.strerror or "cannot open")
-    except Exception:  # ElfError: FIFO, device, directory; ValueError: NUL in path
+    except (ElfError, ValueError):  # FIFO, device, directory; NUL in the path
         # execve refuses anything but a regular file with EACCES.
         kind = "directory" if fsprobe.isdir(path) else "not a regular file"
         return Hop(path, "not-regular", detail=f"Permission denied ({kind})")
     try:
         if budget is not None:
             budget.spend_bytes(SHEBANG_BYTES)
-        head = os.pread(fd, SHEBANG_BYTES, 0)
+        head = fh.pread(SHEBANG_BYTES, 0)
     except OSError as exc:
         return Hop(path, "unreadable", detail=exc.strerror or "cannot read")
     finally:
-        os.close(fd)
-    if not st.st_mode & 0o111 or not os.access(path, os.X_OK):
+        fh.close()
+    if not st.st_mode & 0o111 or not fsprobe.executable(path):
         return Hop(path, "not-executable", detail="Permission denied")
     if head.startswith(b"\x7fELF"):
         return Hop(path, "elf")

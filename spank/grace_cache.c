@@ -740,7 +740,8 @@ const char *grace_audit_hit(const struct grace_context *ctx, const struct grace_
 	/* A hit is a clean allow: enforce would allow it too, nothing exempted
 	 * (exempted verdicts are never cached). */
 	grace_puts(&b, ", \"enforce_action\": \"allow\", \"env_set\": [], \"env_unset\": [], "
-		   "\"error\": null, \"event\": \"decision\", \"exempt\": [], \"job_id\": ");
+		   "\"error\": null, \"event\": \"decision\", \"exempt\": [], \"image\": null, "
+		   "\"job_id\": ");
 	snprintf(num, sizeof(num), "%u", step->job_id);
 	grace_put_json(&b, num);
 	grace_puts(&b, ", \"mode\": ");

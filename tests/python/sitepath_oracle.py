@@ -144,8 +144,24 @@ def runner(label: str) -> Runner:
         else:
             from slurm import roots
             opened = roots.open_root(roots.RELEASES[release])
+            _relative_links(opened.path)
             _RUNNERS[label] = Runner(label, chroot=str(opened.path), _root=opened)
     return _RUNNERS[label]
+
+
+def _relative_links(root: Path) -> None:
+    """Debian links ``/usr/lib/python3.X/sitecustomize.py`` to
+    ``/etc/python3.X/sitecustomize.py`` by absolute path. Read from outside
+    the image, such a link leads to this host's /etc (a limit of reading a
+    node image from outside, ``grace-policy check --root``; on the node
+    itself it is right), so in the overlay it is made relative: the same
+    file to the real interpreter inside."""
+    for lib in root.glob("usr/lib/python3*"):
+        link = lib / "sitecustomize.py"   # (glob does not match a link it cannot follow)
+        target = os.readlink(link) if link.is_symlink() else ""
+        if target.startswith("/"):
+            link.unlink()
+            link.symlink_to(os.path.relpath(target, "/" + str(link.parent.relative_to(root))))
 
 
 def is_root(label: str) -> bool:

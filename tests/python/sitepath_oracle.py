@@ -69,7 +69,14 @@ def _roots_selected() -> set[str]:
 
 
 def available() -> list[tuple[str, str]]:
-    found = [(label, exe) for label, exe in CANDIDATES if os.access(exe, os.X_OK)]
+    """The CPythons of this machine."""
+    return [(label, exe) for label, exe in CANDIDATES if os.access(exe, os.X_OK)]
+
+
+def oracles() -> list[tuple[str, str]]:
+    """:func:`available` and the release roots' Pythons (run them through
+    :func:`runner`)."""
+    found = available()
     selected = _roots_selected()
     found += [(label, exe) for label, exe, release in ROOT_CANDIDATES if release in selected]
     return found

@@ -38,10 +38,10 @@ from python import envs
 from . import sitepath_oracle as oracle
 from .editables import MIN_PYTHON, editable_venv
 
-INTERPRETERS = [(label, exe) for label, exe in oracle.available()
+INTERPRETERS = [(label, exe) for label, exe in oracle.oracles()
                 if oracle.version_of(label) >= MIN_PYTHON]
 #: Interpreters that get the sitecustomize matrix (every one: venvs are cheap).
-ALL = oracle.available()
+ALL = oracle.oracles()
 
 NAMES = ("edpkg", "edpkg._speed", "edpkg._arm", "edmod", "edfast", "edabi", "edsrc",
          "edsrc._c")

@@ -21,9 +21,9 @@ from grace_policy.budget import Budget, BudgetExceeded
 from grace_policy.python import interp, sitepath
 
 from . import sitepath_oracle as oracle
-from .sitepath_oracle import PROBE, World, available, build_world, model, run_real
+from .sitepath_oracle import PROBE, World, build_world, model, run_real
 
-INTERPRETERS = available()
+INTERPRETERS = oracle.oracles()
 #: The interpreters of this machine (the start-up failure tests run them directly).
 HOST_INTERPRETERS = [(lab, exe) for lab, exe in INTERPRETERS if not oracle.is_root(lab)]
 #: Interpreters that get the whole matrix; the others a cross-section (every

@@ -221,13 +221,14 @@ def _with_suffix(path: str, suffix: str) -> str:
 
 
 def locate(name: str, finders: Sequence[EditableFinder], suffixes: Sequence[str],
-           node: NodeProfile, budget: Budget) -> Located | None:
+           node: NodeProfile, budget: Budget, cwd: str = "/") -> Located | None:
     """What the editable finders answer for top-level ``name`` when the path
     finder found nothing: the first finder mapping it, as its ``_find_spec``
     tries the candidates. ``entry`` is the finder's site directory (its
     distribution lives there). A mapped name with no candidate is
     ``missing``, with the files of other platforms' builds as ``foreign``;
-    None when no finder maps the name."""
+    None when no finder maps the name. A relative mapped path is against
+    ``cwd`` (``pathlib.Path.exists`` of it)."""
     from .finder import BYTECODE_SUFFIXES, SOURCE_SUFFIXES
 
     kinds = [(s, "source") for s in SOURCE_SUFFIXES] + [(s, "bytecode")
@@ -241,6 +242,8 @@ def locate(name: str, finders: Sequence[EditableFinder], suffixes: Sequence[str]
             continue
         mapped = True
         budget.tick()
+        if not target.startswith("/"):
+            target = os.path.join(cwd or "/", target)   # not normalised: the kernel resolves ..
         target = target.rstrip("/") or "/"
         if fsprobe.exists(host_path(f"{target}/__init__.py", node)):
             return Located(name=name, kind="package", path=target, entry=f.site_dir)

@@ -296,7 +296,8 @@ class Environment:
             return loc
         from .editable import locate
 
-        hit = locate(name, self.paths.editables, self.suffixes, self.node, self.budget)
+        hit = locate(name, self.paths.editables, self.suffixes, self.node, self.budget,
+                     cwd=self.cwd)
         if hit is None:
             return loc
         if hit.kind == "missing":

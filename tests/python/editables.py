@@ -12,12 +12,16 @@ Two projects with C extensions, built in place by setuptools' editable
   ``edpkg._speed``), ``edmod`` (pure), ``edfast`` (a top-level extension)
   and ``edabi`` (a top-level ``py_limited_api`` extension: ``edabi.abi3.so``);
 - ``srclay`` (src layout, ``package_dir={'': 'src'}``): a plain path line
-  ``.pth``, the ``edsrc`` package with ``edsrc._c``.
+  ``.pth``, the ``edsrc`` package with ``edsrc._c``;
+- ``flitproj`` (flit_core, which builds no extensions: ``edflit.pth`` names
+  the project directory): the pure ``edflit`` package, into which the test
+  puts compiled files by hand, as a ``build_ext --inplace`` would.
 
-The setuptools wheel is fetched once from PyPI with ``--require-hashes``
-(:data:`SETUPTOOLS`) and installed into the venv from that file; the
-editable install runs with ``--no-build-isolation --no-index``, so nothing
-else is downloaded. Skips when offline (fails under ``CI``), like the wheels.
+The build backends' wheels are fetched once from PyPI with
+``--require-hashes`` (:data:`SETUPTOOLS`, :data:`FLIT_CORE`) and installed
+into the venv from those files; the editable installs run with
+``--no-build-isolation --no-index``, so nothing else is downloaded. Skips
+when offline (fails under ``CI``), like the wheels.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from corpus import NET_TIMEOUT, CorpusUnavailable, _cached_tree, _give_up, _run,
 #: setuptools >= 64 writes PEP 660 finders; 80.9.0 needs Python >= 3.9.
 SETUPTOOLS = ("setuptools==80.9.0", "setuptools-80.9.0-py3-none-any.whl",
               "062d34222ad13e0cc312a4c02d73f059e86a4acbfbdea8f8f76b28c99f306922")
+FLIT_CORE = ("flit_core==3.9.0", "flit_core-3.9.0-py3-none-any.whl",
+             "7aada352fb0c7f5538c4fafeddf314d3a6a92ee8e2b1de70482329e42de70301")
 MIN_PYTHON = (3, 9)
 
 _MODULE_C = """#include <Python.h>
@@ -53,13 +59,30 @@ _PYPROJECT = """[build-system]
 requires = ["setuptools==80.9.0"]
 build-backend = "setuptools.build_meta"
 """
+_FLIT_PYPROJECT = """[build-system]
+requires = ["flit_core==3.9.0"]
+build-backend = "flit_core.buildapi"
+
+[project]
+name = "edflit"
+version = "0.1"
+description = "an editable flit project"
+"""
 
 _failure: list[str] = []
 
 
 def setuptools_wheel() -> Path:
     """The pinned setuptools wheel (downloaded once, hash-checked)."""
-    requirement, filename, sha = SETUPTOOLS
+    return _pinned_wheel(SETUPTOOLS)
+
+
+def flit_core_wheel() -> Path:
+    return _pinned_wheel(FLIT_CORE)
+
+
+def _pinned_wheel(pin: tuple[str, str, str]) -> Path:
+    requirement, filename, sha = pin
     if _failure:
         _give_up(_failure[0])
 
@@ -76,10 +99,10 @@ def setuptools_wheel() -> Path:
         return out
 
     try:
-        return _cached_tree("setuptools-80.9.0-wheel", {"pin": list(SETUPTOOLS)},
+        return _cached_tree(f"{requirement.replace('==', '-')}-wheel", {"pin": list(pin)},
                             build) / filename
     except CorpusUnavailable as exc:
-        _failure.append(f"setuptools wheel unavailable (network?): {exc}")
+        _failure.append(f"{requirement} wheel unavailable (network?): {exc}")
         _give_up(_failure[0])
         raise
 
@@ -89,6 +112,7 @@ class EditableWorld:
     venv: Path          # the venv (a node path; the same on this host, see Runner)
     flat: Path          # the flat-layout project
     srclay: Path        # the src-layout project
+    flit: Path          # the flit project
     site: Path          # the venv's site-packages
     xy: str
 
@@ -102,8 +126,10 @@ def _write(path: Path, text: str) -> None:
     path.write_text(text)
 
 
-def _projects(root: Path) -> tuple[Path, Path]:
-    flat, srclay = root / "flat", root / "srclay"
+def _projects(root: Path) -> tuple[Path, Path, Path]:
+    flat, srclay, flit = root / "flat", root / "srclay", root / "flitproj"
+    _write(flit / "pyproject.toml", _FLIT_PYPROJECT)
+    _write(flit / "edflit" / "__init__.py", "")
     _write(flat / "pyproject.toml", _PYPROJECT)
     _write(flat / "setup.py", _FLAT_SETUP)
     _write(flat / "edpkg" / "__init__.py", "")
@@ -115,19 +141,20 @@ def _projects(root: Path) -> tuple[Path, Path]:
     _write(srclay / "setup.py", _SRC_SETUP)
     _write(srclay / "src" / "edsrc" / "__init__.py", "")
     _write(srclay / "src" / "edsrc" / "_c.c", _MODULE_C.format(name="_c"))
-    return flat, srclay
+    return flat, srclay, flit
 
 
 def editable_venv(run, base_exe: str, root: Path, xy: str) -> EditableWorld:
     """A venv of ``base_exe`` with both projects installed editable (``run``:
     how to run a command for this interpreter, ``run(argv, cwd)``)."""
-    wheel = setuptools_wheel()
+    wheels = (setuptools_wheel(), flit_core_wheel())
     root.mkdir(parents=True, exist_ok=True)
     local = root / "wheels"
     local.mkdir(exist_ok=True)
-    shutil.copy2(wheel, local / wheel.name)
+    for wheel in wheels:
+        shutil.copy2(wheel, local / wheel.name)
     venv = root / "venv"
-    flat, srclay = _projects(root)
+    flat, srclay, flit = _projects(root)
 
     def step(argv: list[str], cwd: Path = root) -> None:
         done = run(argv, str(cwd))
@@ -136,12 +163,13 @@ def editable_venv(run, base_exe: str, root: Path, xy: str) -> EditableWorld:
 
     step([base_exe, "-m", "venv", str(venv)])
     py = str(venv / "bin" / "python")
-    step([py, "-m", "pip", "install", "-q", "--no-index", str(local / wheel.name)])
-    for project in (flat, srclay):
+    step([py, "-m", "pip", "install", "-q", "--no-index",
+          *(str(local / wheel.name) for wheel in wheels)])
+    for project in (flat, srclay, flit):
         step([py, "-m", "pip", "install", "-q", "--no-index", "--no-build-isolation",
               "--no-deps", "-e", str(project)])
     site = next((venv / "lib").glob("python3*/site-packages"))
-    return EditableWorld(venv=venv, flat=flat, srclay=srclay, site=site, xy=xy)
+    return EditableWorld(venv=venv, flat=flat, srclay=srclay, flit=flit, site=site, xy=xy)
 
 
 def host_run(argv: list[str], cwd: str) -> subprocess.CompletedProcess[str]:

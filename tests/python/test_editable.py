@@ -44,7 +44,7 @@ INTERPRETERS = [(label, exe) for label, exe in oracle.oracles()
 ALL = oracle.oracles()
 
 NAMES = ("edpkg", "edpkg._speed", "edpkg._arm", "edmod", "edfast", "edabi", "edsrc",
-         "edsrc._c")
+         "edsrc._c", "edflit", "edflit._native", "edflit._arm")
 MARK = "GRACE-EDITABLE "
 PROBE = (
     "import sys, json, importlib.util as u\n"
@@ -119,11 +119,15 @@ def _editable_world(label: str, exe: str, tmp_path_factory: pytest.TempPathFacto
         w = editable_venv(runner.run_plain, exe, root, xy)
         # the aarch64 builds, as a cross build on the login node leaves them
         tag = f"cpython-{xy.replace('.', '')}-aarch64-linux-gnu.so"
-        for name, dest in (("_arm", w.flat / "edpkg"),):
+        for name, dest in (("_arm", w.flat / "edpkg"), ("_arm", w.flit / "edflit")):
             so = elf_builder.compile("int answer(void) { return 42; }\n",
                                      f"{label}/{name}.so", shared=True, arch="aarch64",
                                      page_size=65536)
             shutil.copy2(so, dest / f"{name}.{tag}")
+        # an x86_64 module in the flit project, as build_ext --inplace leaves it
+        so = elf_builder.compile("int answer(void) { return 42; }\n", f"{label}/_native.so",
+                                 shared=True, arch="x86_64")
+        shutil.copy2(so, w.flit / "edflit" / f"_native.{tag.replace('aarch64', 'x86_64')}")
         _WORLDS[label] = (runner, w)
     return _WORLDS[label]
 
@@ -147,6 +151,7 @@ def test_editable_install_matches_real_cpython(label: str, exe: str, elf_builder
     assert dict(ed.mapping) == {n: str(w.flat / n) for n in ("edabi", "edfast", "edmod",
                                                              "edpkg")}
     assert str(w.srclay / "src") in e.paths.paths   # the src layout's path .pth
+    assert str(w.flit) in e.paths.paths             # flit's path .pth
     for name in NAMES:
         got, _foreign = _model_origin(e, name)
         assert got == real["origins"][name], name
@@ -191,7 +196,7 @@ def _grace_venv(elf_builder: ElfBuilder, w, tmp: Path) -> Path:
     py = envs.make_venv(base, tmp / "grace-venv")
     site = envs.site_packages(py.parent.parent)
     for entry in w.site.iterdir():
-        if entry.name.startswith(("__editable__", "edpkg-", "edsrc-")):
+        if entry.name.startswith(("__editable__", "edpkg-", "edsrc-", "edflit")):
             if entry.is_dir():
                 shutil.copytree(entry, site / entry.name)
             else:
@@ -241,10 +246,13 @@ def test_in_place_builds_are_judged_on_an_aarch64_node(
     assert v.action == "warn", v
     assert {f.rule for f in v.findings} == {"py-dist-broken"}
     assert any("edfast" in f.path for f in v.findings)
-    # the src layout (a path .pth): its in-place build is judged as any package
+    # the src layout and flit (path .pth files): their builds are judged as any package's
     v = verdict("import edsrc")
     assert any(f.rule == "py-ext-foreign" and "edsrc/_c.cpython-" in f.path
                for f in v.findings), v.findings
+    v = verdict("import edflit")
+    assert [f.path for f in v.findings if "edflit" in f.path] == [
+        str(w.flit / "edflit" / f"_native.cpython-{w.xy.replace('.', '')}-x86_64-linux-gnu.so")]
     # a sitecustomize that imports the broken module: every start imports it
     site = envs.site_packages(py.parent.parent)
     (site / "sitecustomize.py").write_text("import edfast\n")

@@ -222,12 +222,14 @@ def _with_suffix(path: str, suffix: str) -> str:
 
 def locate(name: str, finders: Sequence[EditableFinder], suffixes: Sequence[str],
            node: NodeProfile, budget: Budget, cwd: str = "/") -> Located | None:
-    """What the editable finders answer for top-level ``name`` when the path
+    """What the editable finders answer for ``name`` (a top-level name, or a
+    dotted one the path finder did not find in its parent) when the path
     finder found nothing: the first finder mapping it, as its ``_find_spec``
-    tries the candidates. ``entry`` is the finder's site directory (its
-    distribution lives there). A mapped name with no candidate is
-    ``missing``, with the files of other platforms' builds as ``foreign``;
-    None when no finder maps the name. A relative mapped path is against
+    tries the candidates; a name of ``NAMESPACES`` is a namespace package
+    whose portions are the listed directories (its path hook's answer).
+    ``entry`` is the finder's site directory (its distribution lives there).
+    A mapped name with no candidate is ``missing``, with the files of other
+    platforms' builds as ``foreign``; None when no finder maps the name. A relative mapped path is against
     ``cwd`` (``pathlib.Path.exists`` of it)."""
     from .finder import BYTECODE_SUFFIXES, SOURCE_SUFFIXES
 
@@ -253,6 +255,12 @@ def locate(name: str, finders: Sequence[EditableFinder], suffixes: Sequence[str]
                 return Located(name=name, kind=kind, path=candidate, entry=f.site_dir)
         foreign += _foreign_builds(target, suffixes, node)
     if not mapped:
+        for f in finders:
+            portions = dict(f.namespaces).get(name)
+            if portions is not None:
+                return Located(name=name, kind="namespace",
+                               path=portions[0] if portions else (f.hook or ""),
+                               entry=f.site_dir, portions=tuple(portions))
         return None
     return Located(name=name, kind="missing", path="", entry="", foreign=tuple(foreign))
 

@@ -419,18 +419,19 @@ class Environment:
             elif (loc.entry not in by_dir and loc.kind in ("package", "extension")
                   and not self._system_entry(loc.entry)):
                 out.append(Group(name, loc.path, True, tuple(self._module_issues(loc, name))))
-        out += self._editable_unused(search, located)
+        out += self._editable_unused(search, located, used_names)
         return out
 
     def _module_issues(self, loc: Located, name: str) -> list[Issue]:
         return (self._tree(loc.path, name) if loc.kind == "package"
                 else self.judge.file(loc.path, module=name))
 
-    def _editable_unused(self, search: Sequence[str], located: Mapping[str, Located]
-                         ) -> list[Group]:
-        """What the editable finders map that the step is not known to
-        import, judged as an import would reach it (a name found on sys.path
-        first is not the editable one)."""
+    def _editable_unused(self, search: Sequence[str], located: Mapping[str, Located],
+                         used_names: Sequence[str]) -> list[Group]:
+        """What else the editable finders map, judged as an import would
+        reach it (a name found on sys.path first is not the editable one):
+        used when it lies under a used top-level name (``ns.sub`` of an
+        editable namespace package ``ns``), else a warning."""
         out: list[Group] = []
         done = set(located)
         for finder in self.paths.editables:
@@ -439,15 +440,16 @@ class Environment:
                     continue
                 done.add(name)
                 self.budget.tick()
+                used = "." in name and name.split(".", 1)[0] in used_names
                 loc = self.locate(name, search)
                 if loc.kind == "missing" and loc.foreign:
-                    out.append(Group(f"{name} (editable install)", loc.foreign[0], False,
+                    out.append(Group(f"{name} (editable install)", loc.foreign[0], used,
                                      (self._foreign_issue(name, loc.foreign),)))
                 elif (name in self._editable_hits and loc.kind in ("package", "extension")
                       and not is_system(loc.path)):
                     found = self._module_issues(loc, name)
                     if found:
-                        out.append(Group(f"{name} (editable install)", loc.path, False,
+                        out.append(Group(f"{name} (editable install)", loc.path, used,
                                          tuple(found)))
         return out
 

@@ -10,7 +10,10 @@ Two projects with C extensions, built in place by setuptools' editable
   ``import __editable___edpkg_0_1_finder; ...install()`` and that finder,
   whose ``MAPPING`` names ``edpkg`` (a package with the extension
   ``edpkg._speed``), ``edmod`` (pure), ``edfast`` (a top-level extension)
-  and ``edabi`` (a top-level ``py_limited_api`` extension: ``edabi.abi3.so``);
+  ``edabi`` (a top-level ``py_limited_api`` extension: ``edabi.abi3.so``)
+  and ``edns.sub`` (under the namespace package ``edns``: ``NAMESPACES``, and
+  the finder's placeholder entry at the end of ``sys.path``), with
+  ``edns.sub._k``;
 - ``srclay`` (src layout, ``package_dir={'': 'src'}``): a plain path line
   ``.pth``, the ``edsrc`` package with ``edsrc._c``;
 - ``flitproj`` (flit_core, which builds no extensions: ``edflit.pth`` names
@@ -46,8 +49,9 @@ PyMODINIT_FUNC PyInit_{name}(void) {{ return PyModule_Create(&def); }}
 """
 
 _FLAT_SETUP = """from setuptools import Extension, setup
-setup(name="edpkg", version="0.1", packages=["edpkg"], py_modules=["edmod"],
+setup(name="edpkg", version="0.1", packages=["edpkg", "edns.sub"], py_modules=["edmod"],
       ext_modules=[Extension("edpkg._speed", ["edpkg/_speed.c"]),
+                   Extension("edns.sub._k", ["edns/sub/_k.c"]),
                    Extension("edfast", ["edfast.c"]),
                    Extension("edabi", ["edabi.c"], py_limited_api=True)])
 """
@@ -135,6 +139,8 @@ def _projects(root: Path) -> tuple[Path, Path, Path]:
     _write(flat / "edpkg" / "__init__.py", "")
     _write(flat / "edpkg" / "_speed.c", _MODULE_C.format(name="_speed"))
     _write(flat / "edmod.py", "")
+    _write(flat / "edns" / "sub" / "__init__.py", "")   # edns: a namespace package
+    _write(flat / "edns" / "sub" / "_k.c", _MODULE_C.format(name="_k"))
     _write(flat / "edfast.c", _MODULE_C.format(name="edfast"))
     _write(flat / "edabi.c", _MODULE_C.format(name="edabi"))
     _write(srclay / "pyproject.toml", _PYPROJECT)

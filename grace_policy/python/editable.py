@@ -229,8 +229,8 @@ def locate(name: str, finders: Sequence[EditableFinder], suffixes: Sequence[str]
     whose portions are the listed directories (its path hook's answer).
     ``entry`` is the finder's site directory (its distribution lives there).
     A mapped name with no candidate is ``missing``, with the files of other
-    platforms' builds as ``foreign``; None when no finder maps the name. A relative mapped path is against
-    ``cwd`` (``pathlib.Path.exists`` of it)."""
+    platforms' builds as ``foreign``; None when no finder maps the name. A
+    relative mapped path is against ``cwd`` (``pathlib.Path.exists`` of it)."""
     from .finder import BYTECODE_SUFFIXES, SOURCE_SUFFIXES
 
     kinds = [(s, "source") for s in SOURCE_SUFFIXES] + [(s, "bytecode")

@@ -268,6 +268,10 @@ def test_in_place_builds_are_judged_on_an_aarch64_node(
     v = verdict("import edflit")
     assert [f.path for f in v.findings if "edflit" in f.path] == [
         str(w.flit / "edflit" / f"_native.cpython-{w.xy.replace('.', '')}-x86_64-linux-gnu.so")]
+    # edns is a namespace package of the finder: what it maps below counts as used
+    v = verdict("import edns.sub")
+    assert [(f.rule, f.severity) for f in v.findings if "edns/sub/_k" in f.path] == [
+        ("py-ext-foreign", "warning")], v.findings
     # a sitecustomize that imports the broken module: every start imports it
     site = envs.site_packages(py.parent.parent)
     (site / "sitecustomize.py").write_text("import edfast\n")

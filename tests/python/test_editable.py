@@ -143,6 +143,7 @@ def _editable_world(label: str, exe: str, tmp_path_factory: pytest.TempPathFacto
 
 
 @pytest.mark.network
+@pytest.mark.cross
 @pytest.mark.parametrize(("label", "exe"), INTERPRETERS, ids=[lab for lab, _ in INTERPRETERS])
 def test_editable_install_matches_real_cpython(label: str, exe: str, elf_builder: ElfBuilder,
                                                tmp_path_factory: pytest.TempPathFactory
@@ -179,6 +180,8 @@ def test_editable_install_matches_real_cpython(label: str, exe: str, elf_builder
     assert real["origins"]["edabi"].endswith(".abi3.so")
 
 
+@pytest.mark.network
+@pytest.mark.cross
 def test_a_namespace_portion_on_sys_path_shadows_the_editable_finder(
         elf_builder: ElfBuilder, tmp_path_factory: pytest.TempPathFactory) -> None:
     """install() appends to sys.meta_path, after the path finder: a directory

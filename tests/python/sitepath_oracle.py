@@ -149,8 +149,13 @@ def runner(label: str) -> Runner:
         if release is None:
             _RUNNERS[label] = Runner(label)
         else:
+            from corpus import CorpusUnavailable, _give_up
             from slurm import roots
-            opened = roots.open_root(roots.RELEASES[release])
+            try:
+                opened = roots.open_root(roots.RELEASES[release])
+            except CorpusUnavailable as exc:  # no mmdebstrap, offline: skip (fail under CI)
+                _give_up(f"Slurm {release} root unavailable: {exc}")
+                raise
             _relative_links(opened.path)
             _RUNNERS[label] = Runner(label, chroot=str(opened.path), _root=opened)
     return _RUNNERS[label]

@@ -302,6 +302,11 @@ def test_an_unreadable_finder_is_a_note_never_a_guess(tmp_path: Path) -> None:
                 good[:40],
                 "\xff\xfe garbage"):
         assert isinstance(editable.parse_finder(bad.encode("utf-8", "surrogateescape")), str)
+    # hostile sources: deep nesting, NUL bytes, a huge literal are notes, not errors
+    for bad in (b"MAPPING = " + b"[" * 200_000, b"MAPPING = {'a': '/x\0'}\0",
+                good.replace("{'a': '/src/a'}", "{" + "(" * 5000 + "1" + ")" * 5000 + ": 1}")
+                .encode()):
+        assert isinstance(editable.parse_finder(bad), str)
     assert editable.finder_name("import __editable___a_finder; "
                                 "__editable___a_finder.install()") == "__editable___a_finder"
     assert editable.finder_name("import __editable___a_finder") is None
@@ -315,6 +320,11 @@ def test_an_unreadable_finder_is_a_note_never_a_guess(tmp_path: Path) -> None:
     (site / "__editable___e_finder.py").write_text(good)
     sp = _sys_path(it, tmp_path)
     assert [f.mapping for f in sp.editables] == [(("a", "/src/a"),)]
+    # a FIFO in its place is never opened (a step launch must not block on it)
+    (site / "__editable___e_finder.py").unlink()
+    os.mkfifo(site / "__editable___e_finder.py")
+    sp = _sys_path(it, tmp_path)
+    assert sp.editables == () and any("__editable___e_finder" in n for n in sp.notes)
 
 
 def test_what_the_editable_model_read_is_recorded(tmp_path: Path) -> None:

@@ -287,6 +287,63 @@ def test_in_place_builds_are_judged_on_an_aarch64_node(
     assert v.action == "allow", v   # -S: no site, no .pth, no sitecustomize
 
 
+@pytest.mark.network
+@pytest.mark.cross
+@pytest.mark.qemu
+def test_the_aarch64_importer_finds_what_the_model_finds(
+        elf_builder: ElfBuilder, tmp_path: Path,
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A real aarch64 CPython 3.11 (Debian's, under qemu-aarch64) as the
+    node's importer: with the editable installs' .pth files processed
+    (``site.addsitedir``), ``find_spec`` finds the aarch64 builds and the
+    ``.abi3.so``, and not the x86_64-only ones, as the model on an aarch64
+    node does."""
+    import ast
+    import subprocess
+
+    from python.arm64_python import arm64_python
+
+    cmd = arm64_python()
+    host = [(lab, exe) for lab, exe in INTERPRETERS if oracle.version_of(lab) == (3, 11)
+            and oracle.runner(lab).chroot is None]
+    if not host:
+        pytest.skip("no CPython 3.11 on this machine to build the 3.11 extensions")
+    label, exe = host[0]
+    _runner, w = _editable_world(label, exe, tmp_path_factory, elf_builder)
+    py = _grace_venv(elf_builder, w, tmp_path)
+    site = envs.site_packages(py.parent.parent)
+    code = ("import site, sys, importlib.util as u\n"
+            f"site.addsitedir({str(site)!r})\n"
+            "def origin(n):\n"
+            "    try:\n"
+            "        s = u.find_spec(n)\n"
+            "    except ImportError:\n"
+            "        return None\n"
+            "    return None if s is None else s.origin\n"
+            "print(repr({n: origin(n) for n in sys.argv[1:]}))\n")
+    done = subprocess.run([*cmd, "-I", "-S", "-c", code, *NAMES], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    real = ast.literal_eval(done.stdout.strip().splitlines()[-1])
+    assert real["edpkg._arm"] and real["edpkg._arm"].endswith("aarch64-linux-gnu.so")
+    assert real["edpkg._speed"] is None and real["edfast"] is None
+    assert real["edabi"] == str(w.flat / "edabi.abi3.so")
+    # the model, on an aarch64 node, of the same venv (.pth files and finder)
+    from grace_policy.python import sitepath
+
+    found = interp.identify(str(py), elf.read_elf(os.path.realpath(py)), GRACE, Budget())
+    assert found is not None
+    flags, command = interp.parse_python_argv(["-c", "pass"], found.version)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    sp = sitepath.sys_path(found, flags, command, env, str(tmp_path), GRACE, Budget())
+    info = elf.read_elf(os.path.realpath(py))
+    process = loader.Process(str(py), info, GRACE, env, cwd=str(tmp_path), budget=Budget())
+    e = step.Environment(found.version, sp, process, env, str(tmp_path), GRACE, Budget(),
+                         lambda p: ())
+    for name in NAMES:
+        assert _model_origin(e, name)[0] == real[name], name
+
+
 def test_an_unreadable_finder_is_a_note_never_a_guess(tmp_path: Path) -> None:
     from grace_policy.python import editable
 

@@ -176,6 +176,14 @@ def _relative_links(root: Path) -> None:
             link.symlink_to(os.path.relpath(target, "/" + str(link.parent.relative_to(root))))
 
 
+def param(values: tuple, label: str) -> object:
+    """A parametrize entry; a release root's cases carry the ``slurm`` mark
+    (they need the roots of the Slurm matrix: ``-m "not slurm"`` leaves them out)."""
+    import pytest
+    marks = (pytest.mark.slurm,) if is_root(label) else ()
+    return pytest.param(*values, marks=marks, id=None)
+
+
 def is_root(label: str) -> bool:
     return any(lab == label for lab, _exe, _r in ROOT_CANDIDATES)
 

@@ -144,7 +144,8 @@ def _editable_world(label: str, exe: str, tmp_path_factory: pytest.TempPathFacto
 
 @pytest.mark.network
 @pytest.mark.cross
-@pytest.mark.parametrize(("label", "exe"), INTERPRETERS, ids=[lab for lab, _ in INTERPRETERS])
+@pytest.mark.parametrize(("label", "exe"), [oracle.param(i, i[0]) for i in INTERPRETERS],
+                         ids=[lab for lab, _ in INTERPRETERS])
 def test_editable_install_matches_real_cpython(label: str, exe: str, elf_builder: ElfBuilder,
                                                tmp_path_factory: pytest.TempPathFactory
                                                ) -> None:
@@ -450,7 +451,8 @@ _CUSTOM_CASES = ("plain", "s", "I", "S", "nousersite", "pythonpath", "script-dir
 
 
 @pytest.mark.parametrize("case", _CUSTOM_CASES)
-@pytest.mark.parametrize(("label", "exe"), ALL, ids=[lab for lab, _ in ALL])
+@pytest.mark.parametrize(("label", "exe"), [oracle.param(i, i[0]) for i in ALL],
+                         ids=[lab for lab, _ in ALL])
 def test_sitecustomize_and_usercustomize_match_real_cpython(
         label: str, exe: str, case: str, tmp_path_factory: pytest.TempPathFactory) -> None:
     runner = oracle.runner(label)

@@ -181,7 +181,8 @@ _PARAMS = ("label", "base_exe", "exe_kind", "env_kind", "flag_kind", "cmd")
 _MATRIX_TEST = "test_sys_path_matches_real_cpython"
 
 
-@pytest.mark.parametrize(_PARAMS, CASES, ids=lambda v: v if not str(v).startswith("/") else "")
+@pytest.mark.parametrize(_PARAMS, [oracle.param(c, c[0]) for c in CASES],
+                         ids=lambda v: v if not str(v).startswith("/") else "")
 def test_sys_path_matches_real_cpython(label: str, base_exe: str, exe_kind: str,
                                        env_kind: str, flag_kind: str, cmd: str,
                                        tmp_path_factory: pytest.TempPathFactory,

@@ -23,10 +23,18 @@ add. This module replays what CPython does at start-up, without running it
 * ``sys.path[0]``: the script's real directory, ``''`` for ``-c`` and stdin,
   the working directory for ``-m``; none with ``-P``/``PYTHONSAFEPATH``/``-I``.
 
-Not modelled (named in ``notes`` where it is seen): ``sitecustomize`` /
-``usercustomize`` code, ``._pth`` files (Windows-style embedding), Fedora's
-``/usr/local`` patch to site.py, the compiled-in PREFIX fallback when no
-landmark is found, build-directory interpreters.
+setuptools' editable finders (a ``.pth`` line ``import __editable___NAME_finder;
+...install()``) are read from their module's literals by :mod:`.editable`
+(imported only then): ``SysPath.editables``, and the finder's
+``PATH_PLACEHOLDER`` entry (kind ``editable-hook``) when it has namespaces.
+What ``sitecustomize``/``usercustomize`` import is the step's business
+(``step.Environment.startup_modules``).
+
+Not modelled (named in ``notes`` where it is seen): ``._pth`` files
+(Windows-style embedding), Fedora's ``/usr/local`` patch to site.py, the
+compiled-in PREFIX fallback when no landmark is found, build-directory
+interpreters, ``.pth`` import lines that fail (site.py skips the rest of
+that file).
 """
 
 from __future__ import annotations
@@ -53,6 +61,10 @@ from .interp import (
     read_small,
 )
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .editable import EditableFinder
+
 #: pyvenv.cfg and .pth files are small; a bigger one is read up to this.
 MAX_CFG_BYTES = 64 * 1024
 MAX_PTH_BYTES = 1024 * 1024
@@ -76,7 +88,8 @@ class PathEntry:
     #: as it will appear in sys.path (CPython's normalisation)
     path: str
     #: "script-dir" | "cwd" | "pythonpath" | "stdlib-zip" | "stdlib" |
-    #: "lib-dynload" | "user-site" | "site-packages" | "pth"
+    #: "lib-dynload" | "user-site" | "site-packages" | "pth" | "editable-hook"
+    #: (setuptools' PATH_PLACEHOLDER: a path hook's key, no directory)
     kind: str
     #: what put it there: "PYTHONPATH", the .pth file's path, "pyvenv.cfg",
     #: "prefix", "PYTHONHOME", "venv", "PYTHONUSERBASE", "HOME", "-c", "-m",
@@ -102,6 +115,9 @@ class SysPath:
     #: (a PYTHONHOME without a stdlib, a .pth or pyvenv.cfg that is not
     #: UTF-8), or None. An addition to the shared interface (defaulted).
     startup_error: str | None = None
+    #: setuptools' editable finders the .pth lines install, in order
+    #: (``editable.EditableFinder``); defaulted like startup_error.
+    editables: tuple[EditableFinder, ...] = ()
 
     @property
     def paths(self) -> list[str]:
@@ -135,6 +151,7 @@ class _Model:
         self.pth_lines = 0
         self.pth_cache: dict[str, list[str]] = {}
         self.startup_error: str | None = None
+        self.editables: list[EditableFinder] = []
         try:
             self.cwd = node_realpath(node, cwd) if cwd.startswith("/") else "/"
         except (OSError, ValueError):
@@ -252,6 +269,16 @@ class _Model:
         self.prefix = self.base_prefix = prefix
         self.exec_prefix = self.base_exec_prefix = exec_prefix
         self.stdlib = _join(prefix, stdlib_sub)
+        if v >= (3, 14):
+            # 3.14's getpath finds the venv itself (site.py only checks it):
+            # sys.prefix is the directory holding pyvenv.cfg (one above the
+            # executable's first, then next to it), even under -S and with
+            # PYTHONHOME set (checked against Debian's 3.14)
+            for d in (os.path.dirname(exe_dir), exe_dir):
+                self.budget.tick()
+                if fsprobe.isfile(host_path(self.node, _join(d, "pyvenv.cfg"))):
+                    self.prefix = self.exec_prefix = self.venv = d
+                    break
 
         pythonpath = self.getenv("PYTHONPATH")
         if pythonpath is not None:
@@ -304,7 +331,8 @@ class _Model:
         self.debian = self.is_debian_site()
         prefixes = [self.prefix, self.exec_prefix]
         enable_user: bool | None = None
-        self.venv: str | None = None
+        if v < (3, 14):
+            self.venv = None
         self.system_site = True
         # venv(): pyvenv.cfg next to sys.executable first, then one up;
         # sys.prefix is always the directory above the executable's.
@@ -320,12 +348,19 @@ class _Model:
             for key, value in cfg_pairs(data):
                 if key == "include-system-site-packages":
                     system_site = value.lower()
-            self.venv = site_prefix
-            self.prefix = self.exec_prefix = site_prefix
-            self.add_site_packages([site_prefix], "venv")
-            if system_site == "true":
-                prefixes.insert(0, site_prefix)
+            if v >= (3, 14):
+                # sys.prefix came from getpath; PREFIXES = [prefix,
+                # exec_prefix] (+ the base ones with system site packages)
+                site_prefix = self.prefix
+                if system_site == "true":
+                    prefixes += [self.base_prefix, self.base_exec_prefix]
             else:
+                self.venv = site_prefix
+                self.prefix = self.exec_prefix = site_prefix
+                if system_site == "true":
+                    prefixes.insert(0, site_prefix)
+            self.add_site_packages([site_prefix], "venv")
+            if system_site != "true":
                 prefixes = [site_prefix]
                 enable_user = False
                 self.system_site = False
@@ -419,6 +454,8 @@ class _Model:
                 continue
             if line.startswith(("import ", "import\t")):
                 self.pth_imports.append((fullname, line.rstrip("\n")))
+                if "__editable__" in line:
+                    self.editable_finder(fullname, line.rstrip())
                 continue
             line = line.rstrip()
             if "\0" in line:
@@ -427,6 +464,26 @@ class _Model:
             if d not in self.known and self.exists(d):
                 self.known.add(d)
                 self.add(d, "pth", fullname)
+
+    def editable_finder(self, fullname: str, line: str) -> None:
+        """A setuptools editable finder the line installs: read (never run)
+        through sys.path as it stands now, as site.py's exec would import it."""
+        from .editable import read_finder
+
+        found = read_finder(line, fullname, [e.path for e in self.entries
+                                             if e.kind != "editable-hook"], self.version,
+                            self.node, self.cwd, self.budget,
+                            free_threaded=bool(self.abi_thread))
+        if found is None:
+            return
+        if isinstance(found, str):
+            self.notes.append(found)
+            return
+        if any(f.module == found.module for f in self.editables):
+            return  # install() again (a venv's site dir is read twice): nothing new
+        self.editables.append(found)
+        if found.hook is not None and all(e.path != found.hook for e in self.entries):
+            self.add(found.hook, "editable-hook", fullname)
 
     def pth_file_lines(self, fullname: str) -> list[str]:
         data = read_small(self.node, fullname, self.budget, MAX_PTH_BYTES)
@@ -568,4 +625,5 @@ def sys_path(interp: Interpreter, flags: PyFlags, command: PyCommand, env: Mappi
         pth_imports=tuple(m.pth_imports),
         notes=tuple(m.notes),
         startup_error=m.startup_error,
+        editables=tuple(m.editables),
     )

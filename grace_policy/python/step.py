@@ -35,7 +35,7 @@ from .finder import Located
 from .judge import Judge
 from .names import LAUNCHERS, SHELLS
 from .nodepath import listdir
-from .sitepath import SysPath
+from .sitepath import SysPath, is_system
 
 Causes = Callable[[str], tuple[str, ...]]
 
@@ -134,8 +134,13 @@ def python_issues(exe: str, info: ElfInfo, process: Process, hops: Sequence[Hop]
 
     used_names = command_imports(command.kind, command.value, cwd=cwd, node=node,
                                  budget=budget)
-    return Environment(interp.version, paths, process, env, cwd, node, budget, causes,
-                       cuda_index=cuda_index).issues(used_names)
+    environment = Environment(interp.version, paths, process, env, cwd, node, budget, causes,
+                              cuda_index=cuda_index)
+    if not flags.no_site:
+        # sitecustomize/usercustomize run at every start: their imports are
+        # as certain as the command's own.
+        used_names = (*used_names, *environment.startup_imports())
+    return environment.issues(used_names)
 
 
 def uv_project_env(env: Mapping[str, str], cwd: str, budget: Budget) -> str | None:
@@ -233,7 +238,12 @@ def _compiled_page_rule() -> Callable[..., list[Issue]]:
 
 
 #: sys.path entries that hold no distributions of their own.
-_NO_DISTS = frozenset({"stdlib", "stdlib-zip", "lib-dynload", "script-dir", "cwd"})
+_NO_DISTS = frozenset({"stdlib", "stdlib-zip", "lib-dynload", "script-dir", "cwd",
+                       "editable-hook"})
+#: sys.path entries that are no directory (setuptools' namespace path hook).
+_NO_DIR = frozenset({"editable-hook"})
+#: The modules site.py imports after the .pth files (Lib/site.py main()).
+_STARTUP = ("sitecustomize", "usercustomize")
 
 
 @dataclass(frozen=True)
@@ -268,6 +278,71 @@ class Environment:
         self.all_warnings = all_warnings
         self.suffixes = tuple(extension_suffixes(version, node.machine))
         self.judge = Judge(process, node, budget, causes, extra=_compiled_page_rule())
+        #: directory listings, shared by every lookup (sys.path_importer_cache)
+        self._listings: dict[str, object] = {}
+        #: top-level names setuptools' editable finders answered
+        self._editable_hits: set[str] = set()
+
+    # -- finding modules -------------------------------------------------------
+
+    def search_path(self, *, at_site: bool = False) -> list[str]:
+        """The directories of sys.path in order; ``at_site``: as they are
+        when site.py imports sitecustomize (sys.path[0] comes later)."""
+        return [e.path for e in self.paths.entries if e.kind not in _NO_DIR
+                and not (at_site and e.kind in ("script-dir", "cwd"))]
+
+    def locate(self, name: str, search: Sequence[str]) -> Located:
+        """Where ``import name`` (top level) is found: the path finder on
+        ``search``, then setuptools' editable finders (``sys.meta_path``
+        after the path finder)."""
+        from .finder import find_top_level
+
+        loc = find_top_level(name, search, self.suffixes, self.budget, node=self.node,
+                             cwd=self.cwd, listings=self._listings)  # type: ignore[arg-type]
+        if loc.kind != "missing" or not self.paths.editables:
+            return loc
+        from .editable import locate
+
+        hit = locate(name, self.paths.editables, self.suffixes, self.node, self.budget,
+                     cwd=self.cwd)
+        if hit is None:
+            return loc
+        if hit.kind == "missing":
+            return Located(name=name, kind="missing", path="", entry="",
+                           foreign=(*loc.foreign, *hit.foreign))
+        self._editable_hits.add(name)
+        return hit
+
+    def startup_modules(self) -> list[tuple[str, Located]]:
+        """``sitecustomize`` and (with the user site enabled) ``usercustomize``
+        as site.py imports them: on sys.path without sys.path[0], after the
+        .pth files (editable finders included). Only found ones are listed."""
+        out = []
+        search = self.search_path(at_site=True)
+        for name in _STARTUP:
+            if name == "usercustomize" and self.paths.user_site is None:
+                continue
+            loc = self.locate(name, search)
+            if loc.kind != "missing":
+                out.append((name, loc))
+        return out
+
+    def startup_imports(self) -> tuple[str, ...]:
+        """The top-level modules sitecustomize/usercustomize import when they
+        run (their module-level imports, read as a script's are). A compiled
+        or bytecode-only one names nothing."""
+        from .usage import command_imports
+
+        names: dict[str, None] = {}
+        for _name, loc in self.startup_modules():
+            source = loc.path if loc.kind == "source" else (
+                f"{loc.path}/__init__.py" if loc.kind == "package" else None)
+            if source is None:
+                continue
+            for found in command_imports("script", source, cwd=self.cwd, node=self.node,
+                                         budget=self.budget):
+                names[found] = None
+        return tuple(names)
 
     # -- the whole environment ------------------------------------------------
 
@@ -295,7 +370,7 @@ class Environment:
         from .dists import closure, dists_in
 
         entries = self.paths.entries
-        search = [e.path for e in entries]
+        search = self.search_path()
         out: list[Group] = []
         # The standard library's extension modules load for nearly every
         # step: judged with normal severities.
@@ -344,11 +419,47 @@ class Environment:
                     continue
                 out.append(Group(name, loc.foreign[0], True,
                                  (self._foreign_issue(name, loc.foreign),)))
+            elif name in self._editable_hits:
+                # an editable install's source directory (an extension built
+                # in place on the login node lies there)
+                if loc.kind in ("package", "extension") and not is_system(loc.path):
+                    out.append(Group(f"{name} (editable install)", loc.path, True,
+                                     tuple(self._module_issues(loc, name))))
             elif (loc.entry not in by_dir and loc.kind in ("package", "extension")
                   and not self._system_entry(loc.entry)):
-                found = (self._tree(loc.path, name) if loc.kind == "package"
-                         else self.judge.file(loc.path, module=name))
-                out.append(Group(name, loc.path, True, tuple(found)))
+                out.append(Group(name, loc.path, True, tuple(self._module_issues(loc, name))))
+        out += self._editable_unused(search, located, used_names)
+        return out
+
+    def _module_issues(self, loc: Located, name: str) -> list[Issue]:
+        return (self._tree(loc.path, name) if loc.kind == "package"
+                else self.judge.file(loc.path, module=name))
+
+    def _editable_unused(self, search: Sequence[str], located: Mapping[str, Located],
+                         used_names: Sequence[str]) -> list[Group]:
+        """What else the editable finders map, judged as an import would
+        reach it (a name found on sys.path first is not the editable one):
+        used when it lies under a used top-level name (``ns.sub`` of an
+        editable namespace package ``ns``), else a warning."""
+        out: list[Group] = []
+        done = set(located)
+        for finder in self.paths.editables:
+            for name, _path in finder.mapping:
+                if name in done:
+                    continue
+                done.add(name)
+                self.budget.tick()
+                used = "." in name and name.split(".", 1)[0] in used_names
+                loc = self.locate(name, search)
+                if loc.kind == "missing" and loc.foreign:
+                    out.append(Group(f"{name} (editable install)", loc.foreign[0], used,
+                                     (self._foreign_issue(name, loc.foreign),)))
+                elif (name in self._editable_hits and loc.kind in ("package", "extension")
+                      and not is_system(loc.path)):
+                    found = self._module_issues(loc, name)
+                    if found:
+                        out.append(Group(f"{name} (editable install)", loc.path, used,
+                                         tuple(found)))
         return out
 
     def _system_entry(self, path: str) -> bool:
@@ -366,15 +477,11 @@ class Environment:
                 by_dir: Mapping[str, tuple[Dist, ...]]) -> tuple[set[str], dict[str, Located]]:
         """The distributions that provide the used top-level names, as the
         finder would find them (the first entry of sys.path wins)."""
-        from .finder import find_top_level
-
         roots: set[str] = set()
         located: dict[str, Located] = {}
-        listings: dict[str, object] = {}
         for name in names:
             self.budget.tick()
-            loc = find_top_level(name, search, self.suffixes, self.budget, node=self.node,
-                                 cwd=self.cwd, listings=listings)  # type: ignore[arg-type]
+            loc = self.locate(name, search)
             located[name] = loc
             for d in by_dir.get(loc.entry, ()):
                 if name in d.top_level:
@@ -544,4 +651,6 @@ def environment_report(python: str, env: Mapping[str, str], cwd: str, node: Node
         return issues, None
     found = _environment(python, process, env, cwd, node, budget, causes,
                          cuda_index=cuda_index, all_warnings=False)
-    return issues, (found.groups(imports) if found is not None else None)
+    if found is None:
+        return issues, None
+    return issues, found.groups((*imports, *found.startup_imports()))

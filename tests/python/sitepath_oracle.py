@@ -9,19 +9,28 @@ HOME with ``~/.local``, PYTHONPATH directories, ``.pth`` files of every kind,
 scripts, a package dir with ``__main__``, a symlinked script, a console
 script whose ``#!`` names the venv's python, and (3.11+) a conda-like prefix
 (a symlink farm around a copy of the real binary).
+
+The Pythons of the Slurm release roots (``tests/slurm/roots.py``: Debian
+sid's 3.14 for 26.05, Debian 13's 3.13 for 24.11) are oracles too, when
+``GRACE_SLURM_RELEASES`` selects their release: each runs chroot'ed into an
+overlay of its cached root (:class:`Runner`), and the test worlds are
+bind-mounted into the root at their own paths, so a world path is the same
+inside and outside. The model reads the root as a node image
+(``NodeProfile.root``), as ``grace-policy check --root`` does.
 """
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from grace_policy import budget as _budget
-from grace_policy import elf, node
+from grace_policy import elf, loader, node
 from grace_policy.python import interp, sitepath
 
 #: (label, executable) of the CPythons looked for on this machine.
@@ -45,16 +54,155 @@ PROBE = (
 PTH_IMPORT = "import sys; sys.__dict__.setdefault('_grace_pth', []).append({name!r})"
 
 
+#: (label, executable inside the root, Slurm release) of the release roots' Pythons.
+ROOT_CANDIDATES: tuple[tuple[str, str, str], ...] = (
+    ("sid-3.14", "/usr/bin/python3.14", "26.05"),
+    ("trixie-3.13", "/usr/bin/python3.13", "24.11"),
+)
+
+
+def _roots_selected() -> set[str]:
+    if os.geteuid() != 0:   # overlay and chroot need root, as the release matrix does
+        return set()
+    from slurm import roots
+    return {r for r in roots.selected() if r != roots.HOST}
+
+
 def available() -> list[tuple[str, str]]:
+    """The CPythons of this machine."""
     return [(label, exe) for label, exe in CANDIDATES if os.access(exe, os.X_OK)]
 
 
+def oracles() -> list[tuple[str, str]]:
+    """:func:`available` and the release roots' Pythons (run them through
+    :func:`runner`)."""
+    found = available()
+    selected = _roots_selected()
+    found += [(label, exe) for label, exe, release in ROOT_CANDIDATES if release in selected]
+    return found
+
+
+def version_of(label: str) -> tuple[int, int]:
+    major, minor = label.split("-", 1)[1].split(".")[:2]
+    return int(major), int(minor)
+
+
+@dataclass
+class Runner:
+    """How an oracle interpreter runs: on this machine, or chroot'ed into an
+    overlay of a release root (``chroot``: its merged directory)."""
+
+    label: str
+    chroot: str | None = None
+    binds: list[str] = field(default_factory=list)
+    _root: object = None
+
+    def host(self, node_path: str) -> str:
+        """Where this host reads a node path (world paths are bound at their own)."""
+        if self.chroot is None or any(node_path == b or node_path.startswith(b + "/")
+                                      for b in self.binds):
+            return node_path
+        return self.chroot + node_path
+
+    def world_dir(self, tmp: Path) -> str:
+        """``tmp`` made visible at the same path inside the root."""
+        if self.chroot is not None:
+            inside = Path(self.chroot + str(tmp))
+            inside.mkdir(parents=True, exist_ok=True)
+            subprocess.run(["mount", "--bind", str(tmp), str(inside)], check=True,
+                           capture_output=True)
+            self.binds.append(str(tmp))
+        return str(tmp)
+
+    def argv(self, argv: list[str], cwd: str) -> tuple[list[str], str | None]:
+        if self.chroot is None:
+            return argv, cwd
+        chroot = shutil.which("chroot", path="/usr/sbin:/usr/bin:/sbin:/bin") or "chroot"
+        return ([chroot, self.chroot, "/bin/sh", "-c", 'cd "$1" || exit 97; shift; '
+                 'exec "$@"', "sh", cwd, *argv], None)
+
+    def run(self, argv: list[str], env: dict[str, str], cwd: str, stdin: str | None = None,
+            timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        full, where = self.argv(argv, cwd)
+        return subprocess.run(full, env=env, cwd=where,
+                              input=stdin if stdin is not None else "",
+                              capture_output=True, text=True, timeout=timeout)
+
+    def run_plain(self, argv: list[str], cwd: str) -> subprocess.CompletedProcess[str]:
+        env = {"PATH": "/usr/bin:/bin", "HOME": cwd, "LC_ALL": "C.UTF-8",
+               "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+        return self.run(argv, env, cwd, timeout=600)
+
+    def profile(self) -> node.NodeProfile:
+        found = node.detect()
+        return found if self.chroot is None else found.with_overrides(root=self.chroot)
+
+
+_RUNNERS: dict[str, Runner] = {}
+
+
+def runner(label: str) -> Runner:
+    """The runner of an oracle interpreter; a release root's overlay is
+    opened on first use and closed at :func:`close_roots` (or exit)."""
+    if label not in _RUNNERS:
+        release = next((r for lab, _exe, r in ROOT_CANDIDATES if lab == label), None)
+        if release is None:
+            _RUNNERS[label] = Runner(label)
+        else:
+            from corpus import CorpusUnavailable, _give_up
+            from slurm import roots
+            try:
+                opened = roots.open_root(roots.RELEASES[release])
+            except CorpusUnavailable as exc:  # no mmdebstrap, offline: skip (fail under CI)
+                _give_up(f"Slurm {release} root unavailable: {exc}")
+                raise
+            _relative_links(opened.path)
+            _RUNNERS[label] = Runner(label, chroot=str(opened.path), _root=opened)
+    return _RUNNERS[label]
+
+
+def _relative_links(root: Path) -> None:
+    """Debian links ``/usr/lib/python3.X/sitecustomize.py`` to
+    ``/etc/python3.X/sitecustomize.py`` by absolute path. Read from outside
+    the image, such a link leads to this host's /etc (a limit of reading a
+    node image from outside, ``grace-policy check --root``; on the node
+    itself it is right), so in the overlay it is made relative: the same
+    file to the real interpreter inside."""
+    for lib in root.glob("usr/lib/python3*"):
+        link = lib / "sitecustomize.py"   # (glob does not match a link it cannot follow)
+        target = os.readlink(link) if link.is_symlink() else ""
+        if target.startswith("/"):
+            link.unlink()
+            link.symlink_to(os.path.relpath(target, "/" + str(link.parent.relative_to(root))))
+
+
+def param(values: tuple, label: str) -> object:
+    """A parametrize entry; a release root's cases carry the ``slurm`` mark
+    (they need the roots of the Slurm matrix: ``-m "not slurm"`` leaves them out)."""
+    import pytest
+    marks = (pytest.mark.slurm,) if is_root(label) else ()
+    return pytest.param(*values, marks=marks, id=None)
+
+
+def is_root(label: str) -> bool:
+    return any(lab == label for lab, _exe, _r in ROOT_CANDIDATES)
+
+
+def close_roots() -> None:
+    for label, r in list(_RUNNERS.items()):
+        if r._root is not None:
+            r._root.close()  # type: ignore[attr-defined]
+            del _RUNNERS[label]
+
+
+atexit.register(close_roots)
+
+
 def run_real(argv: list[str], env: dict[str, str], cwd: str, stdin: str | None = None,
-             ) -> dict | None:
+             runner: Runner | None = None) -> dict | None:
     """What the probe printed, or None when the interpreter ran nothing (a
     usage error, -V ...)."""
-    proc = subprocess.run(argv, env=env, cwd=cwd, input=stdin if stdin is not None else "",
-                          capture_output=True, text=True, timeout=60)
+    proc = (runner or Runner("host")).run(argv, env, cwd, stdin)
     for line in proc.stdout.splitlines():
         if line.startswith(MARK):
             return json.loads(line[len(MARK):])
@@ -64,9 +212,11 @@ def run_real(argv: list[str], env: dict[str, str], cwd: str, stdin: str | None =
 
 
 def model(exe: str, args: list[str], env: dict[str, str], cwd: str,
+          runner: Runner | None = None,
           ) -> tuple[interp.Interpreter, interp.PyCommand, sitepath.SysPath]:
-    profile = node.detect()
-    info = elf.read_elf(os.path.realpath(exe))
+    profile = (runner or Runner("host")).profile()
+    info = elf.read_elf(os.path.realpath(loader.host_path(profile, interp.node_realpath(
+        profile, exe))))
     found = interp.identify(exe, info, profile, _budget.Budget(deadline_ms=10_000))
     assert found is not None, exe
     flags, command = interp.parse_python_argv(args, found.version)
@@ -135,11 +285,21 @@ def _pth_tree(site: Path, world: Path, stdlib: str, tag: str) -> None:
     _write(site / "not-a-pth.txt", f"{tag}_nested_target\n")
 
 
-def build_world(label: str, base_exe: str, root: Path) -> World:
+def build_world(label: str, base_exe: str, root: Path, runner: Runner | None = None) -> World:
+    """``root``: a world directory (for a release root, already bound into
+    it: :meth:`Runner.world_dir`)."""
+    run = runner or Runner("host")
     root.mkdir(parents=True, exist_ok=True)
-    out = subprocess.run([base_exe, "-S", "-c", "import sys; print(sys.version_info[0],"
-                          " sys.version_info[1], sys.prefix)"],
-                         capture_output=True, text=True, check=True)
+
+    def call(argv: list[str]) -> subprocess.CompletedProcess[str]:
+        done = run.run(argv, {"PATH": "/usr/bin:/bin", "LC_ALL": "C.UTF-8"}, str(root),
+                       timeout=120)
+        if done.returncode != 0:
+            raise AssertionError(f"{argv}: {done.stderr}")
+        return done
+
+    out = call([base_exe, "-S", "-c", "import sys; print(sys.version_info[0],"
+                " sys.version_info[1], sys.prefix)"])
     major, minor, prefix = out.stdout.split(maxsplit=2)
     prefix = prefix.strip()
     w = World(label, base_exe, (int(major), int(minor)), root)
@@ -147,20 +307,17 @@ def build_world(label: str, base_exe: str, root: Path) -> World:
     for name, opts in (("venv-sym", ["--symlinks"]), ("venv-copy", ["--copies"]),
                        ("venv-sys", ["--symlinks", "--system-site-packages"])):
         if not (root / name).exists():
-            subprocess.run([base_exe, "-m", "venv", "--without-pip", *opts, str(root / name)],
-                           check=True, capture_output=True, timeout=120)
+            call([base_exe, "-m", "venv", "--without-pip", *opts, str(root / name)])
         _pth_tree(Path(w.site_packages(str(root / name))), root, stdlib, name)
     # pyvenv.cfg next to the executable instead of one up (getpath looks one
     # up first, site next to it first), and one with odd spelling
     cfgbin = root / "venv-cfgbin"
     if not cfgbin.exists():
-        subprocess.run([base_exe, "-m", "venv", "--without-pip", "--copies", str(cfgbin)],
-                       check=True, capture_output=True, timeout=120)
+        call([base_exe, "-m", "venv", "--without-pip", "--copies", str(cfgbin)])
         (cfgbin / "pyvenv.cfg").rename(cfgbin / "bin" / "pyvenv.cfg")
     odd = root / "venv-odd"
     if not odd.exists():
-        subprocess.run([base_exe, "-m", "venv", "--without-pip", "--symlinks", str(odd)],
-                       check=True, capture_output=True, timeout=120)
+        call([base_exe, "-m", "venv", "--without-pip", "--symlinks", str(odd)])
         cfg = (odd / "pyvenv.cfg").read_text().replace(
             "include-system-site-packages = false", "Include-System-Site-Packages=TRUE ")
         (odd / "pyvenv.cfg").write_text("a line without equals\n# home = /nowhere\n" + cfg)
@@ -198,6 +355,10 @@ def build_world(label: str, base_exe: str, root: Path) -> World:
     # the system's Python
     farm = root / "conda"
     binary = farm / "bin" / f"python{w.xy}"
+    if run.chroot is not None:
+        # its links name the root's stdlib by absolute path, which this host
+        # resolves outside the image: no conda-like prefix for a release root
+        return w
     if not binary.exists():
         (farm / "bin").mkdir(parents=True)
         (farm / "lib" / f"python{w.xy}").mkdir(parents=True)

@@ -15,7 +15,7 @@ HEAVY = {"ast", "re", "typing", "dataclasses", "json", "tomllib", "email", "csv"
 
 @pytest.mark.parametrize("module", ["usage", "suffixes", "finder", "dists", "markers", "step",
                                     "interp", "sitepath", "judge", "contents", "nodepath",
-                                    "torch_build", "torchcodec", "jitcache", "gpus"])
+                                    "torch_build", "torchcodec", "jitcache", "gpus", "editable"])
 def test_no_heavy_imports(module: str) -> None:
     code = ("import sys; sys.path.insert(0, sys.argv[1]); before = set(sys.modules);"
             f"import grace_policy.python.{module};"

@@ -20,12 +20,15 @@ from grace_policy import node as _node
 from grace_policy.budget import Budget, BudgetExceeded
 from grace_policy.python import interp, sitepath
 
-from .sitepath_oracle import PROBE, World, available, build_world, model, run_real
+from . import sitepath_oracle as oracle
+from .sitepath_oracle import PROBE, World, build_world, model, run_real
 
-INTERPRETERS = available()
+INTERPRETERS = oracle.oracles()
+#: The interpreters of this machine (the start-up failure tests run them directly).
+HOST_INTERPRETERS = [(lab, exe) for lab, exe in INTERPRETERS if not oracle.is_root(lab)]
 #: Interpreters that get the whole matrix; the others a cross-section (every
 #: environment, the main flags, fewer executables).
-FULL = {"debian-3.11", "pyenv-3.11.7"}
+FULL = {"debian-3.11", "pyenv-3.11.7", "sid-3.14"}
 
 EXES = ("base", "venv-sym", "venv-copy", "venv-sys", "conda", "venv-cfgbin", "venv-odd")
 ENVS = ("plain", "pythonpath", "userbase", "home-local", "nousersite", "pythonhome",
@@ -47,6 +50,8 @@ def _cases() -> list[Case]:
         for e in EXES:
             if not full and e in ("venv-copy", "venv-cfgbin", "venv-odd"):
                 continue
+            if e == "conda" and oracle.is_root(label):
+                continue  # see sitepath_oracle.build_world
             few = e in ("venv-copy", "venv-cfgbin", "venv-odd") or (not full and e == "conda")
             for env in ENVS + ENVS_EXTRA:
                 if few and env not in ("plain", "pythonpath", "home-local", "pythonhome",
@@ -94,7 +99,9 @@ def _world(label: str, exe: str, tmp_path_factory: pytest.TempPathFactory,
     """The world of one interpreter, built on first use; the real runs of its
     selected cases are made then, in parallel (independent processes)."""
     if label not in _WORLDS:
-        w = _WORLDS[label] = build_world(label, exe, tmp_path_factory.mktemp(label))
+        runner = oracle.runner(label)
+        root = Path(runner.world_dir(tmp_path_factory.mktemp(label)))
+        w = _WORLDS[label] = build_world(label, exe, root, runner)
         selected = None
         if session is not None:
             selected = {tuple(item.callspec.params[k] for k in _PARAMS)
@@ -105,7 +112,7 @@ def _world(label: str, exe: str, tmp_path_factory: pytest.TempPathFactory,
         def real(case: Case) -> dict | BaseException | None:
             try:
                 _, _, argv, env, cwd, stdin = _setup(w, *case[2:])
-                return run_real(argv, env, cwd, stdin)
+                return run_real(argv, env, cwd, stdin, runner)
             except BaseException as exc:  # reported by the case's own test
                 return exc
 
@@ -174,7 +181,8 @@ _PARAMS = ("label", "base_exe", "exe_kind", "env_kind", "flag_kind", "cmd")
 _MATRIX_TEST = "test_sys_path_matches_real_cpython"
 
 
-@pytest.mark.parametrize(_PARAMS, CASES, ids=lambda v: v if not str(v).startswith("/") else "")
+@pytest.mark.parametrize(_PARAMS, [oracle.param(c, c[0]) for c in CASES],
+                         ids=lambda v: v if not str(v).startswith("/") else "")
 def test_sys_path_matches_real_cpython(label: str, base_exe: str, exe_kind: str,
                                        env_kind: str, flag_kind: str, cmd: str,
                                        tmp_path_factory: pytest.TempPathFactory,
@@ -185,7 +193,7 @@ def test_sys_path_matches_real_cpython(label: str, base_exe: str, exe_kind: str,
     if isinstance(real, BaseException):
         raise real
     exe, args, _, env, cwd, _ = _setup(w, exe_kind, env_kind, flag_kind, cmd)
-    found, command, sp = model(exe, args, env, cwd)
+    found, command, sp = model(exe, args, env, cwd, runner=oracle.runner(label))
     if real is None:  # the real interpreter ran nothing (-P before 3.11)
         assert command.kind == "none"
         return
@@ -405,7 +413,8 @@ def _startup_failure(argv: list[str], env: dict[str, str]) -> str:
     return proc.stderr
 
 
-@pytest.mark.parametrize(("label", "exe"), INTERPRETERS, ids=[lab for lab, _ in INTERPRETERS])
+@pytest.mark.parametrize(("label", "exe"), HOST_INTERPRETERS,
+                         ids=[lab for lab, _ in HOST_INTERPRETERS])
 @pytest.mark.parametrize("what", ["pth", "pyvenv.cfg"])
 def test_non_utf8_site_file_stops_cpython(label: str, exe: str, what: str,
                                           tmp_path: Path) -> None:
@@ -437,7 +446,8 @@ def test_non_utf8_site_file_stops_cpython(label: str, exe: str, what: str,
     assert sp.startup_error is None
 
 
-@pytest.mark.parametrize(("label", "exe"), INTERPRETERS, ids=[lab for lab, _ in INTERPRETERS])
+@pytest.mark.parametrize(("label", "exe"), HOST_INTERPRETERS,
+                         ids=[lab for lab, _ in HOST_INTERPRETERS])
 def test_pythonhome_without_stdlib_stops_cpython(label: str, exe: str, tmp_path: Path) -> None:
     env = {"HOME": str(tmp_path), "PYTHONHOME": str(tmp_path / "nope"), "PATH": "/usr/bin"}
     stderr = _startup_failure([exe, "-c", "pass"], env)

@@ -67,6 +67,13 @@ class StepInput:
     #: Which plugin install and module path run this check (C's words; an
     #: input of every verdict-cache entry, so another install never replays it).
     code: str | None = None
+    #: The container runtime that runs argv, as C found it (spank/grace_container.c):
+    #: "pyxis" or "oci", else None; its image (a local .sqsh, pyxis' image
+    #: string or container name, or the bundle config.json slurmstepd wrote)
+    #: and whether that is a file on this node.
+    container_kind: str | None = None
+    container_image: str | None = None
+    container_local: bool = False
 
     @property
     def step_name(self) -> str:
@@ -315,6 +322,9 @@ def read_step(ffi: Any, c_step: Any) -> StepInput:
         audit_path=_text(ffi, c_step.audit_path),
         audit_fd=int(c_step.audit_fd),
         code=_text(ffi, c_step.code),
+        container_kind=_text(ffi, c_step.container_kind),
+        container_image=_text(ffi, c_step.container_image),
+        container_local=bool(c_step.container_local),
     )
 
 

@@ -62,6 +62,7 @@ struct grace_job {
 	char cwd[4096];
 	char node[256];
 	char container[400];
+	struct grace_container box; /* grace_container.c: which container runs argv */
 	char code[4096 + 16];
 	char err[512];
 	/* Our own copies of argv and env: slurmstepd frees and replaces its
@@ -401,6 +402,9 @@ int grace_stepd_user_init(struct grace_context *ctx, spank_t sp)
 	if (gethostname(job->node, sizeof(job->node) - 1) != 0)
 		job->node[0] = '\0';
 	grace_container(ctx, sp, job->container, sizeof(job->container));
+	grace_container_detect(sp, job->argv, argc, job->cwd, &job->box);
+	if (job->box.kind[0] && !job->container[0])
+		snprintf(job->container, sizeof(job->container), "%s", job->box.reason);
 	job->step = (struct grace_step){
 		.config = ctx->config,
 		.on_error = grace_on_error_name(ctx),
@@ -421,7 +425,11 @@ int grace_stepd_user_init(struct grace_context *ctx, spank_t sp)
 		.audit_path = ctx->audit_path,
 		.audit_fd = ctx->audit_fd,
 		.code = job->code,
+		.container_kind = job->box.kind[0] ? job->box.kind : NULL,
+		.container_image = job->box.kind[0] ? job->box.image : NULL,
+		.container_local = job->box.local,
 	};
+
 
 	rc = grace_run_with_deadline(job, ctx->timeout_ms);
 	if (rc < 0) {
@@ -498,7 +506,14 @@ out:
 
 int grace_stepd_task_init(struct grace_context *ctx, spank_t sp)
 {
-	(void)sp;
+	char why[512];
+
 	/* The user was told in user_init; failing here stops the exec. */
-	return ctx->reject ? -1 : 0;
+	if (ctx->reject)
+		return -1;
+	if (grace_container_task_init(sp, why, sizeof(why)) < 0) {
+		slurm_spank_log("%s", why);
+		return -1;
+	}
+	return 0;
 }

@@ -1,0 +1,237 @@
+/*
+ * grace-policy: which container, if any, runs this step's argv (issue 15).
+ *
+ * Nothing here trusts the step environment alone: every variable in it can be
+ * exported by the user. What counts (docs/SECURITY.md "Containers"):
+ *
+ * pyxis (NVIDIA/pyxis 0.24.0, read in its args.c and pyxis_slurmstepd.c):
+ *   - a plugin whose exported plugin_name is "pyxis" is loaded in this
+ *     slurmstepd (dl_iterate_phdr + dlsym on the already loaded objects:
+ *     only the admin's plugstack.conf loads plugins);
+ *   - its --container-image / --container-name, read with
+ *     spank_option_getopt by option name. Slurm's option cache is looked up
+ *     by name only (src/common/spank.c _opt_by_name), so the value is the
+ *     one pyxis registered and got; we call it only when pyxis is loaded,
+ *     otherwise the call would add an option of our own to the cache. This
+ *     is an implementation detail of Slurm, not a documented API;
+ *   - without the option, PYXIS_CONTAINER_IMAGE / PYXIS_CONTAINER_NAME of the
+ *     step environment, which pyxis itself takes as the default (args.c
+ *     pyxis_args_check_environment_variables, remote side, spank_getenv):
+ *     the user's word, but the same word pyxis acts on.
+ *   A local image is one whose string starts with '.' or '/' (pyxis:
+ *   strspn(image, "./") > 0), relative to the job's cwd.
+ *   pyxis imports, creates and starts the container in its own task_init
+ *   (0.8+). If it is listed before us, our task_init runs inside the
+ *   container's mount namespace; if it is `optional` and failed, the task
+ *   would exec on the host: task_init refuses then (the host step was never
+ *   judged). Listed after us, we cannot tell (config check warns).
+ *
+ * Slurm's own OCI containers (srun --container=BUNDLE, 22.05 slurmstepd.c
+ * setup_container, container.c): before any plugin is loaded slurmstepd
+ * writes the bundle's config.json, with process.args = the user's argv,
+ * process.env and root.path made absolute, into
+ * <SlurmdSpoolDir>/oci-job%05u-%05u/config.json (root-owned, O_EXCL, 0750),
+ * and replaces the step's argv with a canary
+ *   /bin/sh -c "echo 'this should never execute with a container'; exit 1".
+ * So: argv equal to the canary *and* that root-owned file under slurmstepd's
+ * cwd (the spool dir slurmd runs in) is an OCI step, judged from that file.
+ * SLURM_CONTAINER is never asked: srun leaves a user's value alone. A
+ * user who runs the canary by hand on the host runs a harmless echo, which
+ * is judged as any host step.
+ */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <link.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <stdint.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <slurm/slurm.h> /* SLURM_BATCH_SCRIPT */
+
+#include "grace.h"
+
+#define GRACE_OCI_CANARY "echo 'this should never execute with a container'; exit 1"
+
+static struct {
+	int pyxis;           /* a pyxis step: pyxis starts the container in task_init */
+	int pyxis_before_us; /* pyxis was loaded (listed) before this plugin */
+	char mntns[64];      /* our mount namespace in user_init */
+} state;
+
+struct grace_find_pyxis {
+	void *self;   /* an address inside this plugin */
+	int seen_self;
+	int found;
+	int before_us;
+};
+
+static int grace_is_pyxis(const char *path)
+{
+	void *h;
+	const char *name;
+	int yes = 0;
+
+	if (path == NULL || path[0] != '/')
+		return 0;
+	/* RTLD_NOLOAD: never loads anything, only names what is mapped. */
+	h = dlopen(path, RTLD_LAZY | RTLD_NOLOAD);
+	if (h == NULL)
+		return 0;
+	name = dlsym(h, "plugin_name");
+	if (name != NULL && strcmp(name, "pyxis") == 0) {
+		const char *type = dlsym(h, "plugin_type");
+
+		yes = type != NULL && strcmp(type, "spank") == 0;
+	}
+	dlclose(h);
+	return yes;
+}
+
+static int grace_phdr_cb(struct dl_phdr_info *info, size_t size, void *data)
+{
+	struct grace_find_pyxis *f = data;
+	Dl_info self;
+
+	(void)size;
+	if (dladdr(f->self, &self) != 0 && self.dli_fname != NULL && info->dlpi_name != NULL &&
+	    strcmp(self.dli_fname, info->dlpi_name) == 0) {
+		f->seen_self = 1;
+		return 0;
+	}
+	if (!f->found && grace_is_pyxis(info->dlpi_name)) {
+		f->found = 1;
+		/* Objects are listed in load order; Slurm loads plugstack.conf's
+		 * plugins in file order, so this says who comes first. */
+		f->before_us = !f->seen_self;
+	}
+	return 0;
+}
+
+static void grace_mntns(char *buf, size_t len)
+{
+	ssize_t n = readlink("/proc/self/ns/mnt", buf, len - 1);
+
+	buf[n > 0 ? n : 0] = '\0';
+}
+
+/* spank_option_getopt of pyxis' option by name; 1 and the value if given. */
+static int grace_pyxis_opt(spank_t sp, const char *name, char *out, size_t len)
+{
+	struct spank_option opt = { (char *)name, "", "", 1, 0, NULL };
+	char *arg = NULL;
+
+	if (spank_option_getopt(sp, &opt, &arg) != ESPANK_SUCCESS || arg == NULL ||
+	    arg[0] == '\0')
+		return 0;
+	snprintf(out, len, "%s", arg);
+	return 1;
+}
+
+static int grace_env(spank_t sp, const char *name, char *out, size_t len)
+{
+	if (spank_getenv(sp, name, out, (int)len) != ESPANK_SUCCESS || out[0] == '\0')
+		return 0;
+	return 1;
+}
+
+static void grace_pyxis(spank_t sp, const char *cwd, struct grace_container *c)
+{
+	struct grace_find_pyxis f = { .self = (void *)&state };
+	char image[4096] = "", name[256] = "";
+
+	dl_iterate_phdr(grace_phdr_cb, &f);
+	if (!f.found)
+		return;
+	if (!grace_pyxis_opt(sp, "container-image", image, sizeof(image)))
+		grace_env(sp, "PYXIS_CONTAINER_IMAGE", image, sizeof(image));
+	if (!grace_pyxis_opt(sp, "container-name", name, sizeof(name)))
+		grace_env(sp, "PYXIS_CONTAINER_NAME", name, sizeof(name));
+	if (image[0] == '\0' && name[0] == '\0')
+		return;
+
+	state.pyxis = 1;
+	state.pyxis_before_us = f.before_us;
+	grace_mntns(state.mntns, sizeof(state.mntns));
+	snprintf(c->kind, sizeof(c->kind), "pyxis");
+	snprintf(c->name, sizeof(c->name), "%s", name);
+	if (image[0] != '\0' && strspn(image, "./") > 0) {
+		/* pyxis hands the string to enroot, run in the job's cwd. */
+		if (image[0] == '/' || cwd == NULL || cwd[0] == '\0')
+			snprintf(c->image, sizeof(c->image), "%s", image);
+		else
+			snprintf(c->image, sizeof(c->image), "%s/%s", cwd, image);
+		c->local = 1;
+		snprintf(c->reason, sizeof(c->reason), "pyxis container step (image %.300s)",
+			 image);
+	} else {
+		snprintf(c->image, sizeof(c->image), "%s", image);
+		snprintf(c->reason, sizeof(c->reason), "pyxis container step (%s %.300s)",
+			 image[0] ? "image" : "container name", image[0] ? image : name);
+	}
+}
+
+static int grace_is_oci_canary(char **argv, int argc)
+{
+	return argc == 3 && argv != NULL && strcmp(argv[0], "/bin/sh") == 0 &&
+	       strcmp(argv[1], "-c") == 0 && strcmp(argv[2], GRACE_OCI_CANARY) == 0;
+}
+
+static void grace_oci(spank_t sp, char **argv, int argc, struct grace_container *c)
+{
+	uint32_t job_id = 0, step_id = 0;
+	char cwd[2048], path[4096];
+	struct stat st;
+
+	if (!grace_is_oci_canary(argv, argc))
+		return;
+	spank_get_item(sp, S_JOB_ID, &job_id);
+	spank_get_item(sp, S_JOB_STEPID, &step_id);
+	if (getcwd(cwd, sizeof(cwd)) == NULL)
+		return;
+	if (step_id == SLURM_BATCH_SCRIPT)
+		snprintf(path, sizeof(path), "%s/oci-job%05u-batch/config.json", cwd, job_id);
+	else
+		snprintf(path, sizeof(path), "%s/oci-job%05u-%05u/config.json", cwd, job_id,
+			 step_id);
+	/* Written by slurmstepd as root, O_EXCL, before any plugin ran. */
+	if (lstat(path, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != 0)
+		return;
+	snprintf(c->kind, sizeof(c->kind), "oci");
+	snprintf(c->image, sizeof(c->image), "%s", path);
+	c->local = 1;
+	snprintf(c->reason, sizeof(c->reason), "Slurm OCI container step (%.300s)", path);
+}
+
+void grace_container_detect(spank_t sp, char **argv, int argc, const char *cwd,
+			    struct grace_container *c)
+{
+	memset(c, 0, sizeof(*c));
+	memset(&state, 0, sizeof(state));
+	grace_pyxis(sp, cwd, c);
+	if (c->kind[0] == '\0')
+		grace_oci(sp, argv, argc, c);
+}
+
+int grace_container_task_init(spank_t sp, char *why, size_t len)
+{
+	char now[64];
+
+	(void)sp;
+	if (!state.pyxis || !state.pyxis_before_us)
+		return 0;
+	grace_mntns(now, sizeof(now));
+	if (now[0] == '\0' || state.mntns[0] == '\0' || strcmp(now, state.mntns) != 0)
+		return 0;
+	/* pyxis ran its task_init before ours and we are still in the host's
+	 * mount namespace: pyxis (optional, failed) did not start the container,
+	 * and the task would exec the step's argv on the host, unjudged. */
+	snprintf(why, len, GRACE_PREFIX "this step was refused: it asked for a pyxis container, "
+		 "but the container was not started, so the program would run on the "
+		 "node itself, where it was not checked. See pyxis' error above.");
+	return -1;
+}

@@ -89,9 +89,9 @@ install: plugin
 	if [ -f packaging/grace-policy.example.toml ]; then \
 		install -m 0644 packaging/grace-policy.example.toml $(GP_SHARE)/grace-policy.example.toml; fi
 	sed 's|@PREFIX@|$(PREFIX)|g; s|@SLURM_PLUGINDIR@|$(SLURM_PLUGINDIR)|g' \
-		packaging/plugstack.conf.d/grace-policy.conf.in \
-		> $(GP_SHARE)/plugstack.conf.d/grace-policy.conf
-	chmod 0644 $(GP_SHARE)/plugstack.conf.d/grace-policy.conf
+		packaging/plugstack.conf.d/zz-grace-policy.conf.in \
+		> $(GP_SHARE)/plugstack.conf.d/zz-grace-policy.conf
+	chmod 0644 $(GP_SHARE)/plugstack.conf.d/zz-grace-policy.conf
 
 demo:
 	bash scripts/demo.sh

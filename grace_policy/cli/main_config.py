@@ -156,6 +156,8 @@ def _plugstack(path: str, policy: Policy, chosen: str | None) -> tuple[list[str]
         out.append("  container steps: "
                    + (f"skipped when the step env has {escape(entry.container_env)}"
                       if entry.container_env else "never skipped (no container_env=)"))
+        for note in plugstack.pyxis_order(stack, entry):
+            out.append(f"  {escape(note)}")
         if entry.python_path:
             out.append(f"  python_path: {escape(entry.python_path)} (searched first)")
     return out, broken

@@ -1,0 +1,209 @@
+"""Container steps on a real Slurm (issue 15): pyxis 0.24.0 + enroot 4.1.2.
+
+pyxis and enroot are built in the test run from the pinned tarballs in
+``shared/third_party/`` (tests/slurm/containers.py), the images are made
+here with ``mksquashfs`` from a pinned Debian busybox, this machine's glibc
+and programs compiled here. plugstack.conf lists ``required spank_pyxis.so``
+before grace-policy, as the packaged snippet's name now makes it sort.
+
+What each scenario would show without the change it tests: a false
+``exe-not-found`` warning for every container step (the program exists only
+in the image), a host file at the image's path judged in its place, the
+image of the other architecture reaching enroot's ``Exec format error``,
+and an optional pyxis that failed letting the step exec on the host.
+
+Runs as root: the tests' cache (pyxis, enroot) is under root's home, which
+the job's user could not read.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from .harness import SIDE_EFFECT_C, SlurmEnv
+
+pytestmark = pytest.mark.slurm
+
+PREFIX = "grace-policy: "
+ENROOT_EXEC_ERROR = "enroot-switchroot: failed to execute: /bin/sh: Exec format error"
+
+
+@dataclass
+class Pyxis:
+    slurm: SlurmEnv
+    plugin: Path
+    work: Path
+    images: dict[str, Path]
+
+    def env(self) -> dict[str, str]:
+        """enroot's state for the step under ``work`` (enroot takes its data,
+        runtime and temp paths from HOME, XDG_RUNTIME_DIR and TMPDIR of the
+        job's environment; pyxis passes it the rest of the job's)."""
+        # TMPDIR stays /tmp: slurmstepd creates it after pyxis' task_init,
+        # inside the container.
+        return {"HOME": str(self.work / "home"), "XDG_RUNTIME_DIR": str(self.work / "run"),
+                "TMPDIR": "/tmp"}
+
+    def use(self, config: str = "base", pyxis: str = "required", order: str = "pyxis-first"
+            ) -> None:
+        ours = (f"required {self.slurm.plugin} config={self.slurm.configs[config]} "
+                f"audit={self.slurm.audit_log} cache_dir={self.slurm.cache_dir}")
+        theirs = f"{pyxis} {self.plugin} runtime_path={self.work / 'pyxis-runtime'}"
+        lines = [theirs, ours] if order == "pyxis-first" else [ours, theirs]
+        self.slurm.cluster.set_plugstack(lines)
+
+    def srun(self, args: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+        return self.slurm.cluster.srun(args, env=self.env(), timeout=180, **kw)  # type: ignore[arg-type]
+
+    def records(self, before: int) -> list[dict[str, object]]:
+        return [json.loads(line) for line in self.slurm.audit_lines()[before:]]
+
+
+def _compile(cc: str, src: Path, out: Path, *flags: str) -> Path:
+    subprocess.run([cc, "-O1", "-o", str(out), str(src), *flags], check=True,
+                   capture_output=True, text=True)
+    return out
+
+
+@pytest.fixture(scope="module")
+def pyxis(slurm: SlurmEnv) -> Iterator[Pyxis]:
+    from . import containers
+
+    try:
+        prefix = containers.enroot_prefix()
+        plugin = containers.pyxis_plugin()
+        containers.busybox("amd64")
+        containers.busybox("arm64")
+    except containers.CorpusUnavailable as exc:
+        pytest.skip(f"pyxis/enroot/busybox not available: {exc}")
+    if shutil.which("mksquashfs") is None:
+        pytest.skip("mksquashfs not installed (bash packaging/install-deps.sh)")
+    work = slurm.cluster.root.parent / "pyxis"
+    for sub in ("home", "run", "tmp", "pyxis-runtime", "src"):
+        (work / sub).mkdir(parents=True, exist_ok=True)
+    # pyxis runs `enroot` with slurmstepd's PATH (cluster.bin_dir is first on it).
+    for tool in (prefix / "bin").iterdir():
+        link = slurm.cluster.bin_dir / tool.name
+        if not link.is_symlink():
+            link.symlink_to(tool)
+    # srun (as the user) dlopen()s the plugin: a copy outside root's cache.
+    local = work / "spank_pyxis.so"
+    shutil.copy2(plugin, local)
+
+    src = work / "src" / "side_effect.c"
+    src.write_text(SIDE_EFFECT_C)
+    native = _compile("gcc", src, work / "src" / "native")
+    native4k = _compile("gcc", src, work / "src" / "native-4k", "-Wl,-z,max-page-size=4096")
+    foreign = _compile("aarch64-linux-gnu-gcc", src, work / "src" / "foreign")
+    foreign4k = _compile("aarch64-linux-gnu-gcc", src, work / "src" / "foreign-4k",
+                         "-Wl,-z,max-page-size=4096")
+    shared = slurm.cluster.shared
+    # A host `tool` first on the job's PATH, foreign: the image's own PATH
+    # (/etc/environment) finds its native one (judging the host's would
+    # refuse the step).
+    shadow = work / "host-bin"
+    shadow.mkdir(exist_ok=True)
+    shutil.copy2(foreign, shadow / "tool")
+    images: dict[str, Path] = {}
+    roots = {
+        "clean": ("amd64", {"/opt/app/bin/tool": native}),
+        "arm64": ("arm64", {"/opt/app/bin/tool": foreign, "/opt/app/bin/tool-4k": foreign4k}),
+        "pages": ("amd64", {"/opt/app/bin/tool": native4k}),
+    }
+    for name, (arch, files) in roots.items():
+        root = work / f"root-{name}"
+        if root.exists():
+            shutil.rmtree(root)
+        containers.make_root(root, arch, files=files)
+        images[name] = containers.mksquashfs(root, shared / f"{name}.sqsh")
+    env = Pyxis(slurm=slurm, plugin=local, work=work, images=images)
+    try:
+        yield env
+    finally:
+        slurm.use("base")
+
+
+def test_clean_image_runs_in_silence(pyxis: Pyxis) -> None:
+    """The program exists only in the image: no host exe-not-found."""
+    pyxis.use()
+    before = len(pyxis.slurm.audit_lines())
+    res = pyxis.srun(["--container-image=./clean.sqsh", "tool"])
+    assert res.returncode == 0, res.stderr
+    assert "side-effect program ran" in res.stdout
+    assert PREFIX not in res.stderr
+    [rec] = pyxis.records(before)
+    assert rec["action"] == "allow" and rec["rules"] == []
+    assert "exe-not-found" not in json.dumps(rec)
+
+
+def test_host_file_at_the_image_path_decides_nothing(pyxis: Pyxis) -> None:
+    """The job's PATH finds a foreign `tool` on the host; in the image, its
+    own PATH finds a native one. The host's is never judged (it was refused
+    before container steps were known)."""
+    pyxis.use()
+    path = {"PATH": f"{pyxis.work / 'host-bin'}:/usr/bin:/bin"}
+    host = pyxis.slurm.cluster.srun(["tool"], env=path)
+    assert host.returncode != 0 and PREFIX in host.stderr  # the host's copy is foreign
+    res = pyxis.slurm.cluster.srun([f"--container-image={pyxis.images['clean']}", "tool"],
+                                   env={**pyxis.env(), **path}, timeout=180)
+    assert res.returncode == 0, res.stderr
+    assert "side-effect program ran" in res.stdout
+    assert PREFIX not in res.stderr
+
+
+def test_pyxis_env_default_is_a_container_step(pyxis: Pyxis) -> None:
+    """PYXIS_CONTAINER_IMAGE, pyxis' own default for --container-image."""
+    pyxis.use()
+    env = {**pyxis.env(), "PYXIS_CONTAINER_IMAGE": "./clean.sqsh"}
+    res = pyxis.slurm.cluster.srun(["tool"], env=env, timeout=180)
+    assert res.returncode == 0, res.stderr
+    assert PREFIX not in res.stderr
+
+
+def test_image_pyxis_cannot_import_is_pyxis_error(pyxis: Pyxis) -> None:
+    """A registry image exists only after pyxis imports it (no network here):
+    pyxis reports its failure; we say nothing to the user, and the audit line
+    says why the step was not judged."""
+    pyxis.use()
+    before = len(pyxis.slurm.audit_lines())
+    res = pyxis.srun(["--container-image=docker.invalid#none/none:1", "tool"])
+    assert res.returncode != 0
+    assert "pyxis:" in res.stderr
+    assert PREFIX not in res.stderr
+    [rec] = pyxis.records(before)
+    assert rec["action"] == "allow" and rec["rules"] == []
+    assert "docker.invalid#none/none:1" in str(rec["skipped"])
+
+
+def test_optional_pyxis_that_failed_cannot_run_the_step_on_the_host(pyxis: Pyxis) -> None:
+    """An optional pyxis whose container did not start: Slurm would exec
+    argv on the host, which nobody judged. grace-policy, after pyxis, refuses."""
+    pyxis.use(pyxis="optional")
+    out = pyxis.slurm.side_file("optional-pyxis.out")
+    res = pyxis.srun(["--container-image=./missing.sqsh", str(pyxis.slurm.files / "native"),
+                      str(out)])
+    assert res.returncode != 0
+    assert not out.exists()
+    assert (PREFIX + "this step was refused: it asked for a pyxis container, but the "
+            "container was not started") in res.stderr
+    # Without grace-policy the same step runs on the host (the hole this closes).
+    pyxis.slurm.cluster.set_plugstack([f"optional {pyxis.plugin} "
+                                       f"runtime_path={pyxis.work / 'pyxis-runtime'}"])
+    res = pyxis.srun(["--container-image=./missing.sqsh", str(pyxis.slurm.files / "native"),
+                      str(out)])
+    assert res.returncode == 0 and out.read_text() == "executed\n"
+
+
+def test_host_step_with_pyxis_loaded_is_judged_on_the_host(pyxis: Pyxis) -> None:
+    """pyxis in the stack, no container asked: a host step as before."""
+    pyxis.use()
+    res = pyxis.srun([str(pyxis.slurm.files / "foreign")])
+    assert res.returncode != 0
+    assert PREFIX + "REJECTED" in res.stderr or "arch" in res.stderr

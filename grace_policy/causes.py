@@ -10,6 +10,8 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Mapping
 
+from . import fsprobe
+
 #: Directory names that mark per-architecture JIT and extension caches.
 _JIT_MARKERS = ("/.triton/", "/torch_extensions/", "/.cache/torch/kernels/",
                 "/deepspeed/", "/.cache/flashinfer/", "/torchinductor_")
@@ -64,8 +66,8 @@ def path_causes(
 
 
 def _looks_conda(root: str) -> bool:
-    return os.path.isdir(os.path.join(root, "conda-meta"))
+    return fsprobe.isdir(os.path.join(root, "conda-meta"))
 
 
 def _looks_venv(root: str) -> bool:
-    return os.path.isfile(os.path.join(root, "pyvenv.cfg"))
+    return fsprobe.isfile(os.path.join(root, "pyvenv.cfg"))

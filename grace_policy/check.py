@@ -19,6 +19,7 @@ from . import envleak
 from ._record import dataclass, replace
 from .budget import Budget, BudgetExceeded
 from .causes import path_causes
+from .context import StepContext
 from .elf import ELFCLASS32, EM_386, ET_DYN, ET_EXEC, ElfError, ElfInfo, read_elf
 from .findings import EnvChanges, Issue
 from .launch import Hop, build_path, c_string, follow
@@ -26,6 +27,10 @@ from .layout import page_issues
 from .loader import LoadTree, Process
 from .node import NodeProfile, node_owns
 from .python.names import may_run_python
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .image import Image
 
 #: Variables the check itself reads, besides the policy's env-leak names.
 _READ_VARS = ("PATH", "LD_LIBRARY_PATH", "HOME")
@@ -71,21 +76,51 @@ def check_step(
     env_strip: str = "foreign",
     budget: Budget | None = None,
     cuda_index: str | None = None,
+    image: Image | None = None,
 ) -> StepReport:
     """Check one step. Raises nothing for bad input; a spent budget ends the
-    check early with ``StepReport.limit`` set."""
+    check early with ``StepReport.limit`` set.
+
+    ``image``: the step runs ``argv`` inside this image (``env`` and ``cwd``
+    are then the container's: see :meth:`grace_policy.image.Image.step_env`);
+    every file is read in the image, nothing on the host, and every issue
+    names the image (``IMAGE:/inner/path``)."""
     budget = budget or Budget()
+    if image is None:
+        return _check_step(argv, env, cwd, node, env_vars, env_strip, budget, cuda_index, None)
+    from . import fsprobe
+    from .image.step import image_node, image_report
+
+    with fsprobe.using(image.view):
+        inner = image_node(node)
+        report = _check_step(argv, env, cwd, inner, env_vars, env_strip, budget, cuda_index,
+                             image)
+    return image_report(report, image)
+
+
+def _check_step(argv: Sequence[str], env: Mapping[str, str], cwd: str, node: NodeProfile,
+                env_vars: Sequence[str], env_strip: str, budget: Budget,
+                cuda_index: str | None, image: Image | None) -> StepReport:
     issues: list[Issue] = []
     state: dict[str, object] = {}
     changes = EnvChanges()
     try:
         env = _c_env(env, env_vars)
         cwd = c_string(cwd) or "/"
+        if image is not None:
+            from .image.step import arch_issue
+
+            mismatch = arch_issue(image, argv, env, node, budget)
+            if mismatch is not None:
+                # Every file of the image is foreign: one finding says it all.
+                return StepReport((mismatch,), changes, None)
         leak = envleak.plan(env, node, names=env_vars, strip=env_strip, budget=budget)
         changes = leak.changes
         issues.extend(leak.issues)
-        _check(argv, leak.changes.apply(env), cwd, node, budget, issues, state,
-               leak.foreign_prefixes, cuda_index)
+        ctx = StepContext(node=node, env=leak.changes.apply(env), cwd=cwd, budget=budget,
+                          view=image.view if image is not None else None, image=image,
+                          cuda_index=cuda_index)
+        _check(argv, ctx, issues, state, leak.foreign_prefixes)
     except BudgetExceeded as exc:
         return StepReport(tuple(issues), changes, _opt_str(state.get("exe")),
                           tuple(state.get("hops", ())),  # type: ignore[arg-type]
@@ -99,9 +134,10 @@ def _opt_str(value: object) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _check(argv: Sequence[str], job_env: Mapping[str, str], cwd: str, node: NodeProfile,
-           budget: Budget, issues: list[Issue], state: dict[str, object],
-           leaked: tuple[str, ...], cuda_index: str | None = None) -> None:
+def _check(argv: Sequence[str], ctx: StepContext, issues: list[Issue],
+           state: dict[str, object], leaked: tuple[str, ...]) -> None:
+    job_env, cwd, budget = ctx.env, ctx.cwd, ctx.budget
+
     def causes(path: str) -> tuple[str, ...]:
         return path_causes(path, job_env, leaked)
 
@@ -123,15 +159,14 @@ def _check(argv: Sequence[str], job_env: Mapping[str, str], cwd: str, node: Node
         if hop.kind == "env":
             # The env a #! line names must load and run before its command.
             before = len(issues)
-            check_elf(hop.path, job_env, cwd, node, budget, issues, causes, via_script=script)
+            check_elf(hop.path, ctx, issues, causes, via_script=script)
             if any(i.rule in ("exe-arch-mismatch", "elf-invalid", "interp-missing",
                               "lib-not-found") for i in issues[before:]):
                 return
     if last.kind == "elf":
         kept: dict[str, object] = {}
         before = len(issues)
-        state["tree"] = check_elf(last.path, job_env, cwd, node, budget, issues, causes,
-                                   via_script=script, keep=kept)
+        state["tree"] = check_elf(last.path, ctx, issues, causes, via_script=script, keep=kept)
         process = kept.get("process")
         if process is not None and may_run_python(last.path) and not any(
                 i.rule in _BLOCKING and i.fact("max_severity") != "info"
@@ -140,7 +175,7 @@ def _check(argv: Sequence[str], job_env: Mapping[str, str], cwd: str, node: Node
 
             issues.extend(python_issues(
                 last.path, process.main.info, process, hops, argv,  # type: ignore[attr-defined]
-                job_env, cwd, node, budget, causes, cuda_index=cuda_index))
+                ctx, causes))
     else:
         issues.append(_hop_issue(hops, name, causes, job_env))
 
@@ -176,10 +211,9 @@ def _hop_issue(hops: list[Hop], name: str, causes: Causes, env: Mapping[str, str
                  causes=causes(last.path), facts=(("detail", last.detail),))
 
 
-def check_elf(path: str, env: Mapping[str, str], cwd: str, node: NodeProfile, budget: Budget,
-              issues: list[Issue], causes: Causes, *, via_script: str | None,
-              as_program: bool = True, keep: dict[str, object] | None = None
-              ) -> LoadTree | None:
+def check_elf(path: str, ctx: StepContext, issues: list[Issue], causes: Causes, *,
+              via_script: str | None, as_program: bool = True,
+              keep: dict[str, object] | None = None) -> LoadTree | None:
     """Judge one ELF file and everything it loads; issues go to ``issues``.
 
     ``as_program``: the file is started by execve (mapped by the kernel, its
@@ -188,6 +222,7 @@ def check_elf(path: str, env: Mapping[str, str], cwd: str, node: NodeProfile, bu
     ``keep``: receives the loader's ``process``, for what the program will
     dlopen later (a Python interpreter's extension modules).
     """
+    node, env, cwd, budget = ctx.node, ctx.env, ctx.cwd, ctx.budget
     try:
         info = read_elf(path, budget=budget)
     except (ElfError, OSError) as exc:

@@ -12,7 +12,6 @@ finding), never another exception, and never reads more than ``max_bytes``.
 from __future__ import annotations
 
 import os
-import stat
 import struct
 
 from . import fsprobe
@@ -157,9 +156,9 @@ HEAD_BYTES = 4096
 class _Reader:
     """Bounded positional reads on an open fd."""
 
-    def __init__(self, fd: int, size: int, max_bytes: int, charge: Charge | None = None
-                 ) -> None:
-        self.fd = fd
+    def __init__(self, fh: fsprobe.HostFile, size: int, max_bytes: int,
+                 charge: Charge | None = None) -> None:
+        self.fh = fh
         self.size = size
         self.budget = max_bytes
         self.charge = charge
@@ -181,48 +180,31 @@ class _Reader:
         if self.charge is not None:
             # The check's budget: may raise (deadline, byte cap) before the read.
             self.charge.spend_bytes(length)
-        data = os.pread(self.fd, length, offset)
+        data = self.fh.pread(length, offset)
         if len(data) != length:
             raise ElfError(f"{what} could not be read in full (file changed while read?)")
         return data
 
 
-def open_regular(path: str) -> tuple[int, os.stat_result]:
-    """Open a regular file without blocking and without touching devices.
-
-    ``stat`` first, so FIFOs, sockets and device nodes are refused before any
-    ``open`` (opening some devices has side effects, e.g. a watchdog); then
-    ``O_NONBLOCK`` and an ``fstat`` of what was actually opened cover a swap
-    between the two calls. Only regular files pass; open errors stay ``OSError``.
-    """
-    before = fsprobe.stat(path)
-    if not stat.S_ISREG(before.st_mode):
-        raise ElfError("not a regular file", not_elf=True)
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+def open_regular(path: str) -> tuple[fsprobe.HostFile, os.stat_result]:
+    """Open a regular file without blocking and without touching devices:
+    ``(file, stat)`` with ``file.pread(length, offset)`` and ``file.close()``,
+    through the check's view (:func:`grace_policy.fsprobe.open_regular`).
+    Anything but a regular file is an :class:`ElfError` (``not_elf``); open
+    errors stay ``OSError``."""
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise ElfError("not a regular file", not_elf=True)
-        if (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_mode) != (
-                before.st_dev, before.st_ino, before.st_size, before.st_mtime_ns,
-                before.st_ctime_ns, before.st_mode):
-            # Swapped between the stat and the open: what we read is not what
-            # the record says. This check's verdict may stand, but it must
-            # never become a cache entry (an answer no replay can give).
-            fsprobe.note(path, None, -1)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd, st
+        return fsprobe.open_regular(path)  # type: ignore[no-any-return]
+    except fsprobe.NotRegular:
+        raise ElfError("not a regular file", not_elf=True) from None
 
 
 def read_head(path: str, length: int = 256) -> bytes:
     """First bytes of a regular file (for ``#!`` and magic checks)."""
-    fd, _ = open_regular(path)
+    fh, _ = open_regular(path)
     try:
-        return os.pread(fd, length, 0)
+        return fh.pread(length, 0)
     finally:
-        os.close(fd)
+        fh.close()
 
 
 def read_elf(path: str, *, max_bytes: int = DEFAULT_MAX_BYTES,
@@ -235,11 +217,11 @@ def read_elf(path: str, *, max_bytes: int = DEFAULT_MAX_BYTES,
     whole check stays under its byte cap and deadline; whatever it raises
     (``BudgetExceeded``) propagates.
     """
-    fd, st = open_regular(path)
+    fh, st = open_regular(path)
     try:
-        return _parse(_Reader(fd, st.st_size, max_bytes, budget), path)
+        return _parse(_Reader(fh, st.st_size, max_bytes, budget), path)
     finally:
-        os.close(fd)
+        fh.close()
 
 
 def _parse(r: _Reader, path: str) -> ElfInfo:

@@ -135,7 +135,7 @@ def which(name: str, path: str | None, cwd: str, budget: Budget | None = None) -
         if not candidate.startswith("/"):
             candidate = os.path.join(cwd, candidate)
         try:
-            if fsprobe.isfile(candidate) and os.access(candidate, os.X_OK):
+            if fsprobe.isfile(candidate) and fsprobe.executable(candidate):
                 return candidate
         except ValueError:
             continue
@@ -343,7 +343,7 @@ def _classify(path: str, budget: Budget | None = None) -> Hop:
     if budget is not None:
         budget.take_file()
     try:
-        fd, st = open_regular(path)
+        fh, st = open_regular(path)
     except FileNotFoundError:
         return Hop(path, "missing", detail="No such file or directory")
     except NotADirectoryError:
@@ -361,12 +361,12 @@ def _classify(path: str, budget: Budget | None = None) -> Hop:
     try:
         if budget is not None:
             budget.spend_bytes(SHEBANG_BYTES)
-        head = os.pread(fd, SHEBANG_BYTES, 0)
+        head = fh.pread(SHEBANG_BYTES, 0)
     except OSError as exc:
         return Hop(path, "unreadable", detail=exc.strerror or "cannot read")
     finally:
-        os.close(fd)
-    if not st.st_mode & 0o111 or not os.access(path, os.X_OK):
+        fh.close()
+    if not st.st_mode & 0o111 or not fsprobe.executable(path):
         return Hop(path, "not-executable", detail="Permission denied")
     if head.startswith(b"\x7fELF"):
         return Hop(path, "elf")

@@ -7,8 +7,6 @@ cases). Each rule reports once per file, naming the first offending segment.
 
 from __future__ import annotations
 
-import os
-
 from ._record import dataclass
 from .elf import ElfError, ElfInfo, LoadSegment, open_regular
 from .findings import Issue
@@ -199,7 +197,7 @@ def _replay(path: str, loads: tuple[LoadSegment, ...], lo: int, hi: int, page: i
     read (another rule reports that)."""
     memory = bytearray(hi - lo)
     try:
-        fd, st = open_regular(path)
+        fh, st = open_regular(path)
     except (OSError, ElfError):
         return None
     try:
@@ -211,7 +209,7 @@ def _replay(path: str, loads: tuple[LoadSegment, ...], lo: int, hi: int, page: i
                 length = max(0, min(b - a, st.st_size - offset))
                 if budget is not None:
                     budget.spend_bytes(length)
-                data = os.pread(fd, length, offset) if length else b""
+                data = fh.pread(length, offset) if length else b""
                 # Past the end of the file the page reads as zeros.
                 memory[a - lo:b - lo] = data + bytes(b - a - len(data))
             a, b = max(seg.vaddr + seg.filesz, lo), min(seg.vaddr + seg.memsz, hi)
@@ -220,5 +218,5 @@ def _replay(path: str, loads: tuple[LoadSegment, ...], lo: int, hi: int, page: i
     except OSError:
         return None
     finally:
-        os.close(fd)
+        fh.close()
     return memory

@@ -198,9 +198,8 @@ def parse(data: bytes) -> LdCache:
 
 def load(path: str) -> LdCache:
     try:
-        fsprobe.stat(path)  # the verdict depends on this file: record it
-        with open(path, "rb") as fh:
-            data = fh.read(MAX_CACHE_BYTES)
+        # Recorded by its identity: the verdict depends on this file.
+        data = fsprobe.read_file(path, MAX_CACHE_BYTES)
     except OSError:
         return LdCache([])
     return parse(data)

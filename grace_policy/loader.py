@@ -539,7 +539,9 @@ def _host_machine() -> str:
 @functools.lru_cache(maxsize=1)
 def _host_cpu() -> tuple[str, frozenset[str]]:
     """(vendor, feature flags) of this host's first CPU, from /proc/cpuinfo
-    (``flags`` on x86, ``Features`` on Arm); read once per process."""
+    (``flags`` on x86, ``Features`` on Arm); read once per process. A fact of
+    the node, not of the files judged: read from the host also when the check
+    reads an image (:mod:`grace_policy.fsprobe` views), so not through it."""
     vendor, flags = "", frozenset()
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as fh:

@@ -188,7 +188,11 @@ def is_system_path(path: str) -> bool:
 
 def node_owns(path: str) -> bool:
     """Whether the node has its own build at ``path``: a system path, or a
-    link into one (a venv's ``bin/python`` made from the system python)."""
+    link into one (a venv's ``bin/python`` made from the system python).
+    Never inside an image: its system files are the image's, built wherever
+    the image was built, and they are what the step runs."""
     from . import fsprobe
 
+    if fsprobe.current_view() is not None:
+        return False
     return is_system_path(path) or is_system_path(fsprobe.realpath(path))

@@ -35,7 +35,6 @@ file it read, so later launches do not read anything.
 
 from __future__ import annotations
 
-import os
 import struct
 
 from . import a64, fsprobe
@@ -43,6 +42,10 @@ from ._record import dataclass
 from .elf import ELFCLASS64, ELFDATA2LSB, ElfError, ElfInfo, open_regular
 from .findings import Issue
 from .node import NodeProfile, is_system_path
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .fsprobe import HostFile
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -98,15 +101,15 @@ class Section:
 class _File:
     """Bounded, budget-charged reads of one open file."""
 
-    def __init__(self, fd: int, size: int, budget: Budget | None) -> None:
-        self.fd, self.size, self.budget = fd, size, budget
+    def __init__(self, fh: HostFile, size: int, budget: Budget | None) -> None:
+        self.fh, self.size, self.budget = fh, size, budget
 
     def read(self, offset: int, length: int) -> bytes:
         if offset < 0 or length < 0 or offset + length > self.size:
             raise ElfError("read beyond the end of the file")
         if self.budget is not None:
             self.budget.spend_bytes(length)
-        data = os.pread(self.fd, length, offset)
+        data = self.fh.pread(length, offset)
         if len(data) != length:
             raise ElfError("short read")
         return data
@@ -348,17 +351,17 @@ def read_compiled_page(path: str, budget: Budget | None = None) -> int | None:
     if known is not None:
         return known if known >= 0 else None
     try:
-        fd, st = open_regular(path)
+        fh, st = open_regular(path)
     except (OSError, ElfError):
         return None
     try:
-        value = _read(_File(fd, st.st_size, budget))
+        value = _read(_File(fh, st.st_size, budget))
     except _TooDear:
         return None
     except (ElfError, OSError, struct.error, _Unusual):
         value = -1
     finally:
-        os.close(fd)
+        fh.close()
     if len(_known) >= MAX_KNOWN:
         _known.clear()
     _known[(st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)] = value
@@ -413,13 +416,13 @@ def scan(f: _File) -> Reading:
 
 def inspect_file(path: str) -> Reading:
     """:func:`scan` of ``path`` without budget or cache (tests, ``inspect``)."""
-    fd, st = open_regular(path)
+    fh, st = open_regular(path)
     try:
-        return scan(_File(fd, st.st_size, None))
+        return scan(_File(fh, st.st_size, None))
     except _Unusual:
         return Reading(-1)
     finally:
-        os.close(fd)
+        fh.close()
 
 
 def _package(path: str) -> str | None:

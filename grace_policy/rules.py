@@ -45,10 +45,14 @@ RULE_IDS = (
     "jit-cache-foreign",
     "page-size-compiled",
     "page-bss-clobber",
+    "image-arch-mismatch",
 )
 
 #: Causes the checks may put in ``Issue.causes``, most specific first.
 CAUSES = (
+    # The file is inside the container image the step runs in (issue 15):
+    # the image is what to fix, whatever put the file there.
+    "image",
     "leaked-env",
     "pythonpath",
     "conda",
@@ -69,6 +73,10 @@ TEMPLATE_FIELDS = frozenset(
         "path",
         "partition",
         "node_arch",
+        # Container steps (issue 15): the image file, the path inside it.
+        "image",
+        "image_arch",
+        "inner",
         "file_arch",
         "page_size",
         "page_kib",

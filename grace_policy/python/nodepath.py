@@ -45,17 +45,17 @@ def read_small(path: str, limit: int, budget: Budget) -> bytes | None:
     or unreadable. Opened without blocking (a FIFO planted as version.py must
     not hang a step launch); ``fsprobe`` records its identity."""
     try:
-        fd, st = open_regular(path)
+        fh, st = open_regular(path)
     except (OSError, ElfError, ValueError):
         return None
     try:
         size = min(st.st_size, limit)
         budget.take_file(size)
-        return os.pread(fd, size, 0)
+        return fh.pread(size, 0)
     except OSError:
         return None
     finally:
-        os.close(fd)
+        fh.close()
 
 
 def read_until(path: str, limit: int, budget: Budget, until: bytes,
@@ -64,7 +64,7 @@ def read_until(path: str, limit: int, budget: Budget, until: bytes,
     ``until`` (METADATA: its headers end at the first blank line, its body is
     a README that can be megabytes); each chunk is charged before it is read."""
     try:
-        fd, st = open_regular(path)
+        fh, st = open_regular(path)
     except (OSError, ElfError, ValueError):
         return None
     try:
@@ -75,7 +75,7 @@ def read_until(path: str, limit: int, budget: Budget, until: bytes,
         while got < size:
             want = min(chunk, size - got)
             budget.spend_bytes(want)
-            data = os.pread(fd, want, got)
+            data = fh.pread(want, got)
             if not data:
                 break
             parts.append(data)
@@ -86,7 +86,7 @@ def read_until(path: str, limit: int, budget: Budget, until: bytes,
     except OSError:
         return None
     finally:
-        os.close(fd)
+        fh.close()
 
 
 def read_text(path: str, limit: int, budget: Budget) -> str | None:

@@ -38,6 +38,7 @@ from collections.abc import Callable, Mapping
 from .. import fsprobe
 from .._record import dataclass
 from ..budget import Budget, BudgetExceeded
+from ..elf import ElfError, open_regular
 from ..loader import host_path
 from ..node import NodeProfile
 from .interp import (
@@ -494,11 +495,15 @@ class _Model:
         tail = min(st.st_size, 1024)
         self.budget.take_file(tail)
         try:
-            with open(host, "rb") as f:
-                f.seek(st.st_size - tail)
-                return b"PK\x05\x06" in f.read(tail)
-        except (OSError, ValueError):
+            fh, st = open_regular(host)
+        except (OSError, ElfError, ValueError):
             return False
+        try:
+            return b"PK\x05\x06" in fh.pread(tail, max(st.st_size - tail, 0))
+        except OSError:
+            return False
+        finally:
+            fh.close()
 
 
 def _fatal_encodings(v: tuple[int, int]) -> str:

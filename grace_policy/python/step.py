@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from .. import fsprobe
 from .._record import dataclass
 from ..budget import Budget
+from ..context import StepContext
 from ..elf import ElfInfo
 from ..findings import Issue
 from ..launch import Hop
@@ -97,11 +98,10 @@ def _note_inputs(args: Sequence[str] | None, env: Mapping[str, str]) -> None:
 
 
 def python_issues(exe: str, info: ElfInfo, process: Process, hops: Sequence[Hop],
-                  argv: Sequence[str], env: Mapping[str, str], cwd: str, node: NodeProfile,
-                  budget: Budget, causes: Causes, *, cuda_index: str | None = None
-                  ) -> list[Issue]:
+                  argv: Sequence[str], ctx: StepContext, causes: Causes) -> list[Issue]:
     """Issues of what ``exe`` (already judged as a program) will import
     when it is a CPython interpreter; ``[]`` for any other program."""
+    env, cwd, node, budget, cuda_index = ctx.env, ctx.cwd, ctx.node, ctx.budget, ctx.cuda_index
     from .interp import identify, parse_python_argv
 
     interp = identify(exe, info, node, budget)
@@ -519,7 +519,8 @@ def environment_report(python: str, env: Mapping[str, str], cwd: str, node: Node
 
     issues: list[Issue] = []
     kept: dict[str, object] = {}
-    check_elf(python, env, cwd, node, budget, issues, causes, via_script=None, keep=kept)
+    ctx = StepContext(node=node, env=env, cwd=cwd, budget=budget, cuda_index=cuda_index)
+    check_elf(python, ctx, issues, causes, via_script=None, keep=kept)
     process = kept.get("process")
     if not isinstance(process, Process) or any(
             i.rule in ("exe-arch-mismatch", "elf-invalid", "interp-missing") for i in issues):

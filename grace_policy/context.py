@@ -1,0 +1,44 @@
+"""What one step's check reads from: one record instead of loose parameters.
+
+Every part of a check asks the same few things: which node (its CPU, page
+size, glibc), which files (the host, or an image seen from inside: the
+view), the step's environment and working directory, how much it may still
+spend (the budget) and where the answers are written down (the verdict
+cache's record). They travel together as a :class:`StepContext`, so a
+reader cannot pick up the host's files while the step runs in an image, and
+adding a fact (the image) does not grow every signature.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from ._record import dataclass, field
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .budget import Budget
+    from .image import Image
+    from .node import NodeProfile
+
+
+@dataclass(frozen=True)
+class StepContext:
+    #: The node the step runs on (the CPU, page size and glibc judged against).
+    node: NodeProfile
+    #: The step's environment as the program will see it.
+    env: Mapping[str, str]
+    #: The working directory, a path in ``view``.
+    cwd: str
+    #: The check's allowance of time, files and bytes.
+    budget: Budget
+    #: The files: None for this host, else the image's view
+    #: (:mod:`grace_policy.image.view`); :mod:`grace_policy.fsprobe` reads
+    #: through it while the check runs.
+    view: object = None
+    #: The image the step runs in (names every finding), None on the host.
+    image: Image | None = None
+    #: The package index of the partition, for torch-build remedies.
+    cuda_index: str | None = None
+    #: What the check read (fsprobe's record), when one is kept.
+    read: list[tuple[str, str, str]] | None = field(default=None, compare=False)

@@ -1,0 +1,92 @@
+"""An OCI runtime bundle (Slurm's ``--container=BUNDLE``): ``config.json``
+and the root it names.
+
+The runtime (runc, crun) runs ``process.args`` with ``process.env`` and
+``process.cwd`` in ``root.path``, which the runtime-spec resolves relative
+to the bundle. A bundle whose root leaves the bundle (``../..``, an absolute
+path elsewhere, a link out) is refused here: the check judges only files the
+bundle owns, and such a bundle is the user's to fix, not ours to follow.
+"""
+
+from __future__ import annotations
+
+import os
+
+from .. import _json
+from . import Image, ImageError
+from .open import MAX_CONFIG_BYTES, MAX_ENV_VARS
+from .view import DirView
+
+
+def _read_config(path: str) -> bytes:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+                     | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise ImageError(f"cannot read the bundle's config.json: {exc.strerror}") from None
+    try:
+        st = os.fstat(fd)
+        if not (st.st_mode & 0o170000) == 0o100000:
+            raise ImageError("the bundle's config.json is not a regular file")
+        if st.st_size > MAX_CONFIG_BYTES:
+            raise ImageError(f"the bundle's config.json is larger than {MAX_CONFIG_BYTES} "
+                             "bytes")
+        return os.pread(fd, MAX_CONFIG_BYTES, 0)
+    except OSError as exc:
+        raise ImageError(f"cannot read the bundle's config.json: {exc.strerror}") from None
+    finally:
+        os.close(fd)
+
+
+def _strings(value: object, what: str, limit: int = MAX_ENV_VARS) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ImageError(f"the bundle's config.json: {what} is not a list of strings")
+    if len(value) > limit:
+        raise ImageError(f"the bundle's config.json: {what} has more than {limit} entries")
+    return tuple(value)
+
+
+def open_bundle(bundle: str) -> Image:
+    data = _read_config(os.path.join(bundle, "config.json"))
+    try:
+        config = _json.loads(data)
+    except (ValueError, RecursionError, UnicodeDecodeError):
+        raise ImageError("the bundle's config.json is not valid JSON") from None
+    if not isinstance(config, dict):
+        raise ImageError("the bundle's config.json is not a JSON object")
+    root = config.get("root")
+    root_path = root.get("path") if isinstance(root, dict) else None
+    if not isinstance(root_path, str) or not root_path or "\0" in root_path:
+        raise ImageError("the bundle's config.json names no root.path")
+    base = os.path.realpath(bundle)
+    real = os.path.realpath(os.path.join(base, root_path))
+    if real != base and not real.startswith(base.rstrip("/") + "/"):
+        raise ImageError(f"the bundle's root.path {root_path!r} points outside the bundle")
+    if not os.path.isdir(real):
+        raise ImageError(f"the bundle's root.path {root_path!r} is not a directory")
+    process = config.get("process")
+    if process is not None and not isinstance(process, dict):
+        raise ImageError("the bundle's config.json: process is not an object")
+    process = process or {}
+    args = _strings(process.get("args"), "process.args")
+    env_list = _strings(process.get("env"), "process.env")
+    cwd = process.get("cwd", "/")
+    if not isinstance(cwd, str) or not cwd.startswith("/"):
+        raise ImageError("the bundle's config.json: process.cwd is not an absolute path")
+    env: dict[str, str] = {}
+    for item in env_list:
+        name, eq, value = item.partition("=")
+        if eq and name:
+            env[name] = value
+    arch = None
+    # Not in the runtime-spec's config.json, but image configs carry it and
+    # some bundle makers copy it: honoured only when present.
+    declared = config.get("architecture")
+    if isinstance(declared, str):
+        from ..node import normalize_arch
+
+        arch = normalize_arch(declared)
+    return Image(path=bundle, kind="oci", view=DirView(real, name=bundle), arch=arch,
+                 env=tuple(env.items()), env_replaces=True, args=args, cwd=cwd)

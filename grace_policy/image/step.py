@@ -1,0 +1,102 @@
+"""A step inside an image: the node as seen from the container, the image's
+own architecture, and issues that name the image.
+
+Used by :func:`grace_policy.check.check_step` (``image=``) while the image's
+view is in use (``fsprobe.using``): every path here is a path in the image.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .._record import replace
+from ..findings import Issue
+from . import Image
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ..budget import Budget
+    from ..check import StepReport
+    from ..node import NodeProfile
+
+#: Where the image's own architecture shows when it does not declare one:
+#: the shell every container runtime starts first (enroot's switchroot runs
+#: /bin/sh, Apptainer its /.singularity.d scripts through it).
+ARCH_WITNESSES = ("/bin/sh", "/usr/bin/sh", "/bin/busybox")
+
+#: What each runtime prints when the image's programs are foreign.
+_RUNTIME_ERROR = {
+    "squashfs": "enroot-switchroot: failed to execute: /bin/sh: Exec format error",
+    "dir": "enroot-switchroot: failed to execute: /bin/sh: Exec format error",
+    "oci": "runc: exec failed: unable to start container process: exec format error",
+    "sif": "apptainer: FATAL: exec failed: exec format error",
+}
+
+
+def image_node(node: NodeProfile) -> NodeProfile:
+    """The node for files in an image: the node's CPU and page size; the
+    files are all the image's own (no host root, no by-name system files:
+    ``root_is_native``), and the loader reads the image's ld.so.cache."""
+    return replace(node, root="/", root_is_native=True)
+
+
+def image_arch(image: Image, argv: Sequence[str], env: dict[str, str] | None = None,
+               budget: Budget | None = None) -> tuple[str, str] | None:
+    """(architecture, where it shows) of the image: its declaration, else
+    the ELF machine of its shell; None when neither says. Call inside the
+    image's view."""
+    if image.arch:
+        return image.arch, "the image's header" if image.kind == "sif" else "the image's config"
+    from ..elf import ElfError, read_elf
+    from ..launch import build_path, c_string
+
+    witnesses = list(ARCH_WITNESSES)
+    if argv:
+        # An image without a shell (distroless): the step's own program.
+        program = build_path(c_string(argv[0]), env or {}, "/", budget)
+        if program is not None:
+            witnesses.append(program)
+    for path in witnesses:
+        try:
+            info = read_elf(path, budget=budget)
+        except (ElfError, OSError):
+            continue
+        from ..node import normalize_arch
+
+        return normalize_arch(info.machine_name), path
+    return None
+
+
+def arch_issue(image: Image, argv: Sequence[str], env: dict[str, str], node: NodeProfile,
+               budget: Budget) -> Issue | None:
+    """``image-arch-mismatch`` when the image is for another machine."""
+    found = image_arch(image, argv, env, budget=budget)
+    if found is None:
+        return None
+    arch, where = found
+    if arch == node.machine or (arch == "i386" and node.machine == "x86_64"):
+        return None
+    return Issue(
+        "image-arch-mismatch", image.path,
+        _RUNTIME_ERROR.get(image.kind, "Exec format error"),
+        causes=("image",),
+        facts=(("image", image.path), ("image_arch", arch), ("file_arch", arch),
+               ("inner", where), ("detail", f"{where} is {arch}")),
+    )
+
+
+def image_report(report: StepReport, image: Image) -> StepReport:
+    """Every issue names the image and the path inside it
+    (``IMAGE:/inner/path``); its first cause is ``image``, whose remedies
+    say to fix the image."""
+    out = []
+    for issue in report.issues:
+        if issue.rule == "image-arch-mismatch":
+            out.append(issue)
+            continue
+        inner = issue.path
+        path = f"{image.path}:{inner}" if inner else image.path
+        causes = issue.causes if "image" in issue.causes else ("image", *issue.causes)
+        facts = (*issue.facts, ("image", image.path), ("inner", inner or "the image"))
+        out.append(Issue(issue.rule, path, issue.predicted_error, causes, facts))
+    return replace(report, issues=tuple(out))

@@ -1,0 +1,320 @@
+"""A filesystem seen from inside: paths resolve in the view, never on the host.
+
+A container's ``/`` is its image. To judge a step as it will run there, every
+path the check reads (``/usr/bin/python3``, ``/etc/ld.so.cache``, a link to
+``/lib/x86_64-linux-gnu/libc.so.6``) must be looked up in the image, and a
+symlink in it must resolve in it too: an absolute link restarts at the
+image's root, ``..`` stops there, and more than :data:`MAX_LINKS` links end in
+ELOOP, as the kernel's path walk does. :class:`TreeView` does that walk once
+for every kind of image; a kind only says how to look up one name in one
+directory (:class:`DirView`: an unpacked root on this host; the squashfs
+reader: an image file read without mounting).
+
+:mod:`grace_policy.fsprobe` holds the view of the check in progress
+(``with fsprobe.using(view):``); nothing here is used on a host step.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat as _stat
+
+#: The kernel's limit on symlinks followed in one path walk (MAXSYMLINKS).
+MAX_LINKS = 40
+#: The longest path (and link target) the walk accepts (PATH_MAX).
+MAX_PATH = 4096
+
+
+def _error(code: int, path: str) -> OSError:
+    return OSError(code, os.strerror(code), path)
+
+
+class Stat:
+    """The fields of ``os.stat_result`` a check reads, for files that are not
+    on this host's filesystem. ``st_dev`` is the image's own number, so two
+    images never share an (st_dev, st_ino) key."""
+
+    __slots__ = (
+        "st_ctime_ns",
+        "st_dev",
+        "st_gid",
+        "st_ino",
+        "st_mode",
+        "st_mtime_ns",
+        "st_nlink",
+        "st_size",
+        "st_uid",
+    )
+
+    def __init__(self, mode: int, ino: int, dev: int, size: int, mtime_ns: int,
+                 uid: int = 0, gid: int = 0, nlink: int = 1) -> None:
+        self.st_mode, self.st_ino, self.st_dev, self.st_size = mode, ino, dev, size
+        self.st_mtime_ns = self.st_ctime_ns = mtime_ns
+        self.st_uid, self.st_gid, self.st_nlink = uid, gid, nlink
+
+    @property
+    def st_mtime(self) -> float:
+        return self.st_mtime_ns / 1e9
+
+
+class Entry:
+    """One directory entry, as ``os.DirEntry`` answers (without a stat)."""
+
+    __slots__ = ("_kind", "_view", "name", "path")
+
+    def __init__(self, name: str, path: str, kind: str, view: TreeView) -> None:
+        self.name, self.path, self._kind, self._view = name, path, kind, view
+
+    def is_symlink(self) -> bool:
+        return self._kind == "l"
+
+    def is_dir(self, *, follow_symlinks: bool = True) -> bool:
+        if self._kind == "l" and follow_symlinks:
+            try:
+                return _stat.S_ISDIR(self._view.stat(self.path).st_mode)
+            except OSError:
+                return False
+        return self._kind == "d"
+
+    def is_file(self, *, follow_symlinks: bool = True) -> bool:
+        if self._kind == "l" and follow_symlinks:
+            try:
+                return _stat.S_ISREG(self._view.stat(self.path).st_mode)
+            except OSError:
+                return False
+        return self._kind == "f"
+
+    def stat(self, *, follow_symlinks: bool = True):  # type: ignore[no-untyped-def]
+        return (self._view.stat if follow_symlinks else self._view.lstat)(self.path)
+
+
+def _kind_of(mode: int) -> str:
+    fmt = _stat.S_IFMT(mode)
+    if fmt == _stat.S_IFDIR:
+        return "d"
+    if fmt == _stat.S_IFREG:
+        return "f"
+    if fmt == _stat.S_IFLNK:
+        return "l"
+    return "o"
+
+
+class TreeView:
+    """The path walk shared by every image kind. A subclass gives
+    :meth:`_root`, :meth:`_child` (one name in one directory node, or None),
+    :meth:`_mode`, :meth:`_readlink`, :meth:`_stat`, :meth:`_names` and
+    :meth:`_open`; nodes are whatever it likes (a host path, an inode)."""
+
+    #: How findings name the image (its path on the host).
+    name: str = ""
+
+    # -- the walk ---------------------------------------------------------
+
+    def _walk(self, path: str, follow_last: bool, strict: bool = True
+              ) -> tuple[object, str]:
+        """(node, canonical path) of ``path``. Non-strict (realpath): a
+        missing component ends the walk with the rest appended as written."""
+        if not isinstance(path, str) or "\0" in path:
+            raise _error(errno.ENOENT, str(path))
+        if len(path) > MAX_PATH:
+            raise _error(errno.ENAMETOOLONG, path[:64])
+        if not path.startswith("/"):
+            # Every path of a check is absolute (relative ones are joined to
+            # the step's cwd first); anything else is a caller's mistake.
+            path = "/" + path
+        todo = [p for p in reversed(path.split("/")) if p and p != "."]
+        stack: list[tuple[object, str]] = [(self._root(), "/")]
+        links = 0
+        while todo:
+            name = todo.pop()
+            if name == "..":
+                if len(stack) > 1:
+                    stack.pop()
+                continue
+            node, where = stack[-1]
+            if self._mode(node) != "d":
+                if not strict:
+                    return node, _join(where, name, todo)
+                raise _error(errno.ENOTDIR, path)
+            child = self._child(node, name)
+            here = where.rstrip("/") + "/" + name
+            if child is None:
+                if not strict:
+                    return node, _join(where, name, todo)
+                raise _error(errno.ENOENT, path)
+            if self._mode(child) == "l" and (todo or follow_last):
+                links += 1
+                if links > MAX_LINKS:
+                    raise _error(errno.ELOOP, path)
+                target = self._readlink(child)
+                if not target or len(target) > MAX_PATH:
+                    if not strict:
+                        return node, _join(where, name, todo)
+                    raise _error(errno.ENOENT, path)
+                if target.startswith("/"):
+                    del stack[1:]
+                todo.extend(p for p in reversed(target.split("/")) if p and p != ".")
+                continue
+            stack.append((child, here))
+        return stack[-1]
+
+    # -- what fsprobe asks --------------------------------------------------
+
+    def stat(self, path: str):  # type: ignore[no-untyped-def]
+        node, _ = self._walk(path, True)
+        return self._stat(node)
+
+    def lstat(self, path: str):  # type: ignore[no-untyped-def]
+        node, _ = self._walk(path, False)
+        return self._stat(node)
+
+    def realpath(self, path: str) -> str:
+        try:
+            return self._walk(path, True, strict=False)[1]
+        except OSError:
+            # ELOOP: os.path.realpath gives up and returns the path as is.
+            return os.path.normpath(path if path.startswith("/") else "/" + path)
+
+    def readlink(self, path: str) -> str:
+        node, _ = self._walk(path, False)
+        if self._mode(node) != "l":
+            raise _error(errno.EINVAL, path)
+        return self._readlink(node)
+
+    def listdir(self, path: str) -> list[str]:
+        return [name for name, _ in self._listing(path)]
+
+    def scandir(self, path: str) -> list[Entry]:
+        base = path.rstrip("/")
+        return [Entry(name, f"{base}/{name}", kind, self) for name, kind in self._listing(path)]
+
+    def _listing(self, path: str) -> list[tuple[str, str]]:
+        node, _ = self._walk(path, True)
+        if self._mode(node) != "d":
+            raise _error(errno.ENOTDIR, path)
+        return self._names(node)
+
+    def open_regular(self, path: str):  # type: ignore[no-untyped-def]
+        from ..fsprobe import NotRegular
+
+        node, _ = self._walk(path, True)
+        st = self._stat(node)
+        if not _stat.S_ISREG(st.st_mode):
+            if _stat.S_ISDIR(st.st_mode):
+                raise NotRegular(errno.EISDIR, "Is a directory", path)
+            raise NotRegular(0, "not a regular file", path)
+        return self._open(node, st), st
+
+    def executable(self, path: str) -> bool:
+        try:
+            return bool(self.stat(path).st_mode & 0o111)
+        except OSError:
+            return False
+
+    def record(self) -> list[tuple[str, str, str]]:
+        """What the verdict cache records for this view (fsprobe.using)."""
+        return []
+
+    # -- per kind -----------------------------------------------------------
+
+    def _root(self) -> object:
+        raise NotImplementedError
+
+    def _child(self, node: object, name: str) -> object | None:
+        raise NotImplementedError
+
+    def _mode(self, node: object) -> str:
+        raise NotImplementedError
+
+    def _readlink(self, node: object) -> str:
+        raise NotImplementedError
+
+    def _stat(self, node: object):  # type: ignore[no-untyped-def]
+        raise NotImplementedError
+
+    def _names(self, node: object) -> list[tuple[str, str]]:
+        raise NotImplementedError
+
+    def _open(self, node: object, st: object):  # type: ignore[no-untyped-def]
+        raise NotImplementedError
+
+
+def _join(where: str, name: str, todo: list[str]) -> str:
+    rest = [name, *reversed(todo)]
+    return os.path.normpath(where.rstrip("/") + "/" + "/".join(rest))
+
+
+class DirView(TreeView):
+    """An unpacked root on this host (enroot's container directory, an OCI
+    bundle's rootfs, a ``mmdebstrap`` tree): each name is an ``lstat`` of the
+    real directory, links are read with ``readlink`` and resolved by the
+    walk above, so a link to ``/lib/x`` reads ``ROOT/lib/x``.
+
+    Nodes are host paths with no symlink in them below ``root``. The walk
+    and the open are two steps: whoever can write the tree could swap a
+    directory for a link between them and make the check read a host file,
+    which is a file that user can read anyway (the check runs with the
+    step's rights); the final open refuses a link (``O_NOFOLLOW``)."""
+
+    def __init__(self, root: str, name: str | None = None) -> None:
+        self.root = os.path.realpath(root)
+        self.name = name or self.root
+        self._modes: dict[str, str] = {self.root: "d"}
+
+    def _root(self) -> object:
+        return self.root
+
+    def _child(self, node: object, name: str) -> object | None:
+        path = f"{node}/{name}" if node != "/" else f"/{name}"
+        known = self._modes.get(path)
+        if known is not None:
+            return path
+        try:
+            st = os.lstat(path)
+        except (OSError, ValueError):
+            return None
+        self._modes[path] = _kind_of(st.st_mode)
+        return path
+
+    def _mode(self, node: object) -> str:
+        return self._modes.get(node, "o")  # type: ignore[call-overload, no-any-return]
+
+    def _readlink(self, node: object) -> str:
+        try:
+            return os.readlink(node)  # type: ignore[arg-type]
+        except OSError:
+            return ""
+
+    def _stat(self, node: object):  # type: ignore[no-untyped-def]
+        return os.lstat(node)  # type: ignore[arg-type]
+
+    def _names(self, node: object) -> list[tuple[str, str]]:
+        out = []
+        with os.scandir(node) as it:  # type: ignore[call-overload]
+            for e in it:
+                try:
+                    kind = _kind_of(e.stat(follow_symlinks=False).st_mode)
+                except OSError:
+                    continue
+                self._modes[e.path] = kind
+                out.append((e.name, kind))
+        return out
+
+    def _open(self, node: object, st: object):  # type: ignore[no-untyped-def]
+        from ..fsprobe import HostFile, NotRegular
+
+        fd = os.open(node, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY  # type: ignore[call-overload]
+                     | os.O_NOFOLLOW)
+        if not _stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise NotRegular(0, "not a regular file", str(node))
+        return HostFile(fd)
+
+    def record(self) -> list[tuple[str, str, str]]:
+        # An unpacked tree has no single identity a replay could check (any
+        # file under it may change): a check in it never becomes a cache
+        # entry. CHANGED is the answer no replay gives.
+        from ..fsprobe import CHANGED
+
+        return [("s", self.root, CHANGED)]

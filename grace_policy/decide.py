@@ -18,6 +18,7 @@ from .policy import Policy
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from .exempt import Exempted, Who
+    from .image import Image
 
 
 def node_for(policy: Policy, partition: str | None, *, base: NodeProfile | None = None,
@@ -62,6 +63,7 @@ def decide(
     probes: list[tuple[str, str, str]] | None = None,
     who: Who | None = None,
     today: str | None = None,
+    image: Image | None = None,
 ) -> Verdict:
     """What the plugin does with this step. Never raises.
 
@@ -72,6 +74,10 @@ def decide(
     host to judge), as the caller established it from what Slurm says. The
     step environment is never asked: ``SLURM_CONTAINER`` and plugin option
     variables can all be exported by the user (docs/SECURITY.md).
+
+    ``image``: the step runs argv inside this image (``env`` and ``cwd``
+    are the container's; :mod:`grace_policy.container` makes them): every
+    file is read there, none on the host.
 
     ``who``: the job's user and groups as Slurm set them, for the policy's
     exemptions (none apply without it); ``today``: ``YYYY-MM-DD`` (UTC) to
@@ -85,12 +91,12 @@ def decide(
         if container:
             return Verdict(action="allow", mode=mode, partition=partition, skipped=container)
         if probes is None:
-            return _decide(policy, mode, partition, argv, env, cwd, node, who, today)
+            return _decide(policy, mode, partition, argv, env, cwd, node, who, today, image)
         from . import fsprobe
 
         fsprobe.start()
         try:
-            return _decide(policy, mode, partition, argv, env, cwd, node, who, today)
+            return _decide(policy, mode, partition, argv, env, cwd, node, who, today, image)
         finally:
             probes.extend(fsprobe.stop())
     except BudgetExceeded as exc:
@@ -102,7 +108,8 @@ def decide(
 
 def _decide(policy: Policy, mode: str, partition: str | None, argv: Sequence[str],
             env: Mapping[str, str], cwd: str, node: NodeProfile | None,
-            who: Who | None = None, today: str | None = None) -> Verdict:
+            who: Who | None = None, today: str | None = None,
+            image: Image | None = None) -> Verdict:
     from .check import check_step
 
     node = node or node_for(policy, partition)
@@ -110,7 +117,7 @@ def _decide(policy: Policy, mode: str, partition: str | None, argv: Sequence[str
     part = policy.partition(partition)
     report = check_step(argv, env, cwd, node, env_vars=policy.env.vars,
                         env_strip=policy.env.strip, budget=budget,
-                        cuda_index=part.cuda_index if part is not None else None)
+                        cuda_index=part.cuda_index if part is not None else None, image=image)
     if not report.issues and report.limit is None:
         return Verdict(action="allow", mode=mode, partition=partition, env=report.env)
     findings: tuple[Finding, ...] = ()

@@ -151,17 +151,30 @@ def run_step(step: StepInput) -> Outcome:
         # slurmstepd gave this thread from the job's, not the environment.
         who = Who.current(uid=step.uid)
     probes: list[tuple[str, str, str]] = []
+    argv, env, cwd = list(step.argv), step.env, step.cwd or "/"
+    container, image, program = step.container, None, step.argv[0] if step.argv else None
+    if step.container_kind:
+        # Judged inside the container (C found it, on Slurm's and pyxis' word).
+        from .container import plan
+
+        todo = plan(step.container_kind, step.container_image, step.container_local,
+                    step.container or step.container_kind, argv, env, cwd)
+        container, image = todo.skipped, todo.image
+        argv, env, cwd = list(todo.argv), todo.env, todo.cwd
+        if image is not None:
+            program = f"{image.path}:{argv[0] if argv else ''}"
     verdict = decide(
         policy,
         partition=step.partition,
-        argv=list(step.argv),
-        env=step.env,
-        cwd=step.cwd or "/",
+        argv=argv,
+        env=env,
+        cwd=cwd,
         node=None,
         user_lowered_mode=step.user_mode,
-        container=step.container,
+        container=container,
         probes=probes,
         who=who,
+        image=image,
     )
     out = Outcome(action=verdict.action)
     if verdict.action not in ("allow", "warn", "reject"):
@@ -186,7 +199,7 @@ def run_step(step: StepInput) -> Outcome:
         # slurmstepd has since taken root back. A late line would contradict
         # what was done, and nothing from here is applied any more.
         return Outcome.failed("the check finished after the plugin's timeout; discarded")
-    problem = _audit(step, verdict, elapsed_ms)
+    problem = _audit(step, verdict, elapsed_ms, program)
     if problem:
         out.log.append(_one_line(problem))
     try:
@@ -263,7 +276,8 @@ def _cache_entry(step: StepInput, policy: Any, verdict: Verdict,
     return verdict_cache.entry(ins, verdict.mode, probes + extra)
 
 
-def _audit(step: StepInput, verdict: Verdict, elapsed_ms: float) -> str | None:
+def _audit(step: StepInput, verdict: Verdict, elapsed_ms: float,
+           program: str | None = None) -> str | None:
     """Write the decision to the descriptor root opened, never as the user.
 
     The check runs as the job's user: opening a path here would need a file
@@ -279,7 +293,7 @@ def _audit(step: StepInput, verdict: Verdict, elapsed_ms: float) -> str | None:
     return write_decision(
         step.audit_path, verdict, job_id=step.job_id, step_id=step.step_name, uid=step.uid,
         node=step.node or None, elapsed_ms=elapsed_ms, fd=step.audit_fd,
-        program=step.argv[0] if step.argv else None,
+        program=program,
     )
 
 

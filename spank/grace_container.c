@@ -32,9 +32,12 @@
  * process.env and root.path made absolute, into
  * <SlurmdSpoolDir>/oci-job%05u-%05u/config.json (root-owned, O_EXCL, 0750),
  * and replaces the step's argv with a canary
- *   /bin/sh -c "echo 'this should never execute with a container'; exit 1".
- * So: argv equal to the canary *and* that root-owned file under slurmstepd's
- * cwd (the spool dir slurmd runs in) is an OCI step, judged from that file.
+ *   /bin/sh -c "echo 'this should never execute with a container'; exit 1"
+ * (seen through S_JOB_ARGV cut to the user's argc: grace_is_oci_canary).
+ * So: argv equal to the canary *and* that root-owned file in the spool dir
+ * (found from slurmstepd's own socket there) is an OCI step, judged from
+ * that file. ContainerPath= in oci.conf moves the copy elsewhere: such a
+ * step is judged as a host step (the canary, a harmless /bin/sh).
  * SLURM_CONTAINER is never asked: srun leaves a user's value alone. A
  * user who runs the canary by hand on the host runs a harmless echo, which
  * is judged as any host step.
@@ -175,10 +178,90 @@ static void grace_pyxis(spank_t sp, const char *cwd, struct grace_container *c)
 	}
 }
 
+/*
+ * The canary, as S_JOB_ARGV shows it: slurmstepd replaces job->argv but
+ * leaves job->argc at the user's count, so a plugin sees the first argc
+ * words of the canary (argc 1: "/bin/sh" alone), NULL after the third
+ * (grace_stepd.c stops at that NULL). The root-owned config.json decides.
+ */
 static int grace_is_oci_canary(char **argv, int argc)
 {
-	return argc == 3 && argv != NULL && strcmp(argv[0], "/bin/sh") == 0 &&
-	       strcmp(argv[1], "-c") == 0 && strcmp(argv[2], GRACE_OCI_CANARY) == 0;
+	static const char *const canary[] = { "/bin/sh", "-c", GRACE_OCI_CANARY };
+	int i;
+
+	if (argv == NULL || argc < 1)
+		return 0;
+	for (i = 0; i < argc && i < 3; i++) {
+		if (argv[i] == NULL || strcmp(argv[i], canary[i]) != 0)
+			return 0;
+	}
+	return 1;
+}
+
+/*
+ * SlurmdSpoolDir, from slurmstepd's own listening socket
+ * <spool>/<node>_<job>.<step>: the unix socket among our descriptors whose
+ * path ends in _<job>.<step> (its inode matched against /proc/net/unix, so
+ * a socket of the same name made by anyone else does not count).
+ */
+static int grace_spool_dir(uint32_t job_id, uint32_t step_id, char *out, size_t len)
+{
+	unsigned long inodes[64];
+	size_t n = 0;
+	char suffix[64], line[4096 + 128], link[64], fdpath[64];
+	int fd, found = 0;
+	FILE *f;
+
+	for (fd = 0; fd < 1024 && n < sizeof(inodes) / sizeof(inodes[0]); fd++) {
+		ssize_t k;
+
+		snprintf(fdpath, sizeof(fdpath), "/proc/self/fd/%d", fd);
+		k = readlink(fdpath, link, sizeof(link) - 1);
+		if (k <= 0)
+			continue;
+		link[k] = '\0';
+		if (sscanf(link, "socket:[%lu]", &inodes[n]) == 1)
+			n++;
+	}
+	snprintf(suffix, sizeof(suffix), "_%u.%u", job_id, step_id);
+	f = fopen("/proc/net/unix", "re");
+	if (f == NULL)
+		return 0;
+	while (!found && fgets(line, sizeof(line), f) != NULL) {
+		unsigned long ino;
+		char *path = NULL, *slash;
+		size_t i, plen, slen = strlen(suffix);
+		int field = 0;
+		char *tok, *save = NULL;
+
+		line[strcspn(line, "\n")] = '\0';
+		ino = 0;
+		for (tok = strtok_r(line, " ", &save); tok; tok = strtok_r(NULL, " ", &save)) {
+			if (field == 6)
+				ino = strtoul(tok, NULL, 10);
+			else if (field == 7)
+				path = tok;
+			field++;
+		}
+		if (path == NULL || path[0] != '/')
+			continue;
+		plen = strlen(path);
+		if (plen <= slen || strcmp(path + plen - slen, suffix) != 0)
+			continue;
+		for (i = 0; i < n; i++) {
+			if (inodes[i] != ino)
+				continue;
+			slash = strrchr(path, '/');
+			if (slash != NULL && slash != path) {
+				*slash = '\0';
+				snprintf(out, len, "%s", path);
+				found = 1;
+			}
+			break;
+		}
+	}
+	fclose(f);
+	return found;
 }
 
 static void grace_oci(spank_t sp, char **argv, int argc, struct grace_container *c)
@@ -191,7 +274,7 @@ static void grace_oci(spank_t sp, char **argv, int argc, struct grace_container 
 		return;
 	spank_get_item(sp, S_JOB_ID, &job_id);
 	spank_get_item(sp, S_JOB_STEPID, &step_id);
-	if (getcwd(cwd, sizeof(cwd)) == NULL)
+	if (!grace_spool_dir(job_id, step_id, cwd, sizeof(cwd)))
 		return;
 	if (step_id == SLURM_BATCH_SCRIPT)
 		snprintf(path, sizeof(path), "%s/oci-job%05u-batch/config.json", cwd, job_id);

@@ -374,6 +374,11 @@ int grace_stepd_user_init(struct grace_context *ctx, spank_t sp)
 	}
 	for (envc = 0; env && env[envc]; envc++)
 		;
+	/* Never past a NULL: for an OCI step slurmstepd swaps in a 3-word argv
+	 * but keeps the user's argc (grace_container.c). */
+	for (i = 0; argv != NULL && i < (size_t)argc && argv[i] != NULL; i++)
+		;
+	argc = (int)i;
 
 	job = calloc(1, sizeof(*job));
 	if (job == NULL) {

@@ -235,3 +235,37 @@ def enroot_env(prefix: Path, data: Path) -> dict[str, str]:
         "ENROOT_CACHE_PATH": str(data / "cache"),
         "ENROOT_TEMP_PATH": str(data / "temp"),
     }
+
+
+def make_bundle(dest: Path, arch: str, files: Mapping[str, Path],
+                environment: Mapping[str, str] | None = None) -> Path:
+    """An OCI bundle: ``runc spec``'s config.json (no terminal, the image's
+    PATH in process.env) and ``rootfs/`` made by :func:`make_root`."""
+    import json
+
+    if shutil.which("runc") is None:
+        raise CorpusUnavailable("runc not installed (bash packaging/install-deps.sh)")
+    dest.mkdir(parents=True, exist_ok=True)
+    make_root(dest / "rootfs", arch, files=files, environment=environment)
+    spec = dest / "config.json"
+    if spec.exists():
+        spec.unlink()
+    subprocess.run(["runc", "spec"], cwd=dest, check=True, capture_output=True)
+    config = json.loads(spec.read_text())
+    config["process"]["terminal"] = False
+    config["process"]["args"] = ["/bin/sh"]
+    env = dict(environment or {"PATH": "/opt/app/bin:/usr/bin:/bin"})
+    config["process"]["env"] = [f"{k}={v}" for k, v in env.items()] + ["TERM=xterm"]
+    spec.write_text(json.dumps(config, indent=1))
+    return dest
+
+
+def oci_conf(runc_root: Path) -> str:
+    """oci.conf for runc (third_party/README.md's recipe): state under
+    ``runc_root``; RunTimeRun instead of create+start."""
+    name = "%n.%u.%j.%s.%t"
+    runc = f"runc --root {runc_root}"
+    return (f'RunTimeQuery="{runc} state {name}"\n'
+            f'RunTimeKill="{runc} kill -a {name}"\n'
+            f'RunTimeDelete="{runc} delete --force {name}"\n'
+            f'RunTimeRun="{runc} run --bundle %b {name}"\n')

@@ -207,3 +207,92 @@ def test_host_step_with_pyxis_loaded_is_judged_on_the_host(pyxis: Pyxis) -> None
     res = pyxis.srun([str(pyxis.slurm.files / "foreign")])
     assert res.returncode != 0
     assert PREFIX + "REJECTED" in res.stderr or "arch" in res.stderr
+
+
+# -- Slurm's own OCI containers (srun --container=BUNDLE, runc) ----------------
+
+
+@pytest.fixture(scope="module")
+def oci(slurm: SlurmEnv, pyxis: Pyxis) -> Iterator[dict[str, Path]]:
+    """Bundles beside pyxis' images, and oci.conf beside slurm.conf (read by
+    slurmstepd at each step); removed afterwards."""
+    from . import containers
+
+    if shutil.which("runc") is None:
+        pytest.skip("runc not installed (bash packaging/install-deps.sh)")
+    src = pyxis.work / "src"
+    bundles = {
+        "clean": containers.make_bundle(pyxis.work / "bundle-clean", "amd64",
+                                        {"/opt/app/bin/tool": src / "native"}),
+        "arm64": containers.make_bundle(pyxis.work / "bundle-arm64", "arm64",
+                                        {"/opt/app/bin/tool": src / "foreign"}),
+        "pages": containers.make_bundle(pyxis.work / "bundle-pages", "amd64",
+                                        {"/opt/app/bin/tool": src / "native-4k"}),
+    }
+    for bundle in bundles.values():
+        bundle.chmod(0o755)
+    conf = slurm.cluster.conf.parent / "oci.conf"
+    (pyxis.work / "runc").mkdir(exist_ok=True)
+    conf.write_text(containers.oci_conf(pyxis.work / "runc"))
+    try:
+        yield bundles
+    finally:
+        conf.unlink()
+
+
+def test_oci_clean_bundle_runs_in_silence(pyxis: Pyxis, oci: dict[str, Path]) -> None:
+    """Slurm hands the plugin /bin/sh for such a step; the check judges the
+    bundle's program (it exists only there: no host exe-not-found)."""
+    pyxis.use()
+    before = len(pyxis.slurm.audit_lines())
+    res = pyxis.slurm.cluster.srun([f"--container={oci['clean']}", "/opt/app/bin/tool"])
+    assert res.returncode == 0, res.stderr
+    assert "side-effect program ran" in res.stdout
+    assert PREFIX not in res.stderr
+    [rec] = pyxis.records(before)
+    assert (rec["action"], rec["rules"], rec["skipped"]) == ("allow", [], None)
+    assert rec["program"] == f"{oci['clean']}:/opt/app/bin/tool"  # judged in the bundle
+
+
+def test_oci_bundle_of_the_other_architecture(pyxis: Pyxis, oci: dict[str, Path]) -> None:
+    pyxis.use()
+    args = [f"--container={oci['arm64']}", "/opt/app/bin/tool"]
+    res = pyxis.slurm.cluster.srun(args)
+    assert res.returncode != 0
+    assert PREFIX + "ERROR image-arch-mismatch: " + str(oci["arm64"]) in res.stderr
+    # Refused in task_init, before runc ran.
+    assert "exec /opt/app/bin/tool: exec format error" not in res.stderr
+    # warn mode: it runs, and runc fails as predicted.
+    res = pyxis.slurm.cluster.srun(["-p", "warnp", *args])
+    assert res.returncode != 0
+    assert PREFIX + "ERROR image-arch-mismatch: " + str(oci["arm64"]) in res.stderr
+    assert PREFIX + "the step runs anyway (partition warnp, mode warn)" in res.stderr
+    assert "exec /opt/app/bin/tool: exec format error" in res.stderr  # runc's own line
+
+
+def test_a_false_slurm_container_leaves_no_host_step_unjudged(pyxis: Pyxis,
+                                                              oci: dict[str, Path]) -> None:
+    """SLURM_CONTAINER is the user's: srun keeps an exported value. It never
+    makes a host step a container step, nor names the bundle that runs."""
+    pyxis.use()
+    foreign = str(pyxis.slurm.files / "foreign")
+    env = {"SLURM_CONTAINER": str(oci["clean"])}
+    res = pyxis.slurm.cluster.srun([foreign], env=env)
+    assert res.returncode != 0 and PREFIX + "ERROR" in res.stderr
+    # The foreign bundle runs, whatever the variable says: judged from
+    # slurmstepd's own copy of its config.json.
+    res = pyxis.slurm.cluster.srun([f"--container={oci['arm64']}", "/opt/app/bin/tool"],
+                                   env=env)
+    assert res.returncode != 0
+    assert PREFIX + "ERROR image-arch-mismatch: " + str(oci["arm64"]) in res.stderr
+
+
+def test_oci_canary_run_by_hand_is_a_host_step(pyxis: Pyxis, oci: dict[str, Path]) -> None:
+    """Slurm's canary argv typed by a user, with no bundle: a host step."""
+    pyxis.use()
+    before = len(pyxis.slurm.audit_lines())
+    canary = "echo 'this should never execute with a container'; exit 1"
+    res = pyxis.slurm.cluster.srun(["/bin/sh", "-c", canary])
+    assert res.returncode != 0  # its own exit 1
+    [rec] = pyxis.records(before)
+    assert (rec["program"], rec["skipped"]) == ("/bin/sh", None)

@@ -91,10 +91,16 @@ def check_step(
     from . import fsprobe
     from .image.step import image_node, image_report
 
+    # The view ticks the budget as it decompresses (a deadline for huge
+    # listings and blocks), for this check only.
+    image.view.budget = budget  # type: ignore[attr-defined]
     with fsprobe.using(image.view):
         inner = image_node(node)
-        report = _check_step(argv, env, cwd, inner, env_vars, env_strip, budget, cuda_index,
-                             image)
+        try:
+            report = _check_step(argv, env, cwd, inner, env_vars, env_strip, budget,
+                                 cuda_index, image)
+        finally:
+            image.view.budget = None  # type: ignore[attr-defined]
     return image_report(report, image)
 
 

@@ -27,7 +27,7 @@ from collections.abc import Mapping
 
 from . import fsprobe
 from ._record import dataclass
-from .elf import open_regular
+from .elf import ElfError, open_regular
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -354,7 +354,7 @@ def _classify(path: str, budget: Budget | None = None) -> Hop:
         if exc.errno is not None and fsprobe.isdir(path):
             return Hop(path, "unreadable", detail="Is a directory")
         return Hop(path, "unreadable", detail=exc.strerror or "cannot open")
-    except Exception:  # ElfError: FIFO, device, directory; ValueError: NUL in path
+    except (ElfError, ValueError):  # FIFO, device, directory; NUL in the path
         # execve refuses anything but a regular file with EACCES.
         kind = "directory" if fsprobe.isdir(path) else "not a regular file"
         return Hop(path, "not-regular", detail=f"Permission denied ({kind})")

@@ -1,0 +1,476 @@
+"""A squashfs 4.0 image read without mounting (enroot's ``.sqsh``, the system
+partition of an Apptainer SIF).
+
+Only what a check asks is read: the superblock, the metadata blocks of the
+inodes and directories on the paths it walks, and the data blocks of the
+byte ranges it reads (an ELF header, a program header table, a page of
+code), decompressed one block at a time. Compressions: gzip (zlib), xz and
+legacy lzma (``lzma``), lzo (:mod:`.lzo`, enroot's default) and zstd when
+the interpreter has a zstd module; xattrs and the export table are not read.
+
+The file may be hostile: every offset is checked against the image's size,
+every decompression is bounded by the block size, listings and inode bodies
+by what their headers may claim, and any inconsistency is an ``OSError``
+(EIO) naming what was wrong, so readers treat it as an unreadable file.
+Layout: ``squashfs-tools`` ``squashfs_fs.h`` and the kernel's
+``Documentation/filesystems/squashfs.rst``.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat as _stat
+import struct
+
+from . import ImageError
+from .view import Stat, TreeView
+
+MAGIC = 0x73717368
+SUPERBLOCK = struct.Struct("<IIIIIHHHHHHQQQQQQQQ")
+METADATA_SIZE = 8192
+#: Largest data block squashfs allows (1 MiB).
+MAX_BLOCK = 1 << 20
+NO_FRAGMENT = 0xFFFFFFFF
+#: Decompressed bytes one view may produce in all (a check reads far less).
+MAX_INFLATE = 512 << 20
+#: Entries one directory listing may hold before it is refused.
+MAX_DIR_ENTRIES = 1_000_000
+#: Parsed inodes and listings kept per view.
+MAX_CACHED = 65536
+#: Decompressed data blocks kept per view: the loader, the page rules and
+#: the page-code reader open the same libraries in turn.
+MAX_CACHED_BLOCKS = 64
+
+COMPRESSORS = {1: "gzip", 2: "lzma", 3: "lzo", 4: "xz", 5: "lz4", 6: "zstd"}
+
+_DIR, _FILE, _LINK, _BLK, _CHR, _FIFO, _SOCK = 1, 2, 3, 4, 5, 6, 7
+_KIND = {1: "d", 2: "f", 3: "l", 8: "d", 9: "f", 10: "l"}
+_FMT = {1: _stat.S_IFDIR, 2: _stat.S_IFREG, 3: _stat.S_IFLNK, 4: _stat.S_IFBLK,
+        5: _stat.S_IFCHR, 6: _stat.S_IFIFO, 7: _stat.S_IFSOCK}
+
+
+def _corrupt(what: str) -> OSError:
+    return OSError(errno.EIO, f"corrupt squashfs image: {what}")
+
+
+def decompressor(comp: int):  # type: ignore[no-untyped-def]
+    """``inflate(data, limit) -> bytes`` for compression id ``comp``; raises
+    ImageError when this interpreter cannot read it."""
+    name = COMPRESSORS.get(comp, f"id {comp}")
+    if comp == 1:
+        import zlib
+
+        def inflate(data: bytes, limit: int) -> bytes:
+            d = zlib.decompressobj()
+            out = d.decompress(data, limit)
+            if d.unconsumed_tail:
+                raise _corrupt("a gzip block inflates past its size")
+            return out
+        return inflate
+    if comp in (2, 4):
+        import lzma
+
+        fmt = lzma.FORMAT_ALONE if comp == 2 else lzma.FORMAT_XZ
+
+        def inflate(data: bytes, limit: int) -> bytes:
+            d = lzma.LZMADecompressor(format=fmt)
+            out = d.decompress(data, limit)
+            if not d.eof and d.needs_input is False:
+                raise _corrupt(f"an {name} block inflates past its size")
+            return out
+        return inflate
+    if comp == 3:
+        from .lzo import decompress
+
+        return decompress
+    if comp == 6:
+        try:
+            from compression import zstd  # type: ignore[import-not-found]
+        except ImportError:
+            zstd = None
+        if zstd is not None:
+            def inflate(data: bytes, limit: int) -> bytes:
+                d = zstd.ZstdDecompressor()
+                out = d.decompress(data, max_length=limit)
+                return out  # type: ignore[no-any-return]
+            return inflate
+    raise ImageError(f"the squashfs image is {name}-compressed, which this check cannot "
+                     "read (gzip, xz, lzma, lzo and, with a zstd module, zstd are read)")
+
+
+class _Inode:
+    __slots__ = (
+        "blocks",
+        "dir_block",
+        "dir_off",
+        "dir_size",
+        "frag",
+        "frag_off",
+        "ino",
+        "kind",
+        "mode",
+        "mtime",
+        "size",
+        "start",
+        "target",
+        "type",
+    )
+
+
+class SquashView(TreeView):
+    """The files of one squashfs image, at byte ``base`` of an open file.
+
+    ``fd`` stays open as long as the view (closed by :meth:`close`)."""
+
+    def __init__(self, fd: int, name: str, st: os.stat_result, *, base: int = 0,
+                 length: int | None = None, max_inodes: int | None = None) -> None:
+        self.fd, self.name, self.base = fd, name, base
+        self.host_st = st
+        self.length = (st.st_size - base) if length is None else length
+        #: An st_dev of this image's own (for (dev, ino) keys of readers).
+        self.dev = (hash((st.st_dev, st.st_ino, st.st_mtime_ns, base)) & 0x3FFFFFFFFFFF) | (
+            1 << 46)
+        self.budget = None
+        self.inflated = 0
+        head = self._raw(0, SUPERBLOCK.size, "superblock")
+        (magic, inodes, mtime, block_size, frags, comp, block_log, _flags, _ids, major, minor,
+         root_ref, bytes_used, _id_table, _xattr, inode_table, dir_table, frag_table,
+         _export) = SUPERBLOCK.unpack(head)
+        if magic != MAGIC:
+            raise ImageError("not a squashfs image (bad magic)")
+        if (major, minor) != (4, 0):
+            raise ImageError(f"squashfs version {major}.{minor} is not 4.0")
+        if block_size > MAX_BLOCK or block_size < 4096 or block_size & (block_size - 1) or (
+                1 << block_log) != block_size:
+            raise ImageError("the squashfs superblock has an invalid block size")
+        if bytes_used > self.length:
+            raise ImageError(f"the squashfs image is truncated ({self.length} of {bytes_used} "
+                             "bytes)")
+        if max_inodes is not None and inodes > max_inodes:
+            raise ImageError(f"the squashfs image has {inodes} inodes (more than "
+                             f"{max_inodes})")
+        for pos in (inode_table, dir_table):
+            if pos >= bytes_used:
+                raise ImageError("the squashfs superblock points past the image")
+        self.inflate = decompressor(comp)
+        self.compression = COMPRESSORS.get(comp, str(comp))
+        self.block_size, self.mtime = block_size, mtime
+        self.inode_table, self.dir_table = inode_table, dir_table
+        self.frag_table, self.frag_count = frag_table, frags
+        self.bytes_used = bytes_used
+        self.root_ref = root_ref
+        self._meta: dict[int, tuple[bytes, int]] = {}
+        self._inodes: dict[int, _Inode] = {}
+        self._dirs: dict[int, dict[str, tuple[int, int]]] = {}
+        self._frags: dict[int, tuple[int, int]] = {}
+        self._blocks: dict[tuple[int, int], bytes] = {}
+        try:
+            self.root = self._inode(root_ref)
+        except OSError as exc:
+            raise ImageError(f"the squashfs root directory cannot be read: {exc.strerror}"
+                             ) from None
+        if self.root.kind != "d":
+            raise ImageError("the squashfs root is not a directory")
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    # -- bytes ----------------------------------------------------------------
+
+    def _raw(self, pos: int, length: int, what: str) -> bytes:
+        if pos < 0 or length < 0 or pos + length > self.length:
+            raise _corrupt(f"{what} lies beyond the end of the image")
+        data = os.pread(self.fd, length, self.base + pos)
+        if len(data) != length:
+            raise _corrupt(f"{what} could not be read in full (truncated image?)")
+        return data
+
+    def _inflate(self, data: bytes, limit: int, what: str) -> bytes:
+        if self.budget is not None:
+            self.budget.tick()  # type: ignore[attr-defined]
+        try:
+            out = self.inflate(data, limit)
+        except OSError:
+            raise
+        except Exception as exc:  # zlib.error, lzma.LZMAError, LzoError, ...
+            raise _corrupt(f"{what} does not decompress ({exc})") from None
+        self.inflated += len(out)
+        if self.inflated > MAX_INFLATE:
+            raise OSError(errno.EFBIG, f"the check decompressed more than {MAX_INFLATE} "
+                                       "bytes of the image")
+        return out
+
+    def _metablock(self, pos: int) -> tuple[bytes, int]:
+        """(content, position of the next block) of the metadata block at ``pos``."""
+        known = self._meta.get(pos)
+        if known is not None:
+            return known
+        (header,) = struct.unpack("<H", self._raw(pos, 2, "a metadata header"))
+        size = header & 0x7FFF
+        if size == 0 or size > METADATA_SIZE:
+            raise _corrupt(f"a metadata block claims {size} bytes")
+        raw = self._raw(pos + 2, size, "a metadata block")
+        data = raw if header & 0x8000 else self._inflate(raw, METADATA_SIZE, "a metadata block")
+        if len(self._meta) >= MAX_CACHED:
+            self._meta.clear()
+        self._meta[pos] = (data, pos + 2 + size)
+        return self._meta[pos]
+
+    def _meta_read(self, pos: int, offset: int, length: int, what: str
+                   ) -> tuple[bytes, int, int]:
+        """``length`` bytes of a metadata stream from (block ``pos``, ``offset``):
+        (bytes, block and offset after them)."""
+        parts: list[bytes] = []
+        need = length
+        while True:
+            data, after = self._metablock(pos)
+            if offset > len(data):
+                raise _corrupt(f"{what}: offset {offset} past its block")
+            take = data[offset:offset + need]
+            parts.append(take)
+            need -= len(take)
+            offset += len(take)
+            if need <= 0:
+                break
+            pos, offset = after, 0
+            if pos >= self.bytes_used:
+                raise _corrupt(f"{what} runs past the image's tables")
+        if offset == len(data) and need <= 0:
+            # Exactly at a block's end: the next read starts in the next block.
+            pos, offset = after, 0
+        return b"".join(parts), pos, offset
+
+    # -- inodes -----------------------------------------------------------------
+
+    def _inode(self, ref: int) -> _Inode:
+        known = self._inodes.get(ref)
+        if known is not None:
+            return known
+        block, offset = ref >> 16, ref & 0xFFFF
+        if offset >= METADATA_SIZE or block > (1 << 32):
+            raise _corrupt("an inode reference points nowhere")
+        pos = self.inode_table + block
+        head, pos, offset = self._meta_read(pos, offset, 16, "an inode")
+        itype, perm, _uid, _gid, mtime, ino = struct.unpack("<HHHHII", head)
+        node = _Inode()
+        node.type = itype
+        basic = itype if itype <= 7 else itype - 7
+        if not 1 <= basic <= 7:
+            raise _corrupt(f"inode type {itype}")
+        node.kind = _KIND.get(itype, "o")
+        node.mode = _FMT[basic] | (perm & 0o7777)
+        node.ino, node.mtime, node.size = ino, mtime, 0
+        node.target = ""
+        if itype == 1:
+            body, _, _ = self._meta_read(pos, offset, 16, "a directory inode")
+            start, _nlink, size, boff, _parent = struct.unpack("<IIHHI", body)
+            node.dir_block, node.dir_off, node.dir_size = start, boff, size
+            node.size = size
+        elif itype == 8:
+            body, _, _ = self._meta_read(pos, offset, 24, "a directory inode")
+            _nlink, size, start, _parent, _count, boff, _xattr = struct.unpack("<IIIIHHI", body)
+            node.dir_block, node.dir_off, node.dir_size = start, boff, size
+            node.size = size
+        elif itype in (2, 9):
+            if itype == 2:
+                body, pos, offset = self._meta_read(pos, offset, 16, "a file inode")
+                start, frag, foff, size = struct.unpack("<IIII", body)
+            else:
+                body, pos, offset = self._meta_read(pos, offset, 40, "a file inode")
+                start, size, _sparse, _nlink, frag, foff, _xattr = struct.unpack(
+                    "<QQQIIII", body)
+            if size > (1 << 44):
+                raise _corrupt("a file claims more than 16 TiB")
+            count = size // self.block_size
+            if frag == NO_FRAGMENT and size % self.block_size:
+                count += 1
+            if count * 4 > 64 << 20:
+                raise _corrupt("a file's block list is too long")
+            sizes = struct.unpack(f"<{count}I", self._meta_read(
+                pos, offset, count * 4, "a block list")[0]) if count else ()
+            node.start, node.size, node.frag, node.frag_off = start, size, frag, foff
+            node.blocks = sizes
+        elif itype in (3, 10):
+            body, pos, offset = self._meta_read(pos, offset, 8, "a symlink inode")
+            _nlink, tsize = struct.unpack("<II", body)
+            if tsize > 4096:
+                raise _corrupt("a symlink target longer than 4096 bytes")
+            target, _, _ = self._meta_read(pos, offset, tsize, "a symlink target")
+            node.target = os.fsdecode(target)
+            node.size = tsize
+        if len(self._inodes) >= MAX_CACHED:
+            self._inodes.clear()
+        self._inodes[ref] = node
+        return node
+
+    def _entries(self, node: _Inode) -> dict[str, tuple[int, int]]:
+        """name -> (inode reference, entry type) of directory ``node``."""
+        key = (node.dir_block << 16) | node.dir_off
+        known = self._dirs.get(key)
+        if known is not None:
+            return known
+        out: dict[str, tuple[int, int]] = {}
+        left = node.dir_size - 3  # the size counts "." and ".."
+        pos, offset = self.dir_table + node.dir_block, node.dir_off
+        while left > 0:
+            if left < 12:
+                raise _corrupt("a directory listing ends inside a header")
+            head, pos, offset = self._meta_read(pos, offset, 12, "a directory header")
+            count, start, _base = struct.unpack("<III", head)
+            left -= 12
+            if count >= 256:
+                raise _corrupt("a directory header claims more than 256 entries")
+            for _ in range(count + 1):
+                if left < 8:
+                    raise _corrupt("a directory listing ends inside an entry")
+                ent, pos, offset = self._meta_read(pos, offset, 8, "a directory entry")
+                ioff, _delta, etype, nsize = struct.unpack("<HhHH", ent)
+                nsize += 1
+                if nsize > 256:
+                    raise _corrupt("a name longer than 256 bytes")
+                name, pos, offset = self._meta_read(pos, offset, nsize, "a name")
+                left -= 8 + nsize
+                text = os.fsdecode(name)
+                if "/" in text or text in (".", "..") or "\0" in text:
+                    raise _corrupt(f"a directory entry named {text!r}")
+                out[text] = ((start << 16) | ioff, etype)
+                if len(out) > MAX_DIR_ENTRIES:
+                    raise OSError(errno.EFBIG, "a directory with more than "
+                                               f"{MAX_DIR_ENTRIES} entries")
+            if self.budget is not None:
+                self.budget.tick()  # type: ignore[attr-defined]
+        if len(self._dirs) >= 4096:
+            self._dirs.clear()
+        self._dirs[key] = out
+        return out
+
+    # -- the walk's questions -------------------------------------------------
+
+    def _root(self) -> object:
+        return self.root
+
+    def _child(self, node: object, name: str) -> object | None:
+        hit = self._entries(node).get(name)  # type: ignore[arg-type]
+        return None if hit is None else self._inode(hit[0])
+
+    def _mode(self, node: object) -> str:
+        return node.kind  # type: ignore[attr-defined, no-any-return]
+
+    def _readlink(self, node: object) -> str:
+        return node.target  # type: ignore[attr-defined, no-any-return]
+
+    def _stat(self, node: object) -> Stat:
+        n: _Inode = node  # type: ignore[assignment]
+        return Stat(n.mode, n.ino, self.dev, n.size, n.mtime * 1_000_000_000)
+
+    def _names(self, node: object) -> list[tuple[str, str]]:
+        kinds = {1: "d", 2: "f", 3: "l"}
+        return [(name, kinds.get(etype, "o"))
+                for name, (_ref, etype) in self._entries(node).items()]  # type: ignore[arg-type]
+
+    def _open(self, node: object, st: object) -> SquashFile:
+        return SquashFile(self, node)  # type: ignore[arg-type]
+
+    # -- data -----------------------------------------------------------------
+
+    def _fragment(self, index: int) -> tuple[int, int]:
+        known = self._frags.get(index)
+        if known is not None:
+            return known
+        if index >= self.frag_count:
+            raise _corrupt("a file names a fragment that does not exist")
+        # The fragment table: u64 positions of metadata blocks of 512 entries.
+        (where,) = struct.unpack("<Q", self._raw(self.frag_table + (index // 512) * 8, 8,
+                                                 "the fragment index"))
+        if where >= self.bytes_used:
+            raise _corrupt("the fragment index points past the image")
+        entry, _, _ = self._meta_read(where, (index % 512) * 16, 16, "a fragment entry")
+        start, size, _unused = struct.unpack("<QII", entry)
+        self._frags[index] = (start, size)
+        return start, size
+
+    def block(self, start: int, size_word: int, expect: int, what: str) -> bytes:
+        """One data block: ``size_word`` as the block list stores it (bit 24:
+        stored uncompressed; 0: a sparse block of zeros)."""
+        size = size_word & 0xFFFFFF
+        if size == 0:
+            return bytes(expect)
+        if size > self.block_size:
+            raise _corrupt(f"{what} claims {size} bytes")
+        key = (start, size_word)
+        known = self._blocks.get(key)
+        if known is not None:
+            return known
+        raw = self._raw(start, size, what)
+        data = raw if size_word & (1 << 24) else self._inflate(raw, self.block_size, what)
+        if len(self._blocks) >= MAX_CACHED_BLOCKS:
+            self._blocks.pop(next(iter(self._blocks)))
+        self._blocks[key] = data
+        return data
+
+    def record(self) -> list[tuple[str, str, str]]:
+        # The image file's identity: what the C side replays (a host stat);
+        # its content cannot change without its mtime/ctime changing.
+        from ..fsprobe import signature
+
+        try:
+            return [("s", self.name, signature(os.stat(self.name)))]
+        except OSError as exc:
+            return [("s", self.name, signature(None, exc.errno or 0))]
+
+
+class SquashFile:
+    """One regular file of the image: positional reads, decompressing only
+    the blocks a read touches (the last one kept)."""
+
+    def __init__(self, view: SquashView, node: _Inode) -> None:
+        self.view, self.node = view, node
+        offsets, pos = [], node.start
+        for word in node.blocks:
+            offsets.append(pos)
+            pos += word & 0xFFFFFF
+        self.offsets = offsets
+        self.cached: tuple[int, bytes] | None = None
+
+    def _block(self, index: int) -> bytes:
+        if self.cached is not None and self.cached[0] == index:
+            return self.cached[1]
+        v, n = self.view, self.node
+        bs = v.block_size
+        expect = min(bs, n.size - index * bs)
+        if index < len(n.blocks):
+            data = v.block(self.offsets[index], n.blocks[index], expect, "a data block")
+        else:  # the tail, in a fragment block shared with other files
+            start, size_word = v._fragment(n.frag)
+            whole = v.block(start, size_word, bs, "a fragment block")
+            data = whole[n.frag_off:n.frag_off + expect]
+        if len(data) < expect:
+            raise _corrupt("a data block is shorter than the file says")
+        data = data[:expect]
+        self.cached = (index, data)
+        return data
+
+    def pread(self, length: int, offset: int) -> bytes:
+        size = self.node.size
+        if offset >= size or length <= 0:
+            return b""
+        end = min(size, offset + length)
+        bs = self.view.block_size
+        parts = []
+        pos = offset
+        while pos < end:
+            index = pos // bs
+            data = self._block(index)
+            lo = pos - index * bs
+            take = data[lo:lo + (end - pos)]
+            if not take:
+                raise _corrupt("a data block is empty")
+            parts.append(take)
+            pos += len(take)
+        return b"".join(parts)
+
+    def close(self) -> None:
+        self.cached = None

@@ -136,6 +136,9 @@ void grace_container_detect(spank_t sp, char **argv, int argc, const char *cwd,
 /* task_init: -1 (and the user's line in why) if a container step would exec
  * on the host after all. */
 int grace_container_task_init(spank_t sp, char *why, size_t len);
+/* task_init_privileged (before every plugin's task_init): -1 for a refused
+ * pyxis step, so pyxis never starts its container. */
+int grace_container_task_init_privileged(int rejected);
 
 /* grace_stepd.c: the remote (slurmstepd) side. */
 int grace_stepd_user_init(struct grace_context *ctx, spank_t sp);

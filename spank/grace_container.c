@@ -63,6 +63,7 @@
 static struct {
 	int pyxis;           /* a pyxis step: pyxis starts the container in task_init */
 	int pyxis_before_us; /* pyxis was loaded (listed) before this plugin */
+	int batch;           /* the batch step: refused in task_init only (as host steps) */
 	char mntns[64];      /* our mount namespace in user_init */
 } state;
 
@@ -159,6 +160,12 @@ static void grace_pyxis(spank_t sp, const char *cwd, struct grace_container *c)
 
 	state.pyxis = 1;
 	state.pyxis_before_us = f.before_us;
+	{
+		uint32_t step_id = 0;
+
+		spank_get_item(sp, S_JOB_STEPID, &step_id);
+		state.batch = step_id == SLURM_BATCH_SCRIPT;
+	}
 	grace_mntns(state.mntns, sizeof(state.mntns));
 	snprintf(c->kind, sizeof(c->kind), "pyxis");
 	snprintf(c->name, sizeof(c->name), "%s", name);
@@ -317,4 +324,12 @@ int grace_container_task_init(spank_t sp, char *why, size_t len)
 		 "but the container was not started, so the program would run on the "
 		 "node itself, where it was not checked. See pyxis' error above.");
 	return -1;
+}
+
+int grace_container_task_init_privileged(int rejected)
+{
+	/* Seen on 22.05 for srun steps: exit 1, our lines already shown, pyxis
+	 * only logs that it had no container to remove. Batch steps keep the
+	 * task_init refusal whose outcome is known (FAILED, node idle). */
+	return rejected && state.pyxis && !state.batch ? -1 : 0;
 }

@@ -48,8 +48,11 @@ class Pyxis:
         job's environment; pyxis passes it the rest of the job's)."""
         # TMPDIR stays /tmp: slurmstepd creates it after pyxis' task_init,
         # inside the container.
+        # PWD: the cwd as a shell exports it (srun passes PWD on; the plugin
+        # and pyxis take the job's cwd from it; cluster.run's subprocess cwd
+        # does not update it).
         return {"HOME": str(self.work / "home"), "XDG_RUNTIME_DIR": str(self.work / "run"),
-                "TMPDIR": "/tmp"}
+                "TMPDIR": "/tmp", "PWD": str(self.slurm.cluster.shared)}
 
     def use(self, config: str = "base", pyxis: str = "required", order: str = "pyxis-first"
             ) -> None:
@@ -101,6 +104,8 @@ def pyxis(slurm: SlurmEnv) -> Iterator[Pyxis]:
     src.write_text(SIDE_EFFECT_C)
     native = _compile("gcc", src, work / "src" / "native")
     native4k = _compile("gcc", src, work / "src" / "native-4k", "-Wl,-z,max-page-size=4096")
+    native64k = _compile("gcc", src, work / "src" / "native-64k",
+                         "-Wl,-z,max-page-size=65536", "-Wl,-z,common-page-size=65536")
     foreign = _compile("aarch64-linux-gnu-gcc", src, work / "src" / "foreign")
     foreign4k = _compile("aarch64-linux-gnu-gcc", src, work / "src" / "foreign-4k",
                          "-Wl,-z,max-page-size=4096")
@@ -116,6 +121,7 @@ def pyxis(slurm: SlurmEnv) -> Iterator[Pyxis]:
         "clean": ("amd64", {"/opt/app/bin/tool": native}),
         "arm64": ("arm64", {"/opt/app/bin/tool": foreign, "/opt/app/bin/tool-4k": foreign4k}),
         "pages": ("amd64", {"/opt/app/bin/tool": native4k}),
+        "pages64k": ("amd64", {"/opt/app/bin/tool": native64k}),
     }
     for name, (arch, files) in roots.items():
         root = work / f"root-{name}"
@@ -139,8 +145,58 @@ def test_clean_image_runs_in_silence(pyxis: Pyxis) -> None:
     assert "side-effect program ran" in res.stdout
     assert PREFIX not in res.stderr
     [rec] = pyxis.records(before)
-    assert rec["action"] == "allow" and rec["rules"] == []
-    assert "exe-not-found" not in json.dumps(rec)
+    assert (rec["action"], rec["rules"], rec["skipped"]) == ("allow", [], None)
+    # Judged inside the image (the audit's program is IMAGE:argv0).
+    assert rec["program"] == f"{pyxis.slurm.cluster.shared}/./clean.sqsh:tool"
+
+
+def test_image_of_the_other_architecture(pyxis: Pyxis) -> None:
+    """Refused with our message before pyxis starts the container; in warn
+    mode it runs and enroot fails exactly as predicted."""
+    pyxis.use()
+    image = f"{pyxis.slurm.cluster.shared}/./arm64.sqsh"
+    res = pyxis.srun(["--container-image=./arm64.sqsh", "tool"])
+    assert res.returncode != 0
+    assert f"{PREFIX}ERROR image-arch-mismatch: {image}" in res.stderr
+    assert f"{PREFIX}  without this check: {ENROOT_EXEC_ERROR}" in res.stderr
+    assert "task_init_privileged() failed" in res.stderr
+    assert "pyxis: printing enroot log file" not in res.stderr  # never started
+    res = pyxis.srun(["-p", "warnp", "--container-image=./arm64.sqsh", "tool"])
+    assert res.returncode != 0
+    assert f"{PREFIX}ERROR image-arch-mismatch: {image}" in res.stderr
+    assert f"{PREFIX}the step runs anyway (partition warnp, mode warn)" in res.stderr
+    assert f"pyxis:     {ENROOT_EXEC_ERROR}" in res.stderr  # the real failure
+
+
+def test_4k_program_in_the_image_on_a_64k_partition(pyxis: Pyxis) -> None:
+    """The simulated 64 KiB partition: the image's 4 KiB-linked program is
+    refused in the loader's words; the clean image's is not."""
+    pyxis.use(config="grace64k")
+    res = pyxis.srun(["-p", "gb200sim", "--container-image=./pages.sqsh", "tool"])
+    assert res.returncode != 0
+    image = f"{pyxis.slurm.cluster.shared}/./pages.sqsh"
+    # The program is mapped by the kernel's ELF loader: the rule quotes what
+    # execve does with it on a 64 KiB node.
+    assert f"{PREFIX}ERROR page-congruence: {image}:/opt/app/bin/tool" in res.stderr
+    assert "the kernel maps the program at the wrong file offsets" in res.stderr
+    assert "side-effect program ran" not in res.stdout
+    res = pyxis.srun(["-p", "gb200sim", "--container-image=./pages64k.sqsh", "tool"])
+    assert f"{PREFIX}ERROR page-congruence" not in res.stderr
+
+
+def test_unreadable_image_is_skipped_with_one_audit_reason(pyxis: Pyxis) -> None:
+    """A truncated squashfs: no finding, no traceback; pyxis reports its own
+    failure to unpack it; the audit line says why nothing was judged."""
+    pyxis.use()
+    broken = pyxis.slurm.cluster.shared / "truncated.sqsh"
+    broken.write_bytes(pyxis.images["clean"].read_bytes()[:4096])
+    before = len(pyxis.slurm.audit_lines())
+    res = pyxis.srun(["--container-image=./truncated.sqsh", "tool"])
+    assert res.returncode != 0
+    assert PREFIX not in res.stderr and "Traceback" not in res.stderr
+    assert "pyxis:" in res.stderr
+    [rec] = pyxis.records(before)
+    assert rec["action"] == "allow" and "not judged" in str(rec["skipped"])
 
 
 def test_host_file_at_the_image_path_decides_nothing(pyxis: Pyxis) -> None:

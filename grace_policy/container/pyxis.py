@@ -39,6 +39,9 @@ def plan_pyxis(image: str | None, local: bool, reason: str, argv: Sequence[str],
     except ImageError as exc:
         return Plan(None, tuple(argv), dict(env), cwd,
                     skipped=f"{reason}: not judged: {exc.reason}")
+    except OSError as exc:  # the squashfs reader's word for a corrupt image
+        return Plan(None, tuple(argv), dict(env), cwd,
+                    skipped=f"{reason}: not judged: {exc.strerror or exc}")
     job = {k: v for k, v in env.items() if k not in _DENIED}
     inner = img.step_env(job)
     return Plan(img, tuple(argv), inner, _inner_cwd(img, cwd))

@@ -352,3 +352,12 @@ def test_oci_canary_run_by_hand_is_a_host_step(pyxis: Pyxis, oci: dict[str, Path
     assert res.returncode != 0  # its own exit 1
     [rec] = pyxis.records(before)
     assert (rec["program"], rec["skipped"]) == ("/bin/sh", None)
+
+
+def test_oci_4k_program_on_a_64k_partition(pyxis: Pyxis, oci: dict[str, Path]) -> None:
+    pyxis.use(config="grace64k")
+    res = pyxis.slurm.cluster.srun(["-p", "gb200sim", f"--container={oci['pages']}",
+                                    "/opt/app/bin/tool"])
+    assert res.returncode != 0
+    assert f"{PREFIX}ERROR page-congruence: {oci['pages']}:/opt/app/bin/tool" in res.stderr
+    assert "side-effect program ran" not in res.stdout

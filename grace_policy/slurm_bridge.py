@@ -258,13 +258,21 @@ def _cache_entry(step: StepInput, policy: Any, verdict: Verdict,
     from . import verdict_cache
 
     if not verdict_cache.cacheable(verdict) or not step.argv or not step.config \
-            or step.code is None or step.container or step.batch:
+            or step.code is None or step.batch:
         return None  # a batch step's stored script is new for every job
+    if step.container and not (step.container_kind and step.container_local):
+        return None  # skipped on the admin's word: nothing was judged
     from .policy import compiled_path_for
 
     ins = verdict_cache.inputs(
         argv0=step.argv[0], cwd=step.cwd, partition=step.partition, user_mode=step.user_mode,
         env=step.env, env_names=(*CACHE_ENV, *policy.env.vars))
+    if step.container_kind and step.container_image:
+        # Judged in this image: the record holds the image file's identity
+        # (fsprobe.using), never paths inside it; C replays it for the same
+        # KIND:IMAGE only (grace_cache.c).
+        ins.append(("container", "=" + verdict_cache.fsprobe.encode(
+            f"{step.container_kind}:{step.container_image}")))
     ins.append(("config", "=" + verdict_cache.fsprobe.encode(step.config)))
     ins.append(("code", "=" + verdict_cache.fsprobe.encode(step.code)))
     ins.append(("creds", "=" + verdict_cache.fsprobe.encode(credentials())))

@@ -268,6 +268,15 @@ static int grace_input_matches(const struct grace_step *step, const char *creds,
 		    step->argv == NULL)
 			return 0;
 		have = idx < step->argc ? step->argv[idx] : NULL;
+	} else if (nlen == 9 && memcmp(name, "container", 9) == 0) {
+		/* the container the step runs in (grace_container.c), "KIND:IMAGE" */
+		if (step->container_kind == NULL || step->container_image == NULL)
+			have = NULL;
+		else if (snprintf(decoded, sizeof(decoded), "%s:%s", step->container_kind,
+				  step->container_image) >= (int)sizeof(decoded))
+			return 0;
+		else
+			have = decoded;
 	} else if (nlen > 4 && memcmp(name, "env:", 4) == 0) {
 		if (grace_dec(name + 4, nlen - 4, decoded, sizeof(decoded)) <= 0)
 			return 0;
@@ -403,7 +412,7 @@ static int grace_block_matches(const struct grace_step *step, const char *creds,
 	const char *tok[4];
 	size_t len[4];
 	const char *p;
-	int pass, have_mode = 0;
+	int pass, have_mode = 0, have_container = 0;
 	unsigned int seen = 0;
 
 	for (pass = 0; pass < 2; pass++) {
@@ -418,6 +427,8 @@ static int grace_block_matches(const struct grace_step *step, const char *creds,
 					return 0;
 				if (pass == 0)
 					seen |= grace_required_bit(tok[1], len[1]);
+				if (pass == 0 && len[1] == 9 && memcmp(tok[1], "container", 9) == 0)
+					have_container = 1;
 			} else if (n == 3 && len[0] == 1 && tok[0][0] == 'O' && len[1] == 4 &&
 				   memcmp(tok[1], "mode", 4) == 0) {
 				if (pass == 0) {
@@ -435,6 +446,10 @@ static int grace_block_matches(const struct grace_step *step, const char *creds,
 			p = eol + 1;
 		}
 		if (pass == 0 && (!have_mode || seen != GRACE_REQUIRED_ALL))
+			return 0;
+		/* A container step replays only an entry made for its image: a
+		 * host entry for the same argv0 says nothing about the image. */
+		if (pass == 0 && step->container_kind != NULL && !have_container)
 			return 0;
 	}
 	return 1;
@@ -750,7 +765,16 @@ const char *grace_audit_hit(const struct grace_context *ctx, const struct grace_
 	grace_puts(&b, ", \"partition\": ");
 	grace_put_json(&b, step->partition);
 	grace_puts(&b, ", \"paths\": [], \"program\": ");
-	grace_put_json(&b, step->argc > 0 && step->argv != NULL ? step->argv[0] : NULL);
+	if (step->container_kind != NULL && step->container_image != NULL && step->argc > 0 &&
+	    step->argv != NULL) {
+		/* as the bridge names a step judged in an image: IMAGE:argv0 */
+		char prog[4096 + 1024];
+
+		snprintf(prog, sizeof(prog), "%s:%s", step->container_image, step->argv[0]);
+		grace_put_json(&b, prog);
+	} else {
+		grace_put_json(&b, step->argc > 0 && step->argv != NULL ? step->argv[0] : NULL);
+	}
 	grace_puts(&b, ", \"rules\": [], \"skipped\": null, \"step_id\": ");
 	grace_put_json(&b, grace_step_name(step->step_id, step_buf, sizeof(step_buf)));
 	grace_puts(&b, ", \"time\": ");

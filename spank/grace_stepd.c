@@ -190,7 +190,9 @@ static void *grace_worker(void *arg)
 
 	/* The lookup stats the user's files: under the same deadline as the
 	 * check, so a dead network mount cannot hold slurmstepd either. */
-	if (!job->step.batch && job->step.container == NULL &&
+	if (!job->step.batch &&
+	    (job->step.container == NULL ||
+	     (job->step.container_kind != NULL && job->step.container_local)) &&
 	    grace_cache_lookup(job->ctx, &job->step, job->mode, sizeof(job->mode))) {
 		job->hit = 1;
 		job->hit_ms = grace_ms_since(&job->started);

@@ -361,3 +361,31 @@ def test_oci_4k_program_on_a_64k_partition(pyxis: Pyxis, oci: dict[str, Path]) -
     assert res.returncode != 0
     assert f"{PREFIX}ERROR page-congruence: {oci['pages']}:/opt/app/bin/tool" in res.stderr
     assert "side-effect program ran" not in res.stdout
+
+
+def test_repeated_container_step_is_a_cache_hit_keyed_on_the_image(pyxis: Pyxis) -> None:
+    """The same image and command: the second step is a verdict-cache hit
+    (no Python); another image at the same path is judged again."""
+    pyxis.use()
+    image = pyxis.slurm.cluster.shared / "cached.sqsh"
+    shutil.copy2(pyxis.images["clean"], image)
+    before = len(pyxis.slurm.audit_lines())
+    for _ in range(2):
+        res = pyxis.srun(["--container-image=./cached.sqsh", "tool"])
+        assert res.returncode == 0, res.stderr
+    first, second = pyxis.records(before)
+    assert (first.get("cache"), second.get("cache")) == (None, "hit")
+    assert second["program"] == f"{pyxis.slurm.cluster.shared}/./cached.sqsh:tool"
+    # A host step of the same name never replays the image's entry (nor
+    # the other way round): judged on the host, where `tool` is missing.
+    res = pyxis.slurm.cluster.srun(["tool"], env={"PWD": str(pyxis.slurm.cluster.shared)})
+    assert PREFIX + "WARNING exe-not-found" in res.stderr
+    # The other architecture's image at the same path: a miss, refused.
+    image.unlink()
+    shutil.copy2(pyxis.images["arm64"], image)
+    before = len(pyxis.slurm.audit_lines())
+    res = pyxis.srun(["--container-image=./cached.sqsh", "tool"])
+    assert res.returncode != 0
+    assert PREFIX + "ERROR image-arch-mismatch" in res.stderr
+    [rec] = pyxis.records(before)
+    assert rec.get("cache") is None and rec["rules"] == ["image-arch-mismatch"]

@@ -48,6 +48,7 @@ FIELDS = (
     "program",
     "enforce_action",
     "exempt",
+    "image",
 )
 EVENT = "decision"
 
@@ -97,6 +98,8 @@ def record_fields(
         "program": program,
         "enforce_action": enforce_action(verdict),
         "exempt": [e.to_json() for e in verdict.exempted],
+        # The container image the step was judged in (issue 15), else None.
+        "image": verdict.image,
     }
 
 

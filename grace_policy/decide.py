@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from ._record import replace
 from .budget import Budget, BudgetExceeded
 from .findings import ACTIONS, SEVERITY_RANK, EnvChanges, Finding, Verdict
 from .node import NodeProfile, detect
@@ -63,9 +64,16 @@ def decide(
     probes: list[tuple[str, str, str]] | None = None,
     who: Who | None = None,
     today: str | None = None,
-    image: Image | None = None,
+    image: Image | str | None = None,
 ) -> Verdict:
     """What the plugin does with this step. Never raises.
+
+    ``image``: the step runs ``argv`` inside this container image (an
+    :class:`~grace_policy.image.Image`, or a path to open: an unpacked root,
+    a squashfs, a SIF or an OCI bundle); ``env`` and ``cwd`` are then the
+    container's (:meth:`~grace_policy.image.Image.step_env`). Every file is
+    read in the image. An image that cannot be read is skipped with its
+    reason (what fails to import or start is the runtime's error to report).
 
     ``probes``: when given, filled with every filesystem question the check
     asked and its answer (:mod:`grace_policy.fsprobe`), for the verdict cache.
@@ -74,10 +82,6 @@ def decide(
     host to judge), as the caller established it from what Slurm says. The
     step environment is never asked: ``SLURM_CONTAINER`` and plugin option
     variables can all be exported by the user (docs/SECURITY.md).
-
-    ``image``: the step runs argv inside this image (``env`` and ``cwd``
-    are the container's; :mod:`grace_policy.container` makes them): every
-    file is read there, none on the host.
 
     ``who``: the job's user and groups as Slurm set them, for the policy's
     exemptions (none apply without it); ``today``: ``YYYY-MM-DD`` (UTC) to
@@ -90,6 +94,14 @@ def decide(
             return Verdict(action="allow", mode=mode, partition=partition, skipped="mode off")
         if container:
             return Verdict(action="allow", mode=mode, partition=partition, skipped=container)
+        if isinstance(image, str):
+            from .image import ImageError, open_image
+
+            try:
+                image = open_image(image)
+            except ImageError as exc:
+                return Verdict(action="allow", mode=mode, partition=partition,
+                               skipped=f"image not readable: {exc.reason}", image=image)
         if probes is None:
             return _decide(policy, mode, partition, argv, env, cwd, node, who, today, image)
         from . import fsprobe
@@ -118,8 +130,10 @@ def _decide(policy: Policy, mode: str, partition: str | None, argv: Sequence[str
     report = check_step(argv, env, cwd, node, env_vars=policy.env.vars,
                         env_strip=policy.env.strip, budget=budget,
                         cuda_index=part.cuda_index if part is not None else None, image=image)
+    shown = image.path if image is not None else None
     if not report.issues and report.limit is None:
-        return Verdict(action="allow", mode=mode, partition=partition, env=report.env)
+        return Verdict(action="allow", mode=mode, partition=partition, env=report.env,
+                       image=shown)
     findings: tuple[Finding, ...] = ()
     if report.issues:
         from .rules import Catalogue
@@ -133,10 +147,11 @@ def _decide(policy: Policy, mode: str, partition: str | None, argv: Sequence[str
         findings, exempted = exempt.apply(policy, findings, who, today)
     action = action_for(mode, findings)
     if report.limit is not None:
-        return _limit_verdict(policy, mode, partition, report.limit, findings=findings,
-                              found_action=action, env=report.env, exempted=exempted)
+        return replace(_limit_verdict(policy, mode, partition, report.limit, findings=findings,
+                                      found_action=action, env=report.env, exempted=exempted),
+                       image=shown)
     return Verdict(action=action, mode=mode, partition=partition, findings=findings,
-                   env=report.env, exempted=exempted)
+                   env=report.env, exempted=exempted, image=shown)
 
 
 def finding_context(node: NodeProfile, partition: str | None) -> dict[str, str]:

@@ -101,6 +101,8 @@ class Verdict:
     #: Findings an admin's exemption released (grace_policy.exempt.Exempted),
     #: for the audit line; they no longer count towards ``action``.
     exempted: tuple = ()
+    #: The container image the step was judged in (its path), None on the host.
+    image: str | None = None
 
     @property
     def rule_ids(self) -> tuple[str, ...]:
@@ -120,4 +122,6 @@ class Verdict:
             out["skipped"] = self.skipped
         if self.exempted:
             out["exempted"] = [e.to_json() for e in self.exempted]
+        if self.image:
+            out["image"] = self.image
         return out

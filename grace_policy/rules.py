@@ -76,6 +76,7 @@ TEMPLATE_FIELDS = frozenset(
         # Container steps (issue 15): the image file, the path inside it.
         "image",
         "image_arch",
+        "node_platform",
         "inner",
         "file_arch",
         "page_size",

@@ -36,7 +36,8 @@ def configure_parser(sub: argparse._SubParsersAction, name: str, help_text: str)
     parser = sub.add_parser(
         name, help=help_text,
         usage="grace-policy check [--partition P | --arch A --page-size N --glibc V] "
-              "[--root DIR] [--config F] [--env-file F] [--cwd D] [--json] -- CMD [ARGS...]",
+              "[--root DIR] [--image IMAGE] [--config F] [--env-file F] [--cwd D] [--json] "
+              "-- CMD [ARGS...]",
         description="Say what the plugin would do if a job step ran CMD: find the program "
                     "the way slurmstepd does, follow #! lines, resolve its libraries like "
                     "the node's glibc, judge architecture and page layout, and clean leaked "
@@ -46,16 +47,23 @@ def configure_parser(sub: argparse._SubParsersAction, name: str, help_text: str)
     add_node_options(parser)
     parser.add_argument("--cwd", metavar="D",
                         help="the job's working directory (default: the current one)")
+    parser.add_argument("--image", metavar="IMAGE",
+                        help="judge CMD inside a container image, read without mounting: an "
+                             "enroot/pyxis .sqsh, an Apptainer .sif, an unpacked root or an "
+                             "OCI bundle (its config.json's process.args when no CMD)")
     parser.add_argument("--json", action="store_true", help="print the verdict as JSON")
     parser.add_argument("command", nargs="*", metavar="CMD",
                         help="the step's command line; put it after '--'")
 
 
-def _command(args: argparse.Namespace, rest: list[str] | None) -> list[str]:
+def _command(args: argparse.Namespace, rest: list[str] | None,
+             default: tuple[str, ...] = ()) -> list[str]:
     if rest is not None and args.command:
         raise UsageError("put the whole command after '--' (found "
                          f"{len(args.command)} word(s) before it)")
     command = rest if rest is not None else list(args.command)
+    if not command and default:
+        return list(default)
     if not command:
         raise UsageError("no command given: grace-policy check [options] -- CMD [ARGS...]")
     return command
@@ -71,13 +79,33 @@ def _cwd(args: argparse.Namespace) -> str:
     return os.path.abspath(args.cwd)
 
 
+def _open_image(path: str):  # type: ignore[no-untyped-def]
+    """The image ``--image`` names; raises UsageError when it cannot be read."""
+    from ..image import ImageError, open_image
+    from ..messages import escape
+
+    try:
+        return open_image(path)
+    except ImageError as exc:
+        raise UsageError(f"--image: cannot read {escape(path)!r}: {escape(exc.reason)}"
+                         ) from None
+
+
 def execute(args: argparse.Namespace, rest: list[str] | None) -> int:
     from ..decide import decide
     from ..policy import ConfigError, load_policy
 
-    command = _command(args, rest)
-    cwd = _cwd(args)
+    image = _open_image(args.image) if getattr(args, "image", None) else None
+    command = _command(args, rest, image.args if image is not None else ())
     env = job_env(args)
+    if image is None:
+        cwd = _cwd(args)
+    else:
+        # Paths inside the image: the bundle's process.cwd, else /.
+        cwd = args.cwd if args.cwd is not None else (image.cwd or "/")
+        if not cwd.startswith("/"):
+            raise UsageError("--cwd: with --image, an absolute path inside the image")
+        env = image.step_env(env)
     try:
         policy = load_policy(args.config)
     except ConfigError as exc:
@@ -90,7 +118,7 @@ def execute(args: argparse.Namespace, rest: list[str] | None) -> int:
 
         who = Who.current()  # the asking user, as the plugin would see them in their job
     verdict = decide(policy, partition=args.partition, argv=command, env=env, cwd=cwd,
-                     node=node, who=who)
+                     node=node, who=who, image=image)
     crashed = bool(verdict.error and verdict.error.startswith("internal error"))
     if args.json:
         out = verdict.to_json()
@@ -124,7 +152,9 @@ def _human(verdict: Verdict, policy: Policy, node: NodeProfile, command: list[st
                        contact=policy.contact, min_severity="info")
     where = f"partition {escape(verdict.partition)}, " if verdict.partition else ""
     facts = f"{where}{node.describe()}, mode {verdict.mode}"
-    if node.root not in ("", "/"):
+    if verdict.image:
+        facts += f", in image {escape(verdict.image)}"
+    elif node.root not in ("", "/"):
         facts += f", image {escape(node.root)}"
     program = escape(command[0])
     if verdict.skipped:

@@ -54,7 +54,11 @@ def open_image(path: str, *, max_inodes: int | None = None) -> Image:
     if head[:4] == b"hsqs":
         from .squashfs import SquashView
 
-        view = SquashView(fd, path, st, max_inodes=max_inodes)
+        try:
+            view = SquashView(fd, path, st, max_inodes=max_inodes)
+        except BaseException:
+            os.close(fd)
+            raise
         return Image(path=path, kind="squashfs", view=view, env=environment_file(view),
                      identity=identity(st))
     if head[32:42] == b"SIF_MAGIC\0":

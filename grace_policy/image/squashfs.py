@@ -133,7 +133,15 @@ class SquashView(TreeView):
             1 << 46)
         self.budget = None
         self.inflated = 0
-        head = self._raw(0, SUPERBLOCK.size, "superblock")
+        try:
+            self._superblock(max_inodes)
+        except OSError as exc:
+            raise ImageError(f"the squashfs image cannot be read: {exc.strerror}") from None
+        except struct.error as exc:
+            raise ImageError(f"the squashfs image is corrupt ({exc})") from None
+
+    def _superblock(self, max_inodes: int | None) -> None:
+        head = self._raw(0, SUPERBLOCK.size, "the superblock")
         (magic, inodes, mtime, block_size, frags, comp, block_log, _flags, _ids, major, minor,
          root_ref, bytes_used, _id_table, _xattr, inode_table, dir_table, frag_table,
          _export) = SUPERBLOCK.unpack(head)

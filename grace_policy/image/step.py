@@ -33,6 +33,12 @@ _RUNTIME_ERROR = {
 }
 
 
+#: Container platform names (OCI ``os/architecture``) of the node machines.
+PLATFORMS = {"aarch64": "linux/arm64", "x86_64": "linux/amd64", "ppc64": "linux/ppc64le",
+             "s390x": "linux/s390x", "riscv64": "linux/riscv64", "i386": "linux/386",
+             "arm": "linux/arm"}
+
+
 def image_node(node: NodeProfile) -> NodeProfile:
     """The node for files in an image: the node's CPU and page size; the
     files are all the image's own (no host root, no by-name system files:
@@ -81,6 +87,7 @@ def arch_issue(image: Image, argv: Sequence[str], env: dict[str, str], node: Nod
         _RUNTIME_ERROR.get(image.kind, "Exec format error"),
         causes=("image",),
         facts=(("image", image.path), ("image_arch", arch), ("file_arch", arch),
+               ("node_platform", PLATFORMS.get(node.machine, f"linux/{node.machine}")),
                ("inner", where), ("detail", f"{where} is {arch}")),
     )
 

@@ -1,0 +1,180 @@
+"""Fuzzing the image readers: the LZO decoder and the squashfs reader.
+
+The contract (as for ``read_elf``, tests/test_elf_fuzz.py): bytes no longer
+than the limit or an ``LzoError``; an :class:`ImageError` when an image
+cannot be opened, ``OSError`` for any later read; never another exception,
+never a hang. Seeds are real: LZO blocks and whole images ``mksquashfs``
+wrote here. ``make fuzz`` raises the example count (GRACE_FUZZ_EXAMPLES).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from grace_policy.image import ImageError, open_image
+from grace_policy.image.lzo import LzoError, decompress
+from grace_policy.image.squashfs import SquashView
+
+from .roots import mksquashfs
+
+EXAMPLES = int(os.environ.get("GRACE_FUZZ_EXAMPLES", "0") or 0)
+FUZZ = settings(max_examples=EXAMPLES or 300, deadline=None, database=None,
+                derandomize=not EXAMPLES,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
+                                       HealthCheck.function_scoped_fixture])
+
+pytestmark = pytest.mark.skipif(shutil.which("mksquashfs") is None,
+                                reason="mksquashfs not installed (squashfs-tools)")
+
+
+@pytest.fixture(scope="module")
+def small_images(tmp_path_factory: pytest.TempPathFactory) -> dict[str, bytes]:
+    """Images of a small tree (links, a loop, a script, an ELF file, a
+    directory of many names) in each compression."""
+    base = tmp_path_factory.mktemp("fuzz-img")
+    root = base / "root"
+    (root / "usr/bin").mkdir(parents=True)
+    (root / "bin").symlink_to("usr/bin")
+    shutil.copy2("/bin/true", root / "usr/bin/true")
+    (root / "usr/bin/abs").symlink_to("/usr/bin/true")
+    (root / "usr/bin/loop").symlink_to("loop")
+    (root / "usr/bin/s").write_text("#!/bin/sh\n" + "echo x\n" * 2000)
+    (root / "d").mkdir()
+    for i in range(300):
+        (root / "d" / f"n{i}").write_text(str(i))
+    return {comp: mksquashfs(root, base / f"{comp}.sqsh", comp, "-b", "4096").read_bytes()
+            for comp in ("lzo", "gzip", "xz")}
+
+
+@pytest.fixture(scope="module")
+def lzo_blocks(small_images: dict[str, bytes], tmp_path_factory: pytest.TempPathFactory
+               ) -> list[tuple[bytes, bytes]]:
+    """(compressed, decompressed) data blocks of the lzo image."""
+    path = tmp_path_factory.mktemp("lzo") / "i.sqsh"
+    path.write_bytes(small_images["lzo"])
+    image = open_image(str(path))
+    view: SquashView = image.view  # type: ignore[assignment]
+    out = []
+    for name in ("/usr/bin/true", "/usr/bin/s"):
+        node, _ = view._walk(name, True)
+        pos = node.start  # type: ignore[attr-defined]
+        for word in node.blocks:  # type: ignore[attr-defined]
+            size = word & 0xFFFFFF
+            if not word & (1 << 24):
+                raw = view._raw(pos, size, "block")
+                out.append((raw, view.block(pos, word, view.block_size, "block")))
+            pos += size
+    view.close()
+    assert len(out) >= 3
+    return out
+
+
+def test_lzo_blocks_decode(lzo_blocks: list[tuple[bytes, bytes]]) -> None:
+    for raw, plain in lzo_blocks:
+        assert decompress(raw, 4096) == plain
+        with pytest.raises(LzoError):
+            decompress(raw, len(plain) - 1)  # the limit holds
+        with pytest.raises(LzoError):
+            decompress(raw[:-1], 4096)  # truncated
+        with pytest.raises(LzoError):
+            decompress(raw + b"\0", 4096)  # trailing bytes
+
+
+@FUZZ
+@given(st.binary(max_size=2048))
+def test_lzo_random_bytes(data: bytes) -> None:
+    try:
+        out = decompress(data, 4096)
+    except LzoError:
+        return
+    assert len(out) <= 4096
+
+
+@FUZZ
+@given(st.data())
+def test_lzo_mutated_blocks(lzo_blocks: list[tuple[bytes, bytes]], data: st.DataObject) -> None:
+    raw, _plain = lzo_blocks[data.draw(st.integers(0, len(lzo_blocks) - 1))]
+    buf = bytearray(raw)
+    for _ in range(data.draw(st.integers(1, 8))):
+        buf[data.draw(st.integers(0, len(buf) - 1))] = data.draw(st.integers(0, 255))
+    try:
+        out = decompress(bytes(buf), 4096)
+    except LzoError:
+        return
+    assert len(out) <= 4096
+
+
+def _exercise(path: Path) -> None:
+    """Open, walk (bounded: a listing may point at an ancestor), stat, read."""
+    try:
+        image = open_image(str(path))
+    except ImageError:
+        return
+    view = image.view
+    seen = 0
+    todo = ["/"]
+    while todo and seen < 2000:
+        where = todo.pop()
+        try:
+            entries = view.scandir(where)  # type: ignore[attr-defined]
+        except OSError:
+            continue
+        for entry in entries:
+            seen += 1
+            inner = entry.path
+            try:
+                st_ = view.stat(inner)  # type: ignore[attr-defined]
+                view.realpath(inner)  # type: ignore[attr-defined]
+                if entry.is_dir(follow_symlinks=False) and inner.count("/") < 12:
+                    todo.append(inner)
+                fh, st_ = view.open_regular(inner)  # type: ignore[attr-defined]
+                try:
+                    fh.pread(min(st_.st_size, 70_000), 0)
+                    fh.pread(100, max(st_.st_size - 50, 0))
+                finally:
+                    fh.close()
+            except OSError:
+                continue
+    view.close()  # type: ignore[attr-defined]
+
+
+@FUZZ
+@given(st.data())
+def test_squashfs_mutated_images(small_images: dict[str, bytes], tmp_path: Path,
+                                 data: st.DataObject) -> None:
+    comp = data.draw(st.sampled_from(sorted(small_images)))
+    raw = bytearray(small_images[comp])
+    (used,) = struct.unpack_from("<Q", raw, 40)
+    for _ in range(data.draw(st.integers(1, 6))):
+        # Mostly the tables at the end (inodes, listings, fragments), some
+        # anywhere (superblock, data blocks).
+        lo = data.draw(st.sampled_from([0, 0, max(0, used - 4096)]))
+        at = data.draw(st.integers(lo, used - 1))
+        raw[at] = data.draw(st.integers(0, 255))
+    path = tmp_path / "m.sqsh"
+    path.write_bytes(bytes(raw))
+    _exercise(path)
+
+
+def test_squashfs_every_cut(small_images: dict[str, bytes], tmp_path: Path) -> None:
+    raw = small_images["gzip"]
+    (used,) = struct.unpack_from("<Q", raw, 40)
+    path = tmp_path / "c.sqsh"
+    for size in range(0, used, max(1, used // 200)):
+        path.write_bytes(raw[:size])
+        with pytest.raises(ImageError):
+            open_image(str(path))
+    # Cut inside the tables but with the size field lowered to match: each
+    # read past the end is an OSError, never anything else.
+    for size in range(used // 2, used, max(1, used // 50)):
+        forged = bytearray(raw[:size])
+        struct.pack_into("<Q", forged, 40, size)
+        path.write_bytes(bytes(forged))
+        _exercise(path)

@@ -1,0 +1,238 @@
+"""The squashfs reader against the real tools, and verdicts in an image
+against the same root unpacked.
+
+Images are made here by ``mksquashfs`` (squashfs-tools) from roots with real
+compiled programs and the real glibc; ``unsquashfs -lls``/``-cat`` on the
+same file is the oracle for every name, mode, size, link target and byte.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import struct
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from grace_policy import fsprobe
+from grace_policy.budget import Budget
+from grace_policy.check import check_step
+from grace_policy.image import ImageError, open_image
+from grace_policy.image.squashfs import SquashView
+from grace_policy.node import NodeProfile, detect
+
+from .roots import make_root, mksquashfs
+
+pytestmark = pytest.mark.skipif(shutil.which("mksquashfs") is None,
+                                reason="mksquashfs not installed (squashfs-tools)")
+
+HOST = detect()
+GRACE64 = NodeProfile("aarch64", 65536, (2, 36))
+GRACE4 = NodeProfile("aarch64", 4096, (2, 36))
+
+#: (name, mksquashfs options): enroot's lzo, the other compressors, small
+#: blocks (files over many blocks), no fragments, uncompressed tables.
+VARIANTS = {
+    "lzo": ("lzo",),
+    "gzip": ("gzip",),
+    "xz": ("xz",),
+    "gzip-4k-blocks": ("gzip", "-b", "4096"),
+    "lzo-no-fragments": ("lzo", "-no-fragments"),
+    "xz-uncompressed": ("xz", "-noI", "-noD", "-noF", "-noX"),
+    "gzip-always-fragments": ("gzip", "-always-use-fragments"),
+}
+
+
+@pytest.fixture(scope="module")
+def roots(tmp_path_factory: pytest.TempPathFactory, compile_cache: object) -> dict[str, Path]:
+    base = tmp_path_factory.mktemp("sq-roots")
+    out = {"x86_64": make_root(base / "x86_64", "x86_64", cache=compile_cache)}
+    if shutil.which("aarch64-linux-gnu-gcc"):
+        out["aarch64"] = make_root(base / "aarch64", "aarch64", cache=compile_cache)
+    return out
+
+
+@pytest.fixture(scope="module")
+def images(roots: dict[str, Path], tmp_path_factory: pytest.TempPathFactory
+           ) -> dict[tuple[str, str], Path]:
+    base = tmp_path_factory.mktemp("sq-images")
+    out = {}
+    for arch, root in roots.items():
+        for name, (comp, *extra) in VARIANTS.items():
+            out[(arch, name)] = mksquashfs(root, base / f"{arch}-{name}.sqsh", comp, *extra)
+    return out
+
+
+def _lls(image: Path) -> dict[str, tuple[str, int, str]]:
+    """path -> (mode string, size, link target) from ``unsquashfs -lls``."""
+    text = subprocess.run(["unsquashfs", "-lls", "-d", "", str(image)], check=True,
+                          capture_output=True, text=True).stdout
+    out = {}
+    for line in text.splitlines():
+        words = line.split(None, 5)  # mode owner size date time [path [-> target]]
+        if len(words) < 5 or words[0][0] not in "-dlcbps":
+            continue
+        path = words[5] if len(words) == 6 else ""
+        target = ""
+        if words[0][0] == "l" and " -> " in path:
+            path, target = path.split(" -> ", 1)
+        out[path or "/"] = (words[0], int(words[2]), target)
+    return out
+
+
+def _walk(view: SquashView, path: str = "/") -> list[str]:
+    out = []
+    for entry in sorted(view.scandir(path), key=lambda e: e.name):
+        inner = path.rstrip("/") + "/" + entry.name
+        out.append(inner)
+        if entry.is_dir(follow_symlinks=False):
+            out += _walk(view, inner)
+    return out
+
+
+def _mode_string(mode: int) -> str:
+    import stat
+
+    return stat.filemode(mode)
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_reader_matches_unsquashfs(images: dict[tuple[str, str], Path], variant: str) -> None:
+    for (arch, name), path in images.items():
+        if name != variant:
+            continue
+        image = open_image(str(path))
+        view = image.view
+        assert isinstance(view, SquashView) and image.kind == "squashfs"
+        expected = _lls(path)
+        assert len(expected) > 20
+        assert set(_walk(view)) == {p for p in expected if p != "/"}
+        for inner, (mode, size, target) in expected.items():
+            st = view.lstat(inner)
+            assert _mode_string(st.st_mode) == mode, (arch, variant, inner)
+            if mode[0] == "l":
+                assert view.readlink(inner) == target, inner
+            if mode[0] == "-":
+                assert st.st_size == size, inner
+                fh, _ = view.open_regular(inner)
+                try:
+                    data = fh.pread(size + 10, 0)
+                    cat = subprocess.run(["unsquashfs", "-cat", str(path), inner.lstrip("/")],
+                                         check=True, capture_output=True).stdout
+                    assert data == cat, (arch, variant, inner)
+                    # Positional reads across block boundaries.
+                    for off in (0, 1, 4095, 4096, 131071, 131072, size // 2, size - 1):
+                        if 0 <= off < size:
+                            assert fh.pread(70000, off) == cat[off:off + 70000], (inner, off)
+                finally:
+                    fh.close()
+        assert dict(image.env)["IMAGE_VAR"] == "from-image"
+        view.close()  # type: ignore[attr-defined]
+
+
+ARGVS = (["hello"], ["script"], ["tool"], ["/bin/true"], ["/usr/bin/loop1"],
+         ["/usr/bin/escape"], ["/usr/bin/abs"], ["/usr/bin/up"], ["sh"])
+
+
+def _verdict(report) -> tuple[object, ...]:  # type: ignore[no-untyped-def]
+    return (report.exe, report.limit, tuple((i.rule, i.path.split(":", 1)[1], i.predicted_error)
+                                            for i in report.issues))
+
+
+@pytest.mark.parametrize("variant", ["lzo", "gzip-4k-blocks", "xz-uncompressed"])
+def test_verdicts_match_the_unpacked_root(roots: dict[str, Path],
+                                          images: dict[tuple[str, str], Path],
+                                          variant: str) -> None:
+    for arch, root in roots.items():
+        tree = open_image(str(root))
+        packed = open_image(str(images[(arch, variant)]))
+        nodes = [HOST] if arch == HOST.machine else []
+        if arch == "aarch64":
+            nodes += [GRACE4, GRACE64]
+        if arch != HOST.machine:
+            nodes.append(HOST)  # the foreign image: image-arch-mismatch
+        for node in nodes:
+            for argv in (*ARGVS, ["tool4k"]):
+                a = check_step(argv, tree.step_env({}), "/", node, image=tree)
+                b = check_step(argv, packed.step_env({}), "/", node, image=packed)
+                got_a = _verdict(a) if a.issues and a.issues[0].rule != "image-arch-mismatch" \
+                    else [(i.rule, i.fact("image_arch")) for i in a.issues]
+                got_b = _verdict(b) if b.issues and b.issues[0].rule != "image-arch-mismatch" \
+                    else [(i.rule, i.fact("image_arch")) for i in b.issues]
+                assert got_a == got_b, (arch, node, argv)
+    # What the verdicts are, so the comparison is not between two blanks.
+    x86 = open_image(str(images[("x86_64", variant)]))
+    if HOST.machine == "x86_64":
+        assert check_step(["hello"], x86.step_env({}), "/", HOST, image=x86).issues == ()
+        assert [i.rule for i in check_step(["/bin/true"], {}, "/", HOST, image=x86).issues] \
+            == ["exe-not-found"]
+    if ("aarch64", variant) in images:
+        arm = open_image(str(images[("aarch64", variant)]))
+        bad = check_step(["tool4k"], arm.step_env({}), "/", GRACE64, image=arm)
+        assert {i.rule for i in bad.issues} & {"page-align", "page-congruence"}
+        assert bad.issues[0].path == f"{images[('aarch64', variant)]}:/opt/app/tool4k"
+        assert check_step(["tool"], arm.step_env({}), "/", GRACE64, image=arm).issues == ()
+        if HOST.machine == "x86_64":
+            foreign = check_step(["tool"], arm.step_env({}), "/", HOST, image=arm)
+            assert [i.rule for i in foreign.issues] == ["image-arch-mismatch"]
+
+
+def test_cache_record_is_the_image_identity(images: dict[tuple[str, str], Path],
+                                            tmp_path: Path) -> None:
+    copy = tmp_path / "img.sqsh"
+    shutil.copy2(images[("x86_64", "lzo")], copy)
+    image = open_image(str(copy))
+    fsprobe.start()
+    check_step(["hello"], image.step_env({}), "/", HOST, image=image)
+    record = fsprobe.stop()
+    # Only the image file, as the C side can replay it: no inner path.
+    assert record == [("s", str(copy), fsprobe.signature(os.stat(copy)))]
+    assert fsprobe.still_true(record)
+    os.utime(copy, ns=(1, 1))
+    assert not fsprobe.still_true(record)
+
+
+def test_truncated_and_corrupt_images(images: dict[tuple[str, str], Path],
+                                      tmp_path: Path) -> None:
+    data = images[("x86_64", "gzip")].read_bytes()
+    cut = tmp_path / "cut.sqsh"
+    (used,) = struct.unpack_from("<Q", data, 40)  # bytes_used: mksquashfs pads past it
+    assert used <= len(data)
+    for size in (0, 4, 50, 95, 96, 200, 4096, used // 3, used // 2, used - 1):
+        cut.write_bytes(data[:size])
+        with pytest.raises(ImageError):
+            open_image(str(cut))
+    # A corrupt middle (the superblock intact): findings, never an exception.
+    for start in range(200, len(data) - 4096, max(1, len(data) // 23)):
+        bad = bytearray(data)
+        bad[start:start + 4096] = bytes(4096)
+        cut.write_bytes(bytes(bad))
+        try:
+            image = open_image(str(cut))
+        except ImageError:
+            continue
+        for argv in (["hello"], ["script"], ["tool"]):
+            report = check_step(argv, image.step_env({}), "/", HOST, image=image,
+                                budget=Budget(5000))
+            assert report.limit is None or report.limit
+        image.view.close()  # type: ignore[attr-defined]
+
+
+def test_hundred_thousand_files(tmp_path: Path, compile_cache: object) -> None:
+    root = make_root(tmp_path / "root", "x86_64", cache=compile_cache)
+    big = root / "usr" / "share" / "many"
+    big.mkdir(parents=True)
+    for i in range(100_000):
+        (big / f"f{i:06d}").touch()
+    image = open_image(str(mksquashfs(root, tmp_path / "big.sqsh", "gzip")))
+    env = {"PATH": "/usr/share/many:/usr/bin"}
+    report = check_step(["hello"], env, "/", HOST, image=image)
+    # Found after the big directory (clean), or stopped by the budget: never
+    # a crash or a hang.
+    assert report.limit is not None or (report.issues == () and report.exe == "/usr/bin/hello")
+    tiny = check_step(["hello"], env, "/", HOST, image=image, budget=Budget(deadline_ms=1))
+    assert tiny.limit is not None or tiny.issues == ()
+    with pytest.raises(ImageError):
+        open_image(str(tmp_path / "big.sqsh"), max_inodes=1000)

@@ -161,8 +161,7 @@ def run_step(step: StepInput) -> Outcome:
                     step.container or step.container_kind, argv, env, cwd)
         container, image = todo.skipped, todo.image
         argv, env, cwd = list(todo.argv), todo.env, todo.cwd
-        if image is not None:
-            program = f"{image.path}:{argv[0] if argv else ''}"
+        program = argv[0] if argv else None  # the program in the image
     verdict = decide(
         policy,
         partition=step.partition,

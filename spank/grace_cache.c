@@ -755,7 +755,10 @@ const char *grace_audit_hit(const struct grace_context *ctx, const struct grace_
 	/* A hit is a clean allow: enforce would allow it too, nothing exempted
 	 * (exempted verdicts are never cached). */
 	grace_puts(&b, ", \"enforce_action\": \"allow\", \"env_set\": [], \"env_unset\": [], "
-		   "\"error\": null, \"event\": \"decision\", \"exempt\": [], \"job_id\": ");
+		   "\"error\": null, \"event\": \"decision\", \"exempt\": [], \"image\": ");
+	/* the image a container step was judged in (the bridge's "image") */
+	grace_put_json(&b, step->container_kind != NULL ? step->container_image : NULL);
+	grace_puts(&b, ", \"job_id\": ");
 	snprintf(num, sizeof(num), "%u", step->job_id);
 	grace_put_json(&b, num);
 	grace_puts(&b, ", \"mode\": ");
@@ -765,16 +768,7 @@ const char *grace_audit_hit(const struct grace_context *ctx, const struct grace_
 	grace_puts(&b, ", \"partition\": ");
 	grace_put_json(&b, step->partition);
 	grace_puts(&b, ", \"paths\": [], \"program\": ");
-	if (step->container_kind != NULL && step->container_image != NULL && step->argc > 0 &&
-	    step->argv != NULL) {
-		/* as the bridge names a step judged in an image: IMAGE:argv0 */
-		char prog[4096 + 1024];
-
-		snprintf(prog, sizeof(prog), "%s:%s", step->container_image, step->argv[0]);
-		grace_put_json(&b, prog);
-	} else {
-		grace_put_json(&b, step->argc > 0 && step->argv != NULL ? step->argv[0] : NULL);
-	}
+	grace_put_json(&b, step->argc > 0 && step->argv != NULL ? step->argv[0] : NULL);
 	grace_puts(&b, ", \"rules\": [], \"skipped\": null, \"step_id\": ");
 	grace_put_json(&b, grace_step_name(step->step_id, step_buf, sizeof(step_buf)));
 	grace_puts(&b, ", \"time\": ");

@@ -171,10 +171,15 @@ static void grace_pyxis(spank_t sp, const char *cwd, struct grace_container *c)
 	snprintf(c->name, sizeof(c->name), "%s", name);
 	if (image[0] != '\0' && strspn(image, "./") > 0) {
 		/* pyxis hands the string to enroot, run in the job's cwd. */
+		const char *rel = image;
+
+		while (rel[0] == '.' && rel[1] == '/')
+			for (rel += 2; rel[0] == '/'; rel++)
+				;
 		if (image[0] == '/' || cwd == NULL || cwd[0] == '\0')
 			snprintf(c->image, sizeof(c->image), "%s", image);
 		else
-			snprintf(c->image, sizeof(c->image), "%s/%s", cwd, image);
+			snprintf(c->image, sizeof(c->image), "%s/%s", cwd, rel);
 		c->local = 1;
 		snprintf(c->reason, sizeof(c->reason), "pyxis container step (image %.300s)",
 			 image);

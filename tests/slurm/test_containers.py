@@ -147,14 +147,14 @@ def test_clean_image_runs_in_silence(pyxis: Pyxis) -> None:
     [rec] = pyxis.records(before)
     assert (rec["action"], rec["rules"], rec["skipped"]) == ("allow", [], None)
     # Judged inside the image (the audit's program is IMAGE:argv0).
-    assert rec["program"] == f"{pyxis.slurm.cluster.shared}/./clean.sqsh:tool"
+    assert (rec["image"], rec["program"]) == (f"{pyxis.slurm.cluster.shared}/clean.sqsh", "tool")
 
 
 def test_image_of_the_other_architecture(pyxis: Pyxis) -> None:
     """Refused with our message before pyxis starts the container; in warn
     mode it runs and enroot fails exactly as predicted."""
     pyxis.use()
-    image = f"{pyxis.slurm.cluster.shared}/./arm64.sqsh"
+    image = f"{pyxis.slurm.cluster.shared}/arm64.sqsh"
     res = pyxis.srun(["--container-image=./arm64.sqsh", "tool"])
     assert res.returncode != 0
     assert f"{PREFIX}ERROR image-arch-mismatch: {image}" in res.stderr
@@ -174,7 +174,7 @@ def test_4k_program_in_the_image_on_a_64k_partition(pyxis: Pyxis) -> None:
     pyxis.use(config="grace64k")
     res = pyxis.srun(["-p", "gb200sim", "--container-image=./pages.sqsh", "tool"])
     assert res.returncode != 0
-    image = f"{pyxis.slurm.cluster.shared}/./pages.sqsh"
+    image = f"{pyxis.slurm.cluster.shared}/pages.sqsh"
     # The program is mapped by the kernel's ELF loader: the rule quotes what
     # execve does with it on a 64 KiB node.
     assert f"{PREFIX}ERROR page-congruence: {image}:/opt/app/bin/tool" in res.stderr
@@ -307,7 +307,8 @@ def test_oci_clean_bundle_runs_in_silence(pyxis: Pyxis, oci: dict[str, Path]) ->
     assert PREFIX not in res.stderr
     [rec] = pyxis.records(before)
     assert (rec["action"], rec["rules"], rec["skipped"]) == ("allow", [], None)
-    assert rec["program"] == f"{oci['clean']}:/opt/app/bin/tool"  # judged in the bundle
+    # judged in the bundle
+    assert (rec["image"], rec["program"]) == (str(oci["clean"]), "/opt/app/bin/tool")
 
 
 def test_oci_bundle_of_the_other_architecture(pyxis: Pyxis, oci: dict[str, Path]) -> None:
@@ -351,7 +352,7 @@ def test_oci_canary_run_by_hand_is_a_host_step(pyxis: Pyxis, oci: dict[str, Path
     res = pyxis.slurm.cluster.srun(["/bin/sh", "-c", canary])
     assert res.returncode != 0  # its own exit 1
     [rec] = pyxis.records(before)
-    assert (rec["program"], rec["skipped"]) == ("/bin/sh", None)
+    assert (rec["program"], rec["skipped"], rec["image"]) == ("/bin/sh", None, None)
 
 
 def test_oci_4k_program_on_a_64k_partition(pyxis: Pyxis, oci: dict[str, Path]) -> None:
@@ -375,7 +376,8 @@ def test_repeated_container_step_is_a_cache_hit_keyed_on_the_image(pyxis: Pyxis)
         assert res.returncode == 0, res.stderr
     first, second = pyxis.records(before)
     assert (first.get("cache"), second.get("cache")) == (None, "hit")
-    assert second["program"] == f"{pyxis.slurm.cluster.shared}/./cached.sqsh:tool"
+    assert (second["image"], second["program"]) == (f"{pyxis.slurm.cluster.shared}/cached.sqsh",
+                                                    "tool")
     # A host step of the same name never replays the image's entry (nor
     # the other way round): judged on the host, where `tool` is missing.
     res = pyxis.slurm.cluster.srun(["tool"], env={"PWD": str(pyxis.slurm.cluster.shared)})

@@ -261,6 +261,8 @@ def _cache_entry(step: StepInput, policy: Any, verdict: Verdict,
         return None  # a batch step's stored script is new for every job
     if step.container and not (step.container_kind and step.container_local):
         return None  # skipped on the admin's word: nothing was judged
+    if step.argv[0].rpartition("/")[2] in ("apptainer", "singularity"):
+        return None  # the image is an argument the entry would not key on (grace_cache.c)
     from .policy import compiled_path_for
 
     ins = verdict_cache.inputs(

@@ -467,6 +467,15 @@ int grace_cache_lookup(const struct grace_context *ctx, const struct grace_step 
 	size_t nblocks = 0, cap = 0, i;
 	const char *p, *end, *open_block = NULL;
 	int hit = 0;
+	/* `apptainer exec IMG CMD`: the image is an argument no entry keys on,
+	 * and the bridge stores none; never replay a host entry for one. */
+	if (step->argc > 0 && step->argv != NULL && step->argv[0] != NULL) {
+		const char *base = strrchr(step->argv[0], '/');
+
+		base = base ? base + 1 : step->argv[0];
+		if (strcmp(base, "apptainer") == 0 || strcmp(base, "singularity") == 0)
+			return 0;
+	}
 
 	if (ctx->cache_fd < 0 || fstat(ctx->cache_fd, &st) != 0 || st.st_size <= 0)
 		return 0;

@@ -115,7 +115,10 @@ def plan_apptainer(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> Pla
     if parsed is None:
         return None
     image, command, opts = parsed
-    path = image if image.startswith("/") else os.path.join(cwd or "/", image)
+    rel = image
+    while rel.startswith("./"):
+        rel = rel[2:].lstrip("/")
+    path = image if image.startswith("/") else os.path.join(cwd or "/", rel)
     reason = f"apptainer exec {image}"
     from ..image import ImageError, open_image
 

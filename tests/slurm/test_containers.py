@@ -391,3 +391,63 @@ def test_repeated_container_step_is_a_cache_hit_keyed_on_the_image(pyxis: Pyxis)
     assert PREFIX + "ERROR image-arch-mismatch" in res.stderr
     [rec] = pyxis.records(before)
     assert rec.get("cache") is None and rec["rules"] == ["image-arch-mismatch"]
+
+
+# -- Apptainer (srun apptainer exec IMG.sif CMD) ---------------------------------
+
+
+@pytest.fixture(scope="module")
+def sifs(slurm: SlurmEnv, pyxis: Pyxis) -> dict[str, Path]:
+    """SIFs built by Apptainer 1.4.5 (a Debian sid root, tests/image/sif_root.py)
+    and that root's real ``apptainer`` as the step's program. It cannot run
+    here (it needs sid's glibc; running SIFs fails in this sandbox anyway):
+    what is tested is what the plugin decides before it would start."""
+    import os
+
+    from corpus import CorpusUnavailable
+    from image.roots import make_root as image_root
+    from image.sif_root import apptainer_root, build_sif
+
+    if shutil.which("mmdebstrap") is None or os.geteuid() != 0:
+        pytest.skip("building SIFs needs root and mmdebstrap")
+    out: dict[str, Path] = {}
+    try:
+        app = apptainer_root() / "usr/bin/apptainer"
+        # srun runs it as given; the user must be able to read it.
+        host = pyxis.work / "host-apptainer"
+        host.mkdir(exist_ok=True)
+        shutil.copy2(app, host / "apptainer")
+        out["apptainer"] = host / "apptainer"
+        for arch in ("x86_64", "aarch64"):
+            root = image_root(pyxis.work / f"sif-{arch}", arch)
+            (root / "usr/bin/up").unlink()  # apptainer refuses links out of the tree
+            out[arch] = build_sif(root, slurm.cluster.shared / f"{arch}.sif")
+    except CorpusUnavailable as exc:
+        pytest.skip(f"no Apptainer root: {exc}")
+    return out
+
+
+def test_apptainer_sif_of_the_other_architecture(pyxis: Pyxis, sifs: dict[str, Path]) -> None:
+    pyxis.use()
+    out = pyxis.slurm.side_file("apptainer-ran.out")
+    argv = [str(sifs["apptainer"]), "exec", "./aarch64.sif", "/opt/app/tool"]
+    res = pyxis.slurm.cluster.srun(argv, env={"PWD": str(pyxis.slurm.cluster.shared)})
+    assert res.returncode != 0
+    assert f"{PREFIX}ERROR image-arch-mismatch: {pyxis.slurm.cluster.shared}/aarch64.sif" \
+        in res.stderr
+    assert "task_init() failed" in res.stderr  # refused before apptainer started
+    assert not out.exists()
+
+
+def test_apptainer_clean_sif_is_judged_inside(pyxis: Pyxis, sifs: dict[str, Path]) -> None:
+    pyxis.use()
+    before = len(pyxis.slurm.audit_lines())
+    argv = [str(sifs["apptainer"]), "exec", "./x86_64.sif", "hello"]
+    res = pyxis.slurm.cluster.srun(argv, env={"PWD": str(pyxis.slurm.cluster.shared)})
+    assert PREFIX not in res.stderr
+    # (apptainer itself then fails here: sid's glibc / this sandbox; not ours.)
+    [rec] = pyxis.records(before)
+    assert (rec["action"], rec["rules"], rec["skipped"]) == ("allow", [], None)
+    # The step's program is apptainer; the image it was judged in is named.
+    assert (rec["image"], rec["program"]) == (f"{pyxis.slurm.cluster.shared}/x86_64.sif",
+                                              str(sifs["apptainer"]))

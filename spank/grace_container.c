@@ -276,18 +276,60 @@ static int grace_spool_dir(uint32_t job_id, uint32_t step_id, char *out, size_t 
 	return found;
 }
 
+/*
+ * Newer Slurm (seen: 26.05, container.c setup_container) moves argv into
+ * config.json only in each task (container_run), after task_init: at
+ * user_init S_JOB_ARGV is the user's argv and no copy is written yet, but
+ * slurmstepd has created the step's spool directory oci-job<J>-<S> in the
+ * root-owned SlurmdSpoolDir, which no user can do. That says "OCI step";
+ * which bundle, only srun's SLURM_CONTAINER says (the user's word: a false
+ * one can only make the user's own bundle be judged as another; a host step
+ * never has that directory, so it is never skipped).
+ */
+static void grace_oci_late(spank_t sp, const char *spool, uint32_t job_id, uint32_t step_id,
+			   struct grace_container *c)
+{
+	char path[4096], bundle[4096];
+	struct stat st;
+
+	if (lstat(spool, &st) != 0 || !S_ISDIR(st.st_mode) || st.st_uid != 0 ||
+	    (st.st_mode & 0022) != 0)
+		return;
+	if (step_id == SLURM_BATCH_SCRIPT)
+		snprintf(path, sizeof(path), "%s/oci-job%u-batch", spool, job_id);
+	else
+		snprintf(path, sizeof(path), "%s/oci-job%u-%u", spool, job_id, step_id);
+	if (lstat(path, &st) != 0 || !S_ISDIR(st.st_mode))
+		return;
+	if (!grace_env(sp, "SLURM_CONTAINER", bundle, sizeof(bundle)) || bundle[0] != '/')
+		return;
+	snprintf(c->kind, sizeof(c->kind), "oci-bundle");
+	snprintf(c->image, sizeof(c->image), "%s", bundle);
+	c->local = 1;
+	snprintf(c->reason, sizeof(c->reason), "Slurm OCI container step (bundle %.300s)",
+		 bundle);
+}
+
 static void grace_oci(spank_t sp, char **argv, int argc, struct grace_container *c)
 {
 	uint32_t job_id = 0, step_id = 0;
 	char cwd[2048], path[4096];
 	struct stat st;
 
-	if (!grace_is_oci_canary(argv, argc))
+	int canary = grace_is_oci_canary(argv, argc);
+
+	/* A host step pays nothing here: neither the canary nor srun's variable
+	 * (a false SLURM_CONTAINER costs its sender one lookup, nothing more). */
+	if (!canary && !grace_env(sp, "SLURM_CONTAINER", path, sizeof(path)))
 		return;
 	spank_get_item(sp, S_JOB_ID, &job_id);
 	spank_get_item(sp, S_JOB_STEPID, &step_id);
 	if (!grace_spool_dir(job_id, step_id, cwd, sizeof(cwd)))
 		return;
+	if (!canary) {
+		grace_oci_late(sp, cwd, job_id, step_id, c);
+		return;
+	}
 	if (step_id == SLURM_BATCH_SCRIPT)
 		snprintf(path, sizeof(path), "%s/oci-job%05u-batch/config.json", cwd, job_id);
 	else

@@ -95,3 +95,20 @@ def test_slurm_oci_bad_configs_are_skips(tmp_path: Path, text: str) -> None:
     conf.write_text(text)
     todo = plan("oci", str(conf), True, "oci step", ["/bin/sh"], {}, "/")
     assert todo.image is None and "not judged" in str(todo.skipped)
+
+
+def test_slurm_oci_bundle_as_newer_slurm_runs_it(tmp_path: Path) -> None:
+    """26.05: the bundle's own config.json, the step's argv, the job's
+    variables over process.env by name (container.c _merge_step_config_env)."""
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    shutil.move(str(_root(tmp_path)), bundle / "rootfs")
+    (bundle / "config.json").write_text(json.dumps({
+        "root": {"path": "rootfs"},
+        "process": {"args": ["/bin/sh"], "cwd": "/work", "env": ["PATH=/opt/app/bin", "B=1"]}}))
+    todo = plan("oci-bundle", str(bundle), True, "oci step", ["tool"], {"B": "2", "C": "3"}, "/")
+    assert todo.skipped is None and todo.image is not None
+    assert todo.argv == ("tool",) and todo.cwd == "/work"
+    assert todo.env == {"PATH": "/opt/app/bin", "B": "2", "C": "3"}
+    outside = plan("oci-bundle", str(tmp_path / "nope"), True, "oci step", ["tool"], {}, "/")
+    assert outside.image is None and "not judged" in str(outside.skipped)

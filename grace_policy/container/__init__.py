@@ -49,6 +49,10 @@ def plan(kind: str, image: str | None, local: bool, reason: str, argv: Sequence[
             from .slurm_oci import plan_oci
 
             return plan_oci(image or "", reason, env, max_inodes=max_inodes)
+        if kind == "oci-bundle":
+            from .slurm_oci import plan_bundle
+
+            return plan_bundle(image or "", reason, argv, env)
     except Exception as exc:  # an image is user input: a skip, never a crash
         return Plan(None, tuple(argv), dict(env), cwd,
                     skipped=f"{reason}: not judged: {type(exc).__name__}: {exc}")

@@ -9,14 +9,21 @@ to ``BUNDLE/rootfs``; the step's own argv becomes a ``/bin/sh -c`` canary.
 spank/grace_container.c finds that copy (it is root's, the user cannot
 forge it) and hands its path here: the check judges ``process.args`` in
 ``root.path`` with ``process.env`` and ``process.cwd``, as runc will run
-them. ``SLURM_CONTAINER`` in the step environment is never read: srun
+them. ``SLURM_CONTAINER`` in the step environment is not read there: srun
 leaves a user's own value alone.
+
+Newer Slurm (26.05) moves argv into config.json only per task, after the
+plugins' task_init: spank/grace_container.c then knows the step is an OCI
+step from the spool directory slurmstepd made, and the bundle only from
+``SLURM_CONTAINER`` (``oci-bundle``, :func:`plan_bundle`): the bundle's own
+config.json, with the step's argv and the job's variables merged over
+``process.env`` by name, as 26.05's ``_merge_step_config_env`` does.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from .._record import replace
 from . import Plan
@@ -82,3 +89,18 @@ def _declared_arch(bundle: str) -> str | None:
         return open_bundle(bundle).arch
     except Exception:
         return None
+
+
+def plan_bundle(bundle: str, reason: str, argv: Sequence[str], env: Mapping[str, str]) -> Plan:
+    from ..image import ImageError
+    from ..image.oci import open_bundle
+
+    try:
+        img = open_bundle(bundle)
+    except ImageError as exc:
+        return Plan(None, tuple(argv), dict(env), "/", skipped=f"{reason}: not judged: "
+                                                              f"{exc.reason}")
+    inner = dict(img.env)
+    inner.update(env)  # the step's variables replace the bundle's of the same name
+    cwd = img.cwd or "/"
+    return Plan(replace(img, env=tuple(inner.items())), tuple(argv), inner, cwd)

@@ -37,11 +37,12 @@ verify-pages: deps
 demo-node: deps
 	$(PYTHON) tests/vm/demo_node.py
 
-# Long fuzz of the ELF reader (hypothesis; failures are kept in its database
-# under ~/.cache/grace-policy-tests/hypothesis and replayed on the next run).
+# Long fuzz of the ELF reader and the image readers (squashfs, LZO)
+# (hypothesis; ELF failures are kept in its database under
+# ~/.cache/grace-policy-tests/hypothesis and replayed on the next run).
 fuzz:
 	GRACE_FUZZ_EXAMPLES=$${GRACE_FUZZ_EXAMPLES:-50000} $(PYTHON) -m pytest -q -p no:cacheprovider tests/test_elf_fuzz.py \
-	    tests/test_hostile.py -k "fuzz"
+	    tests/test_hostile.py tests/image/test_image_fuzz.py -k "fuzz"
 
 clean:
 	rm -rf $(BUILD) .pytest_cache .coverage

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from . import envleak
+from . import envleak, fsprobe
 from ._record import dataclass, replace
 from .budget import Budget, BudgetExceeded
 from .causes import path_causes
@@ -88,16 +88,14 @@ def check_step(
     budget = budget or Budget()
     if image is None:
         return _check_step(argv, env, cwd, node, env_vars, env_strip, budget, cuda_index, None)
-    from . import fsprobe
-    from .image.step import image_node, image_report
+    from .image.step import image_report
 
     # The view ticks the budget as it decompresses (a deadline for huge
     # listings and blocks), for this check only.
     image.view.budget = budget  # type: ignore[attr-defined]
     with fsprobe.using(image.view):
-        inner = image_node(node)
         try:
-            report = _check_step(argv, env, cwd, inner, env_vars, env_strip, budget,
+            report = _check_step(argv, env, cwd, node, env_vars, env_strip, budget,
                                  cuda_index, image)
         finally:
             image.view.budget = None  # type: ignore[attr-defined]
@@ -114,18 +112,19 @@ def _check_step(argv: Sequence[str], env: Mapping[str, str], cwd: str, node: Nod
         env = _c_env(env, env_vars)
         cwd = c_string(cwd) or "/"
         if image is not None:
-            from .image.step import arch_issue
+            from .image.step import arch_issue, image_node
 
             mismatch = arch_issue(image, argv, env, node, budget)
             if mismatch is not None:
                 # Every file of the image is foreign: one finding says it all.
                 return StepReport((mismatch,), changes, None)
+            node = image_node(node, budget)
         leak = envleak.plan(env, node, names=env_vars, strip=env_strip, budget=budget)
         changes = leak.changes
         issues.extend(leak.issues)
         ctx = StepContext(node=node, env=leak.changes.apply(env), cwd=cwd, budget=budget,
                           view=image.view if image is not None else None, image=image,
-                          cuda_index=cuda_index)
+                          cuda_index=cuda_index, read=fsprobe.recording())
         _check(argv, ctx, issues, state, leak.foreign_prefixes)
     except BudgetExceeded as exc:
         return StepReport(tuple(issues), changes, _opt_str(state.get("exe")),

@@ -36,6 +36,13 @@ _log: list[tuple[str, str, str]] | None = None
 _view = None  # type: ignore[var-annotated]
 
 
+def recording() -> list[tuple[str, str, str]] | None:
+    """The record of the check in progress (appended to as it reads), or
+    None when nobody listens; :class:`grace_policy.context.StepContext`
+    carries it."""
+    return _log
+
+
 def current_view():  # type: ignore[no-untyped-def]
     """The view in use, or None for the host."""
     return _view

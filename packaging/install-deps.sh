@@ -6,12 +6,14 @@
 # Container steps (tests/slurm/containers.py builds pyxis and enroot from
 # ../shared/third_party/): squashfs-tools parallel gawk makeself libmd-dev
 # libbsd-dev jq zstd curl libcap2-bin for enroot, runc for --container.
+# squashfs-tools: container images the tests make (mksquashfs) and the
+# squashfs reader's oracle (unsquashfs); util-linux: unshare for SIF builds.
 set -euo pipefail
 need_apt=()
 all_pkgs=(slurmd slurmctld slurm-client libslurm-dev munge gcc-aarch64-linux-gnu
           libc6-dev-arm64-cross qemu-user python3-dev python3-pip python3-venv
           fakeroot patchelf dpkg-dev make bzip2 binutils-aarch64-linux-gnu
-          mmdebstrap debhelper rpm
+          mmdebstrap debhelper rpm util-linux
           qemu-system-arm flex bison bc cpio xz-utils libssl-dev libelf-dev
           squashfs-tools parallel gawk makeself libmd-dev libbsd-dev jq zstd curl
           libcap2-bin runc)

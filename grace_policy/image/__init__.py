@@ -63,6 +63,15 @@ class Image:
         out.update(self.env)
         return out
 
+    def with_mounts(self, mounts: list[tuple[str, str]]) -> Image:
+        """This image with host directories bind-mounted at the given inner
+        paths, ``[(inner, host_dir), ...]``, as the runtime will mount them
+        (enroot's home and ``--container-mounts``, Apptainer's binds)."""
+        from .._record import replace
+        from .view import MountedView
+
+        return replace(self, view=MountedView(self.view, list(mounts)))  # type: ignore[arg-type]
+
     def describe(self) -> str:
         return f"{self.kind} image {self.path}"
 

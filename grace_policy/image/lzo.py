@@ -62,11 +62,14 @@ def _decode(src: bytes, limit: int) -> bytes:
         ip += t
         state = t if t < 4 else 4
     while True:
-        if len(out) > limit:
-            raise LzoError("the output would exceed its limit")
         t = src[ip]
         ip += 1
-        if t < 16:
+        if t >= 64:  # the most common instruction: a short match
+            nxt = t & 3
+            distance = 1 + ((t >> 2) & 7) + (src[ip] << 3)
+            ip += 1
+            length = (t >> 5) + 1
+        elif t < 16:
             if state == 0:
                 if t == 0:
                     t, ip = _long(src, ip, 15, limit)
@@ -75,6 +78,8 @@ def _decode(src: bytes, limit: int) -> bytes:
                     raise LzoError("a literal run goes past the end of the input")
                 out += src[ip:ip + t]
                 ip += t
+                if len(out) > limit:
+                    raise LzoError("the output would exceed its limit")
                 state = 4
                 continue
             nxt = t & 3
@@ -86,11 +91,6 @@ def _decode(src: bytes, limit: int) -> bytes:
                 distance = 1 + _M2_MAX_OFFSET + (t >> 2) + (src[ip] << 2)
                 length = 3
             ip += 1
-        elif t >= 64:
-            nxt = t & 3
-            distance = 1 + ((t >> 2) & 7) + (src[ip] << 3)
-            ip += 1
-            length = (t >> 5) + 1
         elif t >= 32:
             length = t & 31
             if length == 0:
@@ -118,7 +118,10 @@ def _decode(src: bytes, limit: int) -> bytes:
             nxt = word & 3
             distance += 0x4000
             length += 2
-        begin = len(out) - distance
+        olen = len(out)
+        if olen + length + nxt > limit:
+            raise LzoError("the output would exceed its limit")
+        begin = olen - distance
         if begin < 0:
             raise LzoError("a match refers to before the start of the output")
         if distance >= length:

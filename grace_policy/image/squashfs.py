@@ -85,18 +85,36 @@ def decompressor(comp: int):  # type: ignore[no-untyped-def]
 
         return decompress
     if comp == 6:
-        try:
-            from compression import zstd  # type: ignore[import-not-found]
-        except ImportError:
-            zstd = None
-        if zstd is not None:
-            def inflate(data: bytes, limit: int) -> bytes:
-                d = zstd.ZstdDecompressor()
-                out = d.decompress(data, max_length=limit)
-                return out  # type: ignore[no-any-return]
+        inflate = _zstd()
+        if inflate is not None:
             return inflate
     raise ImageError(f"the squashfs image is {name}-compressed, which this check cannot "
                      "read (gzip, xz, lzma, lzo and, with a zstd module, zstd are read)")
+
+
+def _zstd():  # type: ignore[no-untyped-def]
+    """A zstd ``inflate`` from Python 3.14's ``compression.zstd`` or the
+    ``zstandard`` package when one is installed; None otherwise."""
+    try:
+        from compression import zstd  # type: ignore[import-not-found]
+
+        def inflate(data: bytes, limit: int) -> bytes:
+            out = zstd.ZstdDecompressor().decompress(data, max_length=limit)
+            return out  # type: ignore[no-any-return]
+        return inflate
+    except ImportError:
+        pass
+    try:
+        import zstandard  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+
+    def inflate_zstandard(data: bytes, limit: int) -> bytes:
+        out = zstandard.ZstdDecompressor().decompress(data, max_output_size=limit)
+        if len(out) > limit:
+            raise _corrupt("a zstd block inflates past its size")
+        return out  # type: ignore[no-any-return]
+    return inflate_zstandard
 
 
 class _Inode:

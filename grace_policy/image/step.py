@@ -39,11 +39,49 @@ PLATFORMS = {"aarch64": "linux/arm64", "x86_64": "linux/amd64", "ppc64": "linux/
              "arm": "linux/arm"}
 
 
-def image_node(node: NodeProfile) -> NodeProfile:
-    """The node for files in an image: the node's CPU and page size; the
+#: The most of ld.so read for its version string (glibc's is ~200-250 KiB).
+MAX_LDSO_BYTES = 1 << 20
+_VERSION_MARK = b"stable release version "
+
+
+def image_node(node: NodeProfile, budget: Budget | None = None) -> NodeProfile:
+    """The node for files in an image: the node's CPU and page size, the
+    image's own glibc (the loader that runs is the image's: ``ld.so``
+    announces its version, "... release version 2.36."; unknown when it does
+    not, which the page rules treat as the older, stricter loader); the
     files are all the image's own (no host root, no by-name system files:
-    ``root_is_native``), and the loader reads the image's ld.so.cache."""
-    return replace(node, root="/", root_is_native=True)
+    ``root_is_native``), and the loader reads the image's ld.so.cache.
+    Call inside the image's view."""
+    return replace(node, root="/", root_is_native=True, glibc=image_glibc(node, budget))
+
+
+def image_glibc(node: NodeProfile, budget: Budget | None = None) -> tuple[int, int] | None:
+    from ..elf import ElfError, open_regular
+    from ..loader import CANONICAL_INTERP
+
+    for interp in CANONICAL_INTERP.get(node.machine, ()):
+        try:
+            fh, st = open_regular(interp)
+        except (OSError, ElfError):
+            continue
+        try:
+            size = min(st.st_size, MAX_LDSO_BYTES)
+            if budget is not None:
+                budget.spend_bytes(size)
+            data = fh.pread(size, 0)
+        except OSError:
+            continue
+        finally:
+            fh.close()
+        at = data.rfind(_VERSION_MARK)
+        if at < 0:
+            return None
+        words = data[at + len(_VERSION_MARK):at + len(_VERSION_MARK) + 16].split(b".")
+        try:
+            return int(words[0]), int(bytes(c for c in words[1] if 48 <= c <= 57))
+        except (IndexError, ValueError):
+            return None
+    return None
 
 
 def image_arch(image: Image, argv: Sequence[str], env: dict[str, str] | None = None,

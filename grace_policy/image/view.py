@@ -137,8 +137,8 @@ class TreeView:
                 if not strict:
                     return node, _join(where, name, todo)
                 raise _error(errno.ENOTDIR, path)
-            child = self._child(node, name)
             here = where.rstrip("/") + "/" + name
+            child = self._child_at(node, name, here)
             if child is None:
                 if not strict:
                     return node, _join(where, name, todo)
@@ -217,6 +217,11 @@ class TreeView:
         return []
 
     # -- per kind -----------------------------------------------------------
+
+    def _child_at(self, node: object, name: str, here: str) -> object | None:
+        """The child ``name`` of ``node``, whose canonical path is ``here``
+        (a mount point replaces what the image has there)."""
+        return self._child(node, name)
 
     def _root(self) -> object:
         raise NotImplementedError
@@ -318,3 +323,107 @@ class DirView(TreeView):
         from ..fsprobe import CHANGED
 
         return [("s", self.root, CHANGED)]
+
+
+class MountedView(TreeView):
+    """An image with host directories bind-mounted into it, as the runtime
+    does (enroot's ``mounts.d`` and ``--container-mounts``, Apptainer's
+    ``$HOME``/``--bind``, an OCI bundle's bind mounts): a path at or below a
+    mount point is read in the host directory, everything else in the image.
+    Links resolve in the container's whole tree: an absolute link in a
+    mounted directory restarts at the image's root. Only the mounts the
+    caller lists exist; nothing else of the host is visible.
+
+    A check that reads a mounted directory cannot become a cache entry (it
+    records :data:`~grace_policy.fsprobe.CHANGED` the first time it enters
+    one): the tree has no identity a replay could check."""
+
+    def __init__(self, base: TreeView, mounts: list[tuple[str, str]]) -> None:
+        self.base = base
+        self.name = base.name
+        self.views: list[TreeView] = [base]
+        self.points: dict[str, int] = {}
+        for inner, host in mounts:
+            point = os.path.normpath("/" + inner.lstrip("/"))
+            if point == "/":
+                continue  # the image's root is the image
+            self.views.append(DirView(host))
+            self.points[point] = len(self.views) - 1
+        #: Directories leading to a mount point that the image lacks: the
+        #: runtime creates them (enroot, Apptainer), empty but for the mounts.
+        self.virtual = {os.path.dirname(p) for p in self.points}
+        for p in list(self.virtual):
+            while p not in ("/", ""):
+                self.virtual.add(p)
+                p = os.path.dirname(p)
+        self.virtual.discard("/")
+        self.entered: set[int] = set()
+
+    @property
+    def budget(self):  # type: ignore[no-untyped-def]
+        return getattr(self.base, "budget", None)
+
+    @budget.setter
+    def budget(self, value) -> None:  # type: ignore[no-untyped-def]
+        self.base.budget = value  # type: ignore[attr-defined]
+
+    def _root(self) -> object:
+        return (0, self.base._root())
+
+    def _child_at(self, node: object, name: str, here: str) -> object | None:
+        index = self.points.get(here)
+        if index is not None:
+            if index not in self.entered:
+                self.entered.add(index)
+                from .. import fsprobe
+
+                fsprobe.note(self.views[index].root, None, -1)  # type: ignore[attr-defined]
+            return (index, self.views[index]._root())
+        vi, inner = node  # type: ignore[misc]
+        child = self.views[vi]._child(inner, name) if vi >= 0 else None
+        if child is None:
+            return (-1, here) if here in self.virtual else None
+        return (vi, child)
+
+    def _mode(self, node: object) -> str:
+        vi, inner = node  # type: ignore[misc]
+        return "d" if vi < 0 else self.views[vi]._mode(inner)
+
+    def _readlink(self, node: object) -> str:
+        vi, inner = node  # type: ignore[misc]
+        return "" if vi < 0 else self.views[vi]._readlink(inner)
+
+    def _stat(self, node: object):  # type: ignore[no-untyped-def]
+        vi, inner = node  # type: ignore[misc]
+        if vi < 0:
+            return Stat(_stat.S_IFDIR | 0o755, hash(inner) & 0xFFFFFFFF, 0, 0, 0)
+        return self.views[vi]._stat(inner)
+
+    def _names(self, node: object) -> list[tuple[str, str]]:
+        vi, inner = node  # type: ignore[misc]
+        return [] if vi < 0 else self.views[vi]._names(inner)
+
+    def _open(self, node: object, st: object):  # type: ignore[no-untyped-def]
+        vi, inner = node  # type: ignore[misc]
+        return self.views[vi]._open(inner, st)
+
+    def _listing(self, path: str) -> list[tuple[str, str]]:
+        node, canonical = self._walk(path, True)
+        if self._mode(node) != "d":
+            raise _error(errno.ENOTDIR, path)
+        names = dict(self._names(node))
+        base = canonical.rstrip("/")
+        for point in self.points:
+            parent, _, leaf = point.rpartition("/")
+            if (parent or "/") == (base or "/"):
+                names[leaf] = "d"
+        return list(names.items())
+
+    def record(self) -> list[tuple[str, str, str]]:
+        self.entered.clear()  # a new check: entering a mount is noted again
+        return self.base.record()
+
+    def close(self) -> None:
+        close = getattr(self.base, "close", None)
+        if close is not None:
+            close()

@@ -127,3 +127,23 @@ def test_check_image_cli(root: Path, tmp_path: Path, capsys: pytest.CaptureFixtu
     assert code == 64 and "truncated" in err
     code, out, _ = run(capsys, "explain", "image-arch-mismatch")
     assert code == 0 and out.startswith("image-arch-mismatch:") and "{node_platform}" in out
+
+
+def test_decide_in_an_image_records_its_identity(root: Path, tmp_path: Path) -> None:
+    from grace_policy import fsprobe, verdict_cache
+
+    sqsh = mksquashfs(root, tmp_path / "c.sqsh", "lzo")
+    image = open_image(str(sqsh))
+    probes: list[tuple[str, str, str]] = []
+    verdict = decide(load_policy(None), partition=None, argv=["hello"],
+                     env=image.step_env({}), cwd="/", node=HOST, probes=probes, image=image)
+    assert verdict.action == "allow" and verdict.image == str(sqsh)
+    assert verdict_cache.cacheable(verdict)
+    # The only file question: the image itself (a verdict-cache key C can
+    # replay); the rest are inputs.
+    files = [p for p in probes if p[0] in ("s", "l", "r", "D")]
+    assert files == [("s", str(sqsh), fsprobe.signature(os.stat(sqsh)))]
+    assert fsprobe.still_true(probes)
+    shutil.copy2(sqsh, tmp_path / "other.sqsh")
+    os.replace(tmp_path / "other.sqsh", sqsh)  # same bytes, another file
+    assert not fsprobe.still_true(probes)

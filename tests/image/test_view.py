@@ -135,3 +135,54 @@ def test_budget_ends_a_deep_walk(tmp_path: Path) -> None:
     report = check_step(["/d/l0"], {}, "/", HOST, image=open_image(str(root)),
                         budget=Budget(2000))
     assert report.issues and report.limit is None
+
+
+def test_image_glibc_is_its_ld_so(x86_root: Path) -> None:
+    import re
+    import subprocess
+
+    from grace_policy.image.step import image_glibc
+
+    ldso = x86_root / "lib/x86_64-linux-gnu/ld-linux-x86-64.so.2"
+    if HOST.machine != "x86_64":
+        pytest.skip("runs the image's x86_64 ld.so --version as the oracle")
+    said = subprocess.run([str(ldso), "--version"], capture_output=True, text=True,
+                          check=True).stdout
+    m = re.search(r"release version (\d+)\.(\d+)", said)
+    assert m
+    with fsprobe.using(DirView(str(x86_root))):
+        assert image_glibc(HOST) == (int(m.group(1)), int(m.group(2)))
+    empty = x86_root.parent / "empty"
+    empty.mkdir(exist_ok=True)
+    with fsprobe.using(DirView(str(empty))):
+        assert image_glibc(HOST) is None
+
+
+def test_mounts_are_seen_where_the_runtime_mounts_them(x86_root: Path, tmp_path: Path) -> None:
+    from .roots import mksquashfs
+
+    home = tmp_path / "home-u"
+    (home / "bin").mkdir(parents=True)
+    (home / "bin" / "mine").symlink_to("/usr/bin/hello")  # resolves in the container
+    (home / "bin" / "script").write_text("#!/usr/bin/sh\n")
+    (home / "bin" / "script").chmod(0o755)
+    sqsh = mksquashfs(x86_root, tmp_path / "i.sqsh", "gzip")
+    image = open_image(str(sqsh)).with_mounts([("/home/u", str(home))])
+    view = image.view
+    assert "u" in view.listdir("/home") if view.lstat("/home") else True  # type: ignore[attr-defined]
+    assert view.realpath("/home/u/bin/mine") == "/usr/bin/hello"  # type: ignore[attr-defined]
+    fsprobe.start()
+    report = check_step(["/home/u/bin/script"], image.step_env({}), "/home/u", HOST,
+                        image=image)
+    record = fsprobe.stop()
+    assert report.issues == () and [h.kind for h in report.hops] == ["script", "elf"]
+    # The image's identity, and the mount that was read: never a cache entry.
+    assert record[0][0] == "s" and record[0][1] == str(sqsh)
+    assert (str(home), fsprobe.CHANGED) in {(p, a) for _op, p, a in record}
+    # Only what is mounted: the rest of the host stays invisible.
+    assert [i.rule for i in check_step(["/bin/true"], {}, "/", HOST, image=image).issues] == \
+        ["exe-not-found"]
+    plain = open_image(str(sqsh))
+    fsprobe.start()
+    check_step(["hello"], plain.step_env({}), "/", HOST, image=plain)
+    assert fsprobe.stop() == [("s", str(sqsh), fsprobe.signature(os.stat(sqsh)))]

@@ -74,6 +74,9 @@ class StepInput:
     container_kind: str | None = None
     container_image: str | None = None
     container_local: bool = False
+    #: The runtime's own options that change what argv finds, "key=value"
+    #: lines (pyxis: mounts, workdir, mount_home), as C read them.
+    container_args: str | None = None
 
     @property
     def step_name(self) -> str:
@@ -158,7 +161,8 @@ def run_step(step: StepInput) -> Outcome:
         from .container import plan
 
         todo = plan(step.container_kind, step.container_image, step.container_local,
-                    step.container or step.container_kind, argv, env, cwd)
+                    step.container or step.container_kind, argv, env, cwd,
+                    args=step.container_args)
         container, image = todo.skipped, todo.image
         argv, env, cwd = list(todo.argv), todo.env, todo.cwd
         program = argv[0] if argv else None  # the program in the image
@@ -348,6 +352,7 @@ def read_step(ffi: Any, c_step: Any) -> StepInput:
         container_kind=_text(ffi, c_step.container_kind),
         container_image=_text(ffi, c_step.container_image),
         container_local=bool(c_step.container_local),
+        container_args=_text(ffi, c_step.container_args),
     )
 
 

@@ -61,6 +61,7 @@ struct grace_step {
     const char *container_kind;
     const char *container_image;
     int container_local;
+    const char *container_args;
 };
 
 void grace_emit(void *result, int kind, const char *text);

@@ -64,6 +64,8 @@ struct grace_step {
 	const char *container_kind;
 	const char *container_image;
 	int container_local;   /* 1: container_image is a file on this node */
+	const char *container_args; /* the runtime's own options, "key=value" lines
+	                             * (pyxis: mounts, workdir, mount_home), or NULL */
 };
 
 /* Implemented in Python (grace_policy/slurm_bridge.py) through cffi. */
@@ -129,6 +131,7 @@ struct grace_container {
 	char name[256];    /* pyxis --container-name, or "" */
 	int local;
 	char reason[400];  /* for the audit line: which container, on whose word */
+	char args[4096];   /* see grace_step.container_args */
 };
 /* user_init: fill c (kind "" for a host step). */
 void grace_container_detect(spank_t sp, char **argv, int argc, const char *cwd,

@@ -143,6 +143,41 @@ static int grace_env(spank_t sp, const char *name, char *out, size_t len)
 	return 1;
 }
 
+/* The pyxis options that change what argv finds in the container, as
+ * "key=value" lines: where host directories are mounted and where the task
+ * starts (option first, then pyxis' own environment default). */
+static void grace_pyxis_args(spank_t sp, struct grace_container *c)
+{
+	static const char *const opts[][3] = {
+		{ "container-mounts", "PYXIS_CONTAINER_MOUNTS", "mounts" },
+		{ "container-workdir", "PYXIS_CONTAINER_WORKDIR", "workdir" },
+	};
+	char value[2048];
+	size_t used = 0, i;
+
+	for (i = 0; i < sizeof(opts) / sizeof(opts[0]); i++) {
+		if (!grace_pyxis_opt(sp, opts[i][0], value, sizeof(value)) &&
+		    !grace_env(sp, opts[i][1], value, sizeof(value)))
+			continue;
+		if (strchr(value, '\n') != NULL)
+			continue;
+		used += (size_t)snprintf(c->args + used, sizeof(c->args) - used, "%s=%s\n",
+					 opts[i][2], value);
+		if (used >= sizeof(c->args)) {
+			c->args[0] = '\0'; /* cut: better none than half a mount list */
+			return;
+		}
+	}
+	{
+		/* --container-mount-home is a flag: no argument */
+		struct spank_option flag = { (char *)"container-mount-home", NULL, "", 0, 0, NULL };
+
+		if (spank_option_getopt(sp, &flag, NULL) == ESPANK_SUCCESS)
+			used += (size_t)snprintf(c->args + used, sizeof(c->args) - used,
+						 "mount_home=1\n");
+	}
+}
+
 static void grace_pyxis(spank_t sp, const char *cwd, struct grace_container *c)
 {
 	struct grace_find_pyxis f = { .self = (void *)&state };
@@ -158,6 +193,7 @@ static void grace_pyxis(spank_t sp, const char *cwd, struct grace_container *c)
 	if (image[0] == '\0' && name[0] == '\0')
 		return;
 
+	grace_pyxis_args(sp, c);
 	state.pyxis = 1;
 	state.pyxis_before_us = f.before_us;
 	{

@@ -435,6 +435,7 @@ int grace_stepd_user_init(struct grace_context *ctx, spank_t sp)
 		.container_kind = job->box.kind[0] ? job->box.kind : NULL,
 		.container_image = job->box.kind[0] ? job->box.image : NULL,
 		.container_local = job->box.local,
+		.container_args = job->box.args[0] ? job->box.args : NULL,
 	};
 
 

@@ -38,13 +38,16 @@ class Plan:
 
 
 def plan(kind: str, image: str | None, local: bool, reason: str, argv: Sequence[str],
-         env: Mapping[str, str], cwd: str, *, max_inodes: int | None = None) -> Plan:
-    """The step as it will run in its container. Never raises."""
+         env: Mapping[str, str], cwd: str, *, max_inodes: int | None = None,
+         args: str | None = None) -> Plan:
+    """The step as it will run in its container. Never raises. ``args``: the
+    runtime's own options as C read them ("key=value" lines)."""
     try:
         if kind == "pyxis":
             from .pyxis import plan_pyxis
 
-            return plan_pyxis(image, local, reason, argv, env, cwd, max_inodes=max_inodes)
+            return plan_pyxis(image, local, reason, argv, env, cwd, max_inodes=max_inodes,
+                              args=_lines(args))
         if kind == "oci":
             from .slurm_oci import plan_oci
 
@@ -58,3 +61,12 @@ def plan(kind: str, image: str | None, local: bool, reason: str, argv: Sequence[
                     skipped=f"{reason}: not judged: {type(exc).__name__}: {exc}")
     return Plan(None, tuple(argv), dict(env), cwd,
                 skipped=f"{reason}: not judged: unknown container kind {kind!r}")
+
+
+def _lines(text: str | None) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for line in (text or "").splitlines():
+        key, eq, value = line.partition("=")
+        if eq and key:
+            out[key] = value
+    return out

@@ -138,4 +138,32 @@ def plan_apptainer(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> Pla
                 inner[key] = value
     workdir = opts.get("--pwd") or opts.get("--cwd")
     inner_cwd = workdir if workdir and workdir.startswith("/") else (cwd or "/")
+    binds = _binds(opts, env, cwd)
+    if binds:
+        img = img.with_mounts(binds)
     return Plan(img, command, inner, inner_cwd)
+
+
+def _binds(opts: Mapping[str, str | None], env: Mapping[str, str], cwd: str
+           ) -> list[tuple[str, str]]:
+    """(inner, host) of what Apptainer mounts by default (the user's HOME,
+    the cwd, /tmp; none of them with --contain/--containall, no HOME with
+    --no-home) and of ``-B/--bind SRC[:DST[:OPTS]],...``."""
+    contained = any(o in opts for o in ("-c", "--contain", "-C", "--containall"))
+    out: list[tuple[str, str]] = []
+    if not contained:
+        home = opts.get("-H") or opts.get("--home") or env.get("HOME")
+        if home and "--no-home" not in opts:
+            src, _, dst = home.partition(":")
+            if src.startswith("/"):
+                out.append((dst if dst.startswith("/") else src, src))
+        for path in ("/tmp", cwd):
+            if path and path.startswith("/") and path != "/":
+                out.append((path, path))
+    for item in ((opts.get("-B") or "") + "," + (opts.get("--bind") or "")).split(","):
+        parts = item.split(":")
+        src = parts[0]
+        dst = parts[1] if len(parts) > 1 and parts[1] else src
+        if src.startswith("/") and dst.startswith("/"):
+            out.append((dst, src))
+    return out

@@ -26,8 +26,26 @@ from . import Plan
 _DENIED = ("PATH", "LD_LIBRARY_PATH", "LD_PRELOAD")
 
 
+def mounts(args: Mapping[str, str], env: Mapping[str, str]) -> list[tuple[str, str]]:
+    """(inner, host) of ``--container-mounts SRC:DST[:FLAGS],...`` (pyxis
+    args.c: ``SRC`` alone mounts at the same path) and, with
+    ``--container-mount-home``, the job's HOME at the same path."""
+    out: list[tuple[str, str]] = []
+    for item in (args.get("mounts") or "").split(","):
+        parts = item.split(":")
+        src = parts[0]
+        dst = parts[1] if len(parts) > 1 and parts[1] else src
+        if src.startswith("/") and dst.startswith("/"):
+            out.append((dst, src))
+    home = env.get("HOME")
+    if args.get("mount_home") == "1" and home and home.startswith("/"):
+        out.append((home, home))
+    return out
+
+
 def plan_pyxis(image: str | None, local: bool, reason: str, argv: Sequence[str],
-               env: Mapping[str, str], cwd: str, *, max_inodes: int | None = None) -> Plan:
+               env: Mapping[str, str], cwd: str, *, max_inodes: int | None = None,
+               args: Mapping[str, str] | None = None) -> Plan:
     if not local or not image:
         return Plan(None, tuple(argv), dict(env), cwd,
                     skipped=f"{reason}: not judged: not a local image (pyxis imports or "
@@ -44,6 +62,13 @@ def plan_pyxis(image: str | None, local: bool, reason: str, argv: Sequence[str],
                     skipped=f"{reason}: not judged: {exc.strerror or exc}")
     job = {k: v for k, v in env.items() if k not in _DENIED}
     inner = img.step_env(job)
+    args = args or {}
+    binds = mounts(args, env)
+    if binds:
+        img = img.with_mounts(binds)
+    workdir = args.get("workdir")
+    if workdir and workdir.startswith("/"):
+        return Plan(img, tuple(argv), inner, workdir)
     return Plan(img, tuple(argv), inner, _inner_cwd(img, cwd))
 
 

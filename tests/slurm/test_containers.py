@@ -476,3 +476,25 @@ def test_apptainer_clean_sif_is_judged_inside(pyxis: Pyxis, sifs: dict[str, Path
     assert (rec["image"], rec["program"]) == (f"{pyxis.slurm.cluster.shared}/x86_64.sif",
                                               str(sifs["apptainer"]))
 
+
+
+def test_container_mounts_are_judged_as_pyxis_mounts_them(pyxis: Pyxis) -> None:
+    """--container-mounts=SRC:DST: the program at DST is the host's SRC
+    (a native one runs in silence, a foreign one is refused), and
+    --container-workdir is where a relative program is looked up."""
+    pyxis.use()
+    host = pyxis.work / "mounted"
+    host.mkdir(exist_ok=True)
+    shutil.copy2(pyxis.work / "src" / "native", host / "native")
+    shutil.copy2(pyxis.work / "src" / "foreign", host / "foreign")
+    mount = f"--container-mounts={host}:/mnt/app"
+    res = pyxis.srun(["--container-image=./clean.sqsh", mount, "/mnt/app/native"])
+    assert res.returncode == 0, res.stderr
+    assert "side-effect program ran" in res.stdout and PREFIX not in res.stderr
+    res = pyxis.srun(["--container-image=./clean.sqsh", mount, "/mnt/app/foreign"])
+    assert res.returncode != 0
+    assert PREFIX + "ERROR" in res.stderr and "/mnt/app/foreign" in res.stderr
+    res = pyxis.srun(["--container-image=./clean.sqsh", mount,
+                      "--container-workdir=/mnt/app", "./native"])
+    assert res.returncode == 0, res.stderr
+    assert PREFIX not in res.stderr

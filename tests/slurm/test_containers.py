@@ -498,3 +498,14 @@ def test_container_mounts_are_judged_as_pyxis_mounts_them(pyxis: Pyxis) -> None:
                       "--container-workdir=/mnt/app", "./native"])
     assert res.returncode == 0, res.stderr
     assert PREFIX not in res.stderr
+
+
+def test_n_tasks_on_a_node_are_judged_once(pyxis: Pyxis) -> None:
+    pyxis.use()
+    before = len(pyxis.slurm.audit_lines())
+    res = pyxis.slurm.cluster.run(["srun", "-N1", "-n2", "--container-image=./clean.sqsh",
+                                   "tool"], env=pyxis.env(), timeout=180)
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.count("side-effect program ran") == 2
+    [rec] = pyxis.records(before)
+    assert rec["image"] == f"{pyxis.slurm.cluster.shared}/clean.sqsh"

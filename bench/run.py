@@ -221,6 +221,18 @@ def main() -> int:
                                  target, f"{mwo:.1f} ms", f"{mw:.1f} ms", f"+{mw - mwo:.1f} ms",
                                  f"{mw / mwo:.2f}×", ok))
                 print(rows[-1], flush=True)
+            # A pyxis container step (issue 15): added time next to pyxis'
+            # own start from the image. Needs the tests' pyxis/enroot build.
+            try:
+                from . import containers as ct
+
+                work = root / "pyxis"
+                work.mkdir(exist_ok=True)
+                rows.extend(ct.table(ct.rows(env, work, RUNS), RUNS))
+            except Exception as exc:  # a missing third_party tarball, no pytest ...
+                rows.append(_row("`srun --container-image` figures", "", "", "", "", "",
+                                 f"not run: {type(exc).__name__}: {exc}"))
+            print(rows[-1], flush=True)
             for label, args in (("cache warm", ()), ("cache cold", cold)):
                 rw, rwo = sl.peak_rss(env, max(5, RUNS // 3), plugin_args=args)
                 mw, mwo = sl.median(rw) / 1024, sl.median(rwo) / 1024

@@ -103,19 +103,48 @@ def decide(
                 return Verdict(action="allow", mode=mode, partition=partition,
                                skipped=f"image not readable: {exc.reason}", image=image)
         if probes is None:
-            return _decide(policy, mode, partition, argv, env, cwd, node, who, today, image)
-        from . import fsprobe
+            verdict = _decide(policy, mode, partition, argv, env, cwd, node, who, today, image)
+        else:
+            from . import fsprobe
 
-        fsprobe.start()
-        try:
-            return _decide(policy, mode, partition, argv, env, cwd, node, who, today, image)
-        finally:
-            probes.extend(fsprobe.stop())
+            fsprobe.start()
+            try:
+                verdict = _decide(policy, mode, partition, argv, env, cwd, node, who, today,
+                                  image)
+            finally:
+                probes.extend(fsprobe.stop())
+        if image is None and argv and _wraps_an_image(argv[0]) and verdict.action == "allow" \
+                and not verdict.findings:
+            # `apptainer exec IMG CMD`: the host program is fine; now CMD in IMG.
+            return _apptainer(policy, mode, partition, argv, env, cwd, node, who, today,
+                              verdict)
+        return verdict
     except BudgetExceeded as exc:
         return _limit_verdict(policy, mode, partition, str(exc))
     except Exception as exc:  # never let a check failure escape into slurmstepd
         return error_verdict(policy, mode, partition,
                              f"internal error: {type(exc).__name__}: {exc}")
+
+
+def _wraps_an_image(argv0: str) -> bool:
+    """A name test (every host step pays it): apptainer/singularity."""
+    name = argv0.rpartition("/")[2]
+    return name in ("apptainer", "singularity")
+
+
+def _apptainer(policy: Policy, mode: str, partition: str | None, argv: Sequence[str],
+               env: Mapping[str, str], cwd: str, node: NodeProfile | None, who: Who | None,
+               today: str | None, host: Verdict) -> Verdict:
+    from ._record import replace
+    from .container.apptainer import plan_apptainer
+
+    todo = plan_apptainer(argv, env, cwd)
+    if todo is None:
+        return host  # not an exec of a local image this parser is sure of
+    if todo.image is None:
+        return replace(host, skipped=todo.skipped)
+    return _decide(policy, mode, partition, list(todo.argv), todo.env, todo.cwd, node, who,
+                   today, todo.image)
 
 
 def _decide(policy: Policy, mode: str, partition: str | None, argv: Sequence[str],

@@ -50,10 +50,22 @@ class PluginLine:
     error: str | None = None
 
 
+@dataclass(frozen=True)
+class AnyPlugin:
+    """Any ``required|optional`` line, in the order Slurm loads and calls them."""
+
+    file: str
+    line: int
+    kind: str
+    path: str
+
+
 @dataclass
 class Plugstack:
     main: str
     lines: list[PluginLine] = field(default_factory=list)
+    #: Every plugin line, ours included, in Slurm's order.
+    plugins: list[AnyPlugin] = field(default_factory=list)
     #: Files that could not be read (name, reason).
     unreadable: list[tuple[str, str]] = field(default_factory=list)
 
@@ -145,6 +157,8 @@ def _read_file(stack: Plugstack, path: str, depth: int) -> None:
             for name in sorted(glob.glob(pattern)):
                 _read_file(stack, name, depth + 1)
             continue
+        if words[0] in ("required", "optional") and len(words) > 1:
+            stack.plugins.append(AnyPlugin(path, number, words[0], words[1]))
         if words[0] in ("required", "optional") and len(words) > 1 \
                 and os.path.basename(words[1]) == PLUGIN_NAME:
             entry = PluginLine(file=path, line=number, kind=words[0], path=words[1],
@@ -176,3 +190,38 @@ def audit_file_state(path: str) -> tuple[bool, str]:
         return True, (f"owned by uid {st.st_uid}, mode {mode:04o}: written, but users may be "
                       "able to forge lines (make it root-owned 0640)")
     return True, f"root-owned, mode {mode:04o}"
+
+
+def is_pyxis(path: str) -> bool:
+    """pyxis' plugin by its usual file name (``spank_pyxis.so``); the plugin
+    itself asks the loaded object's ``plugin_name`` (spank/grace_container.c)."""
+    return os.path.basename(path) == "spank_pyxis.so"
+
+
+def pyxis_order(stack: Plugstack, entry: PluginLine) -> list[str]:
+    """What the order of pyxis and this line means for container steps.
+
+    pyxis starts the container in its task_init; Slurm calls plugins in
+    file order (``plugstack.conf.d/*.conf`` in collation order), so only a
+    grace-policy listed after pyxis can tell, in its own task_init, that an
+    ``optional`` pyxis failed and the step would exec on the host."""
+    order = [(p.file, p.line) for p in stack.plugins]
+    ours = order.index((entry.file, entry.line)) if (entry.file, entry.line) in order else -1
+    out = []
+    for index, plugin in enumerate(stack.plugins):
+        if not is_pyxis(plugin.path):
+            continue
+        where = f"{plugin.file}:{plugin.line}"
+        if index > ours:
+            out.append(f"pyxis ({where}) comes after grace-policy: a container step whose "
+                       "container fails to start is not caught; list pyxis first (its "
+                       "plugstack.conf.d file must sort before this one)")
+        else:
+            out.append(f"pyxis ({where}) comes first: container steps are judged in their "
+                       "image")
+        if plugin.kind == "optional":
+            out.append("pyxis is optional: when its container does not start Slurm runs the "
+                       "step on the host; grace-policy refuses such a step"
+                       + (" (it comes after pyxis)" if index < ours else
+                          " only when listed after pyxis"))
+    return out

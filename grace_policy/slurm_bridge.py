@@ -67,6 +67,16 @@ class StepInput:
     #: Which plugin install and module path run this check (C's words; an
     #: input of every verdict-cache entry, so another install never replays it).
     code: str | None = None
+    #: The container runtime that runs argv, as C found it (spank/grace_container.c):
+    #: "pyxis" or "oci", else None; its image (a local .sqsh, pyxis' image
+    #: string or container name, or the bundle config.json slurmstepd wrote)
+    #: and whether that is a file on this node.
+    container_kind: str | None = None
+    container_image: str | None = None
+    container_local: bool = False
+    #: The runtime's own options that change what argv finds, "key=value"
+    #: lines (pyxis: mounts, workdir, mount_home), as C read them.
+    container_args: str | None = None
 
     @property
     def step_name(self) -> str:
@@ -144,24 +154,41 @@ def run_step(step: StepInput) -> Outcome:
         # slurmstepd gave this thread from the job's, not the environment.
         who = Who.current(uid=step.uid)
     probes: list[tuple[str, str, str]] = []
-    if step.batch:
+    argv, env, cwd = list(step.argv), step.env, step.cwd or "/"
+    container, image, program = step.container, None, step.argv[0] if step.argv else None
+    if step.container_kind:
+        # Judged inside the container (C found it, on Slurm's and pyxis' word).
+        from .container import plan
+
+        todo = plan(step.container_kind, step.container_image, step.container_local,
+                    step.container or step.container_kind, argv, env, cwd,
+                    args=step.container_args)
+        container, image = todo.skipped, todo.image
+        argv, env, cwd = list(todo.argv), todo.env, todo.cwd
+        program = argv[0] if argv else None  # the program in the image
+    judge, inside = decide, {"image": image}
+    if step.batch and not step.container_kind:
         # The job's script: its lines are read too (grace_policy/batch/). A
-        # broken install of the reader leaves the script judged as before.
+        # broken install of the reader leaves the script judged as before. A
+        # script run inside a container is not read against the host's files.
         try:
-            from .batch.judge import decide_batch as decide
+            from .batch.judge import decide_batch
+
+            judge, inside = decide_batch, {}
         except Exception:
             pass
-    verdict = decide(
+    verdict = judge(
         policy,
         partition=step.partition,
-        argv=list(step.argv),
-        env=step.env,
-        cwd=step.cwd or "/",
+        argv=argv,
+        env=env,
+        cwd=cwd,
         node=None,
         user_lowered_mode=step.user_mode,
-        container=step.container,
+        container=container,
         probes=probes,
         who=who,
+        **inside,
     )
     out = Outcome(action=verdict.action)
     if verdict.action not in ("allow", "warn", "reject"):
@@ -186,7 +213,7 @@ def run_step(step: StepInput) -> Outcome:
         # slurmstepd has since taken root back. A late line would contradict
         # what was done, and nothing from here is applied any more.
         return Outcome.failed("the check finished after the plugin's timeout; discarded")
-    problem = _audit(step, verdict, elapsed_ms)
+    problem = _audit(step, verdict, elapsed_ms, program)
     if problem:
         out.log.append(_one_line(problem))
     try:
@@ -245,13 +272,23 @@ def _cache_entry(step: StepInput, policy: Any, verdict: Verdict,
     from . import verdict_cache
 
     if not verdict_cache.cacheable(verdict) or not step.argv or not step.config \
-            or step.code is None or step.container or step.batch:
+            or step.code is None or step.batch:
         return None  # a batch step's stored script is new for every job
+    if step.container and not (step.container_kind and step.container_local):
+        return None  # skipped on the admin's word: nothing was judged
+    if step.argv[0].rpartition("/")[2] in ("apptainer", "singularity"):
+        return None  # the image is an argument the entry would not key on (grace_cache.c)
     from .policy import compiled_path_for
 
     ins = verdict_cache.inputs(
         argv0=step.argv[0], cwd=step.cwd, partition=step.partition, user_mode=step.user_mode,
         env=step.env, env_names=(*CACHE_ENV, *policy.env.vars))
+    if step.container_kind and step.container_image:
+        # Judged in this image: the record holds the image file's identity
+        # (fsprobe.using), never paths inside it; C replays it for the same
+        # KIND:IMAGE only (grace_cache.c).
+        ins.append(("container", "=" + verdict_cache.fsprobe.encode(
+            f"{step.container_kind}:{step.container_image}")))
     ins.append(("config", "=" + verdict_cache.fsprobe.encode(step.config)))
     ins.append(("code", "=" + verdict_cache.fsprobe.encode(step.code)))
     ins.append(("creds", "=" + verdict_cache.fsprobe.encode(credentials())))
@@ -263,7 +300,8 @@ def _cache_entry(step: StepInput, policy: Any, verdict: Verdict,
     return verdict_cache.entry(ins, verdict.mode, probes + extra)
 
 
-def _audit(step: StepInput, verdict: Verdict, elapsed_ms: float) -> str | None:
+def _audit(step: StepInput, verdict: Verdict, elapsed_ms: float,
+           program: str | None = None) -> str | None:
     """Write the decision to the descriptor root opened, never as the user.
 
     The check runs as the job's user: opening a path here would need a file
@@ -279,7 +317,7 @@ def _audit(step: StepInput, verdict: Verdict, elapsed_ms: float) -> str | None:
     return write_decision(
         step.audit_path, verdict, job_id=step.job_id, step_id=step.step_name, uid=step.uid,
         node=step.node or None, elapsed_ms=elapsed_ms, fd=step.audit_fd,
-        program=step.argv[0] if step.argv else None,
+        program=program,
     )
 
 
@@ -322,6 +360,10 @@ def read_step(ffi: Any, c_step: Any) -> StepInput:
         audit_path=_text(ffi, c_step.audit_path),
         audit_fd=int(c_step.audit_fd),
         code=_text(ffi, c_step.code),
+        container_kind=_text(ffi, c_step.container_kind),
+        container_image=_text(ffi, c_step.container_image),
+        container_local=bool(c_step.container_local),
+        container_args=_text(ffi, c_step.container_args),
     )
 
 

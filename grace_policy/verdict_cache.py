@@ -162,6 +162,8 @@ def lookup(text: str, step_inputs: list[tuple[str, str]],
     for ins, mode, probes in reversed(parse(text)):
         if any(current(name) != value for name, value in ins):
             continue
+        if "container" in wanted and all(name != "container" for name, _ in ins):
+            continue  # a host entry says nothing about an image (as grace_cache.c)
         if fsprobe.still_true(probes):
             return mode
     return None

@@ -3,6 +3,9 @@
 # machine. Idempotent and quiet when everything is already there.
 # mmdebstrap: the release matrix's Debian roots (tests/slurm/roots.py);
 # debhelper, dpkg-dev, rpm: make deb / make rpm and their tests.
+# Container steps (tests/slurm/containers.py builds pyxis and enroot from
+# ../shared/third_party/): squashfs-tools parallel gawk makeself libmd-dev
+# libbsd-dev jq zstd curl libcap2-bin for enroot, runc for --container.
 # squashfs-tools: container images the tests make (mksquashfs) and the
 # squashfs reader's oracle (unsquashfs); util-linux: unshare for SIF builds.
 set -euo pipefail
@@ -10,8 +13,10 @@ need_apt=()
 all_pkgs=(slurmd slurmctld slurm-client libslurm-dev munge gcc-aarch64-linux-gnu
           libc6-dev-arm64-cross qemu-user python3-dev python3-pip python3-venv
           fakeroot patchelf dpkg-dev make bzip2 binutils-aarch64-linux-gnu
-          mmdebstrap debhelper rpm squashfs-tools util-linux
-          qemu-system-arm flex bison bc cpio xz-utils libssl-dev libelf-dev)
+          mmdebstrap debhelper rpm util-linux
+          qemu-system-arm flex bison bc cpio xz-utils libssl-dev libelf-dev
+          squashfs-tools parallel gawk makeself libmd-dev libbsd-dev jq zstd curl
+          libcap2-bin runc)
 # --packaging deb|rpm: only what make deb / make rpm need (no test tools).
 if [ "${1:-}" = --packaging ]; then
   all_pkgs=(libslurm-dev python3-dev python3-pip build-essential debhelper dpkg-dev)

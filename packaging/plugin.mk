@@ -10,7 +10,7 @@ PLUGIN_SO := $(BUILD)/spank_grace_policy.so
 PLUGIN_PY_SO := $(BUILD)/grace_policy_py.so
 PYDEPS := $(BUILD)/pydeps
 PLUGIN_REQS := packaging/plugin-requirements.txt
-SPANK_C := spank/grace_spank.c spank/grace_stepd.c spank/grace_cache.c
+SPANK_C := spank/grace_spank.c spank/grace_stepd.c spank/grace_cache.c spank/grace_container.c
 SPANK_H := spank/grace.h
 CFFI_C := $(BUILD)/spank_grace_policy_cffi.c
 # Names the per-user cache file (DIR/<uid>.v<version>): entries of another
@@ -58,7 +58,8 @@ $(BUILD)/spank_grace_policy_cffi.o: $(CFFI_C) $(SPANK_H) spank/grace_python.c
 	$(CC) $(PLUGIN_CFLAGS) -Wno-unused-parameter -I$(PLUGIN_PY_INCLUDE) -Ispank -I$(BUILD) -c -o $@ $<
 
 # The stub: exports only plugin_*/slurm_spank_* (grace_policy.map).
-$(PLUGIN_SO): $(BUILD)/grace_spank.o $(BUILD)/grace_stepd.o $(BUILD)/grace_cache.o spank/grace_policy.map
+$(PLUGIN_SO): $(BUILD)/grace_spank.o $(BUILD)/grace_stepd.o $(BUILD)/grace_cache.o \
+		$(BUILD)/grace_container.o spank/grace_policy.map
 	$(CC) $(PLUGIN_LDFLAGS) -Wl,--version-script=spank/grace_policy.map -o $@ \
 		$(filter %.o,$^) -lpthread -ldl
 
@@ -90,9 +91,9 @@ install: plugin
 	if [ -f packaging/grace-policy.example.toml ]; then \
 		install -m 0644 packaging/grace-policy.example.toml $(GP_SHARE)/grace-policy.example.toml; fi
 	sed 's|@PREFIX@|$(PREFIX)|g; s|@SLURM_PLUGINDIR@|$(SLURM_PLUGINDIR)|g' \
-		packaging/plugstack.conf.d/grace-policy.conf.in \
-		> $(GP_SHARE)/plugstack.conf.d/grace-policy.conf
-	chmod 0644 $(GP_SHARE)/plugstack.conf.d/grace-policy.conf
+		packaging/plugstack.conf.d/zz-grace-policy.conf.in \
+		> $(GP_SHARE)/plugstack.conf.d/zz-grace-policy.conf
+	chmod 0644 $(GP_SHARE)/plugstack.conf.d/zz-grace-policy.conf
 	sed 's|@GP_CLI@|$(PREFIX)/bin/grace-policy|g; s|@GP_CONFIG@|$(GP_CONFIG)|g' \
 		packaging/cli_filter.lua > $(GP_SHARE)/cli_filter.lua
 	chmod 0644 $(GP_SHARE)/cli_filter.lua

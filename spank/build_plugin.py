@@ -58,6 +58,10 @@ struct grace_step {
     const char *audit_path;
     int audit_fd;
     const char *code;
+    const char *container_kind;
+    const char *container_image;
+    int container_local;
+    const char *container_args;
 };
 
 void grace_emit(void *result, int kind, const char *text);

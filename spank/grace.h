@@ -57,6 +57,15 @@ struct grace_step {
 	const char *audit_path; /* audit=PATH from plugstack.conf, or NULL */
 	int audit_fd;          /* that file, opened by root in slurm_spank_init, or -1 */
 	const char *code;      /* which install runs the check: "<plugin dir>|<python_path>" */
+	/* The container runtime that runs argv (grace_container.c), or NULL:
+	 * "pyxis" (image: the absolute path of a local .sqsh, or pyxis' image
+	 * string / container name when not local) or "oci" (image: the
+	 * config.json slurmstepd wrote for the bundle). */
+	const char *container_kind;
+	const char *container_image;
+	int container_local;   /* 1: container_image is a file on this node */
+	const char *container_args; /* the runtime's own options, "key=value" lines
+	                             * (pyxis: mounts, workdir, mount_home), or NULL */
 };
 
 /* Implemented in Python (grace_policy/slurm_bridge.py) through cffi. */
@@ -113,6 +122,26 @@ struct grace_context {
 #define GRACE_PY_LIBRARY "grace_policy_py.so"
 #define GRACE_PY_SYMBOL "grace_python_check"
 #define GRACE_CACHE_DIR "/run/grace-policy"
+
+/* grace_container.c: which container runs the step (never the user's
+ * environment alone; docs/SECURITY.md "Containers"). */
+struct grace_container {
+	char kind[16];     /* "pyxis", "oci", or "" (a host step) */
+	char image[4096];  /* see grace_step.container_image */
+	char name[256];    /* pyxis --container-name, or "" */
+	int local;
+	char reason[400];  /* for the audit line: which container, on whose word */
+	char args[4096];   /* see grace_step.container_args */
+};
+/* user_init: fill c (kind "" for a host step). */
+void grace_container_detect(spank_t sp, char **argv, int argc, const char *cwd,
+			    struct grace_container *c);
+/* task_init: -1 (and the user's line in why) if a container step would exec
+ * on the host after all. */
+int grace_container_task_init(spank_t sp, char *why, size_t len);
+/* task_init_privileged (before every plugin's task_init): -1 for a refused
+ * pyxis step, so pyxis never starts its container. */
+int grace_container_task_init_privileged(int rejected);
 
 /* grace_stepd.c: the remote (slurmstepd) side. */
 int grace_stepd_user_init(struct grace_context *ctx, spank_t sp);

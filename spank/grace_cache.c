@@ -268,6 +268,15 @@ static int grace_input_matches(const struct grace_step *step, const char *creds,
 		    step->argv == NULL)
 			return 0;
 		have = idx < step->argc ? step->argv[idx] : NULL;
+	} else if (nlen == 9 && memcmp(name, "container", 9) == 0) {
+		/* the container the step runs in (grace_container.c), "KIND:IMAGE" */
+		if (step->container_kind == NULL || step->container_image == NULL)
+			have = NULL;
+		else if (snprintf(decoded, sizeof(decoded), "%s:%s", step->container_kind,
+				  step->container_image) >= (int)sizeof(decoded))
+			return 0;
+		else
+			have = decoded;
 	} else if (nlen > 4 && memcmp(name, "env:", 4) == 0) {
 		if (grace_dec(name + 4, nlen - 4, decoded, sizeof(decoded)) <= 0)
 			return 0;
@@ -403,7 +412,7 @@ static int grace_block_matches(const struct grace_step *step, const char *creds,
 	const char *tok[4];
 	size_t len[4];
 	const char *p;
-	int pass, have_mode = 0;
+	int pass, have_mode = 0, have_container = 0;
 	unsigned int seen = 0;
 
 	for (pass = 0; pass < 2; pass++) {
@@ -418,6 +427,8 @@ static int grace_block_matches(const struct grace_step *step, const char *creds,
 					return 0;
 				if (pass == 0)
 					seen |= grace_required_bit(tok[1], len[1]);
+				if (pass == 0 && len[1] == 9 && memcmp(tok[1], "container", 9) == 0)
+					have_container = 1;
 			} else if (n == 3 && len[0] == 1 && tok[0][0] == 'O' && len[1] == 4 &&
 				   memcmp(tok[1], "mode", 4) == 0) {
 				if (pass == 0) {
@@ -436,6 +447,10 @@ static int grace_block_matches(const struct grace_step *step, const char *creds,
 		}
 		if (pass == 0 && (!have_mode || seen != GRACE_REQUIRED_ALL))
 			return 0;
+		/* A container step replays only an entry made for its image: a
+		 * host entry for the same argv0 says nothing about the image. */
+		if (pass == 0 && step->container_kind != NULL && !have_container)
+			return 0;
 	}
 	return 1;
 }
@@ -452,6 +467,15 @@ int grace_cache_lookup(const struct grace_context *ctx, const struct grace_step 
 	size_t nblocks = 0, cap = 0, i;
 	const char *p, *end, *open_block = NULL;
 	int hit = 0;
+	/* `apptainer exec IMG CMD`: the image is an argument no entry keys on,
+	 * and the bridge stores none; never replay a host entry for one. */
+	if (step->argc > 0 && step->argv != NULL && step->argv[0] != NULL) {
+		const char *base = strrchr(step->argv[0], '/');
+
+		base = base ? base + 1 : step->argv[0];
+		if (strcmp(base, "apptainer") == 0 || strcmp(base, "singularity") == 0)
+			return 0;
+	}
 
 	if (ctx->cache_fd < 0 || fstat(ctx->cache_fd, &st) != 0 || st.st_size <= 0)
 		return 0;
@@ -740,8 +764,10 @@ const char *grace_audit_hit(const struct grace_context *ctx, const struct grace_
 	/* A hit is a clean allow: enforce would allow it too, nothing exempted
 	 * (exempted verdicts are never cached). */
 	grace_puts(&b, ", \"enforce_action\": \"allow\", \"env_set\": [], \"env_unset\": [], "
-		   "\"error\": null, \"event\": \"decision\", \"exempt\": [], \"image\": null, "
-		   "\"job_id\": ");
+		   "\"error\": null, \"event\": \"decision\", \"exempt\": [], \"image\": ");
+	/* the image a container step was judged in (the bridge's "image") */
+	grace_put_json(&b, step->container_kind != NULL ? step->container_image : NULL);
+	grace_puts(&b, ", \"job_id\": ");
 	snprintf(num, sizeof(num), "%u", step->job_id);
 	grace_put_json(&b, num);
 	grace_puts(&b, ", \"mode\": ");

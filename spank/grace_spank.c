@@ -266,6 +266,18 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av)
 	return 0;
 }
 
+/* Before any plugin's task_init: a refused container step stops here, so
+ * pyxis never imports, unpacks and starts an image that cannot run
+ * (grace_container.c). Host steps keep being refused in task_init. */
+int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
+{
+	(void)ac;
+	(void)av;
+	if (!spank_remote(sp))
+		return 0;
+	return grace_container_task_init_privileged(context.reject);
+}
+
 int slurm_spank_task_init(spank_t sp, int ac, char **av)
 {
 	(void)ac;

@@ -62,6 +62,7 @@ struct grace_job {
 	char cwd[4096];
 	char node[256];
 	char container[400];
+	struct grace_container box; /* grace_container.c: which container runs argv */
 	char code[4096 + 16];
 	char err[512];
 	/* Our own copies of argv and env: slurmstepd frees and replaces its
@@ -189,7 +190,9 @@ static void *grace_worker(void *arg)
 
 	/* The lookup stats the user's files: under the same deadline as the
 	 * check, so a dead network mount cannot hold slurmstepd either. */
-	if (!job->step.batch && job->step.container == NULL &&
+	if (!job->step.batch &&
+	    (job->step.container == NULL ||
+	     (job->step.container_kind != NULL && job->step.container_local)) &&
 	    grace_cache_lookup(job->ctx, &job->step, job->mode, sizeof(job->mode))) {
 		job->hit = 1;
 		job->hit_ms = grace_ms_since(&job->started);
@@ -373,6 +376,11 @@ int grace_stepd_user_init(struct grace_context *ctx, spank_t sp)
 	}
 	for (envc = 0; env && env[envc]; envc++)
 		;
+	/* Never past a NULL: for an OCI step slurmstepd swaps in a 3-word argv
+	 * but keeps the user's argc (grace_container.c). */
+	for (i = 0; argv != NULL && i < (size_t)argc && argv[i] != NULL; i++)
+		;
+	argc = (int)i;
 
 	job = calloc(1, sizeof(*job));
 	if (job == NULL) {
@@ -401,6 +409,9 @@ int grace_stepd_user_init(struct grace_context *ctx, spank_t sp)
 	if (gethostname(job->node, sizeof(job->node) - 1) != 0)
 		job->node[0] = '\0';
 	grace_container(ctx, sp, job->container, sizeof(job->container));
+	grace_container_detect(sp, job->argv, argc, job->cwd, &job->box);
+	if (job->box.kind[0] && !job->container[0])
+		snprintf(job->container, sizeof(job->container), "%s", job->box.reason);
 	job->step = (struct grace_step){
 		.config = ctx->config,
 		.on_error = grace_on_error_name(ctx),
@@ -421,7 +432,12 @@ int grace_stepd_user_init(struct grace_context *ctx, spank_t sp)
 		.audit_path = ctx->audit_path,
 		.audit_fd = ctx->audit_fd,
 		.code = job->code,
+		.container_kind = job->box.kind[0] ? job->box.kind : NULL,
+		.container_image = job->box.kind[0] ? job->box.image : NULL,
+		.container_local = job->box.local,
+		.container_args = job->box.args[0] ? job->box.args : NULL,
 	};
+
 
 	rc = grace_run_with_deadline(job, ctx->timeout_ms);
 	if (rc < 0) {
@@ -498,7 +514,14 @@ out:
 
 int grace_stepd_task_init(struct grace_context *ctx, spank_t sp)
 {
-	(void)sp;
+	char why[512];
+
 	/* The user was told in user_init; failing here stops the exec. */
-	return ctx->reject ? -1 : 0;
+	if (ctx->reject)
+		return -1;
+	if (grace_container_task_init(sp, why, sizeof(why)) < 0) {
+		slurm_spank_log("%s", why);
+		return -1;
+	}
+	return 0;
 }

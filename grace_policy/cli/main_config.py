@@ -155,7 +155,10 @@ def _plugstack(path: str, policy: Policy, chosen: str | None) -> tuple[list[str]
                    + (escape(entry.cache_dir) if entry.cache_dir else "off"))
         out.append("  container steps: "
                    + (f"skipped when the step env has {escape(entry.container_env)}"
-                      if entry.container_env else "never skipped (no container_env=)"))
+                      if entry.container_env else "never skipped (no container_env=); "
+                      "pyxis, Slurm OCI and apptainer exec steps are judged in their image"))
+        for note in plugstack.pyxis_order(stack, entry):
+            out.append(f"  {escape(note)}")
         if entry.python_path:
             out.append(f"  python_path: {escape(entry.python_path)} (searched first)")
     return out, broken

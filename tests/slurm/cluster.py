@@ -197,12 +197,21 @@ class Cluster:
         params = os.environ.get("GRACE_SLURMD_PARAMETERS", "").strip()
         return [f"SlurmdParameters={params}"] if params else []
 
+    @property
+    def bin_dir(self) -> Path:
+        """First on the daemons' PATH (empty unless a test links tools in):
+        pyxis runs ``enroot`` with slurmstepd's own PATH, not the job's."""
+        return self.root / "bin"
+
     def _spawn(self, name: str, argv: Sequence[str]) -> None:
         log = open(self.root / "log" / f"{name}.stdio", "ab")
+        env = self.env()
+        self.bin_dir.mkdir(exist_ok=True)
+        env["PATH"] = f"{self.bin_dir}:{env.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"
         try:
             self.procs[name] = subprocess.Popen(
                 list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                env=self.env(), start_new_session=True)
+                env=env, start_new_session=True)
         finally:
             log.close()
 

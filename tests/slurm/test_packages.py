@@ -119,7 +119,7 @@ def test_host_deb_is_pinned_to_the_host_release(host_deb: Path) -> None:
                  "./usr/lib/x86_64-linux-gnu/grace-policy/python/grace_policy/__init__.py",
                  "./usr/lib/x86_64-linux-gnu/grace-policy/python/pydantic/__init__.py",
                  "./usr/bin/grace-policy", "./etc/slurm/grace-policy.toml",
-                 "./etc/slurm/plugstack.conf.d/grace-policy.conf",
+                 "./etc/slurm/plugstack.conf.d/zz-grace-policy.conf",
                  "./etc/logrotate.d/grace-policy", "./usr/lib/tmpfiles.d/grace-policy.conf",
                  "./usr/share/man/man1/grace-policy.1.gz",
                  "./usr/share/man/man5/grace-policy.toml.5.gz",
@@ -212,13 +212,13 @@ def test_rpm_files_config_and_pin(host_rpm: Path) -> None:
                  "/usr/lib64/grace-policy/python/pydantic/__init__.py",
                  "/usr/lib64/grace-policy/python/cffi/__init__.py",
                  "/usr/bin/grace-policy", "/etc/slurm/grace-policy.toml",
-                 "/etc/slurm/plugstack.conf.d/grace-policy.conf",
+                 "/etc/slurm/plugstack.conf.d/zz-grace-policy.conf",
                  "/etc/logrotate.d/grace-policy", "/usr/lib/tmpfiles.d/grace-policy.conf",
                  "/usr/share/man/man1/grace-policy.1", "/usr/share/man/man5/grace-policy.toml.5",
                  "/usr/share/man/man8/spank_grace_policy.8"):
         assert path in files, path
     assert set(_rpm_query(host_rpm, "-c").split()) == {
-        "/etc/slurm/grace-policy.toml", "/etc/slurm/plugstack.conf.d/grace-policy.conf",
+        "/etc/slurm/grace-policy.toml", "/etc/slurm/plugstack.conf.d/zz-grace-policy.conf",
         "/etc/logrotate.d/grace-policy"}
     requires = _rpm_query(host_rpm, "--requires").splitlines()
     assert f"slurm >= {release}" in requires and f"slurm < {nxt}" in requires, requires
@@ -271,7 +271,7 @@ def test_rpm_scriptlets_in_a_debian_12_root(host_rpm: Path, tmp_path: Path) -> N
                                str(host_rpm)], capture_output=True, text=True, check=False)
         assert done.returncode == 0 and "scriptlet failed" not in done.stderr, done.stderr
         assert (root.path / "etc/slurm/grace-policy.toml.compiled.json").exists()
-        snippet = (root.path / "etc/slurm/plugstack.conf.d/grace-policy.conf").read_text()
+        snippet = (root.path / "etc/slurm/plugstack.conf.d/zz-grace-policy.conf").read_text()
         assert "required /usr/lib64/slurm/spank_grace_policy.so config=" in snippet
         version = root.run("grace-policy --version")
         assert version.returncode == 0 and version.stdout.startswith("grace-policy "), version

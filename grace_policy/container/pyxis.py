@@ -1,0 +1,87 @@
+"""A pyxis/enroot step (``srun --container-image=IMG``) as it will run.
+
+pyxis 0.24.0 (pyxis_slurmstepd.c) hands a local image (a string starting
+with ``.`` or ``/``) to ``enroot create`` in its task_init, after this
+check; enroot starts the container with the job's environment (pyxis drops
+PATH, LD_LIBRARY_PATH, LD_PRELOAD and its own variables from it) and the
+image's ``/etc/environment`` over it, and pyxis copies the result back into
+the step's environment; slurmstepd then resolves argv[0] with that PATH,
+inside the container's mount namespace. So the check reads the squashfs
+itself (:func:`grace_policy.image.open_image`, never mounted): the image's
+PATH and loader, this node's CPU and page size, no host path.
+
+An image pyxis imports from a registry, or a named container, exists on
+this node only after pyxis' task_init: not judged here (the audit line says
+so). What pyxis fails to import or start is pyxis' error to report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+from . import Plan
+
+#: What pyxis keeps out of enroot's environment (pyxis_slurmstepd.c
+#: enroot_deny_env): the container never sees the host's values of these.
+_DENIED = ("PATH", "LD_LIBRARY_PATH", "LD_PRELOAD")
+
+
+def mounts(args: Mapping[str, str], env: Mapping[str, str]) -> list[tuple[str, str]]:
+    """(inner, host) of ``--container-mounts SRC:DST[:FLAGS],...`` (pyxis
+    args.c: ``SRC`` alone mounts at the same path) and, with
+    ``--container-mount-home``, the job's HOME at the same path."""
+    out: list[tuple[str, str]] = []
+    for item in (args.get("mounts") or "").split(","):
+        parts = item.split(":")
+        src = parts[0]
+        dst = parts[1] if len(parts) > 1 and parts[1] else src
+        if src.startswith("/") and dst.startswith("/"):
+            out.append((dst, src))
+    home = env.get("HOME")
+    if args.get("mount_home") == "1" and home and home.startswith("/"):
+        out.append((home, home))
+    return out
+
+
+def plan_pyxis(image: str | None, local: bool, reason: str, argv: Sequence[str],
+               env: Mapping[str, str], cwd: str, *, max_inodes: int | None = None,
+               args: Mapping[str, str] | None = None) -> Plan:
+    if not local or not image:
+        return Plan(None, tuple(argv), dict(env), cwd,
+                    skipped=f"{reason}: not judged: not a local image (pyxis imports or "
+                            "reuses it in its task_init, after the check)")
+    from ..image import ImageError, open_image
+
+    try:
+        img = open_image(image, max_inodes=max_inodes)
+    except ImageError as exc:
+        return Plan(None, tuple(argv), dict(env), cwd,
+                    skipped=f"{reason}: not judged: {exc.reason}")
+    except OSError as exc:  # the squashfs reader's word for a corrupt image
+        return Plan(None, tuple(argv), dict(env), cwd,
+                    skipped=f"{reason}: not judged: {exc.strerror or exc}")
+    job = {k: v for k, v in env.items() if k not in _DENIED}
+    inner = img.step_env(job)
+    args = args or {}
+    binds = mounts(args, env)
+    if binds:
+        img = img.with_mounts(binds)
+    workdir = args.get("workdir")
+    if workdir and workdir.startswith("/"):
+        return Plan(img, tuple(argv), inner, workdir)
+    return Plan(img, tuple(argv), inner, _inner_cwd(img, cwd))
+
+
+def _inner_cwd(img: object, cwd: str) -> str:
+    """The job's cwd when the image has that directory (enroot starts there
+    when it can), else ``/``."""
+    view = getattr(img, "view", None)
+    try:
+        import stat
+
+        st = view.stat(cwd) if view is not None and cwd.startswith("/") else None  # type: ignore[attr-defined]
+        if st is not None and stat.S_ISDIR(st.st_mode):
+            return cwd
+    except (OSError, ValueError):
+        pass
+    return "/"

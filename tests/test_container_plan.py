@@ -1,0 +1,114 @@
+"""grace_policy.container: a container step as it will run (no Slurm).
+
+The C side names the runtime and the image; this is what the core then
+judges. Real images: squashfs made with mksquashfs, an OCI config.json as
+slurmstepd 22.05 writes it (container.c ``_modify_config``).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from grace_policy.container import plan
+
+
+def _root(tmp: Path) -> Path:
+    root = tmp / "root"
+    (root / "opt/app/bin").mkdir(parents=True)
+    (root / "etc").mkdir()
+    (root / "work").mkdir()
+    shutil.copy2("/bin/true", root / "opt/app/bin/tool")
+    (root / "etc/environment").write_text("PATH=/opt/app/bin:/bin\nIMAGE_VAR=1\n")
+    return root
+
+
+def _sqsh(tmp: Path) -> Path:
+    if shutil.which("mksquashfs") is None:
+        pytest.skip("mksquashfs not installed (bash packaging/install-deps.sh)")
+    out = tmp / "img.sqsh"
+    subprocess.run(["mksquashfs", str(_root(tmp)), str(out), "-comp", "gzip", "-quiet",
+                    "-no-progress", "-all-root"], check=True, capture_output=True)
+    return out
+
+
+def test_pyxis_local_image_env_and_cwd(tmp_path: Path) -> None:
+    image = _sqsh(tmp_path)
+    job = {"PATH": "/host/bin", "LD_PRELOAD": "/host/lib.so", "HOME": "/home/u", "A": "b"}
+    todo = plan("pyxis", str(image), True, "pyxis container step", ["tool"], job, "/work")
+    assert todo.skipped is None and todo.image is not None
+    assert todo.image.kind == "squashfs"
+    # The image's /etc/environment over the job's; pyxis withholds PATH and
+    # LD_PRELOAD from enroot, so the host's never reach the container.
+    assert todo.env["PATH"] == "/opt/app/bin:/bin"
+    assert "LD_PRELOAD" not in todo.env
+    assert (todo.env["IMAGE_VAR"], todo.env["A"]) == ("1", "b")
+    assert todo.cwd == "/work"  # exists in the image
+    assert plan("pyxis", str(image), True, "r", ["tool"], job, "/nowhere").cwd == "/"
+
+
+def test_pyxis_registry_image_and_bad_images_are_skips(tmp_path: Path) -> None:
+    todo = plan("pyxis", "nvcr.io#nvidia/pytorch:25.01-py3", False, "pyxis step (x)",
+                ["python"], {}, "/")
+    assert todo.image is None and "not a local image" in str(todo.skipped)
+    broken = tmp_path / "broken.sqsh"
+    broken.write_bytes(b"hsqs" + b"\0" * 60)
+    todo = plan("pyxis", str(broken), True, "pyxis step", ["tool"], {}, "/")
+    assert todo.image is None and "corrupt squashfs" in str(todo.skipped)
+    missing = plan("pyxis", str(tmp_path / "nope.sqsh"), True, "pyxis step", ["t"], {}, "/")
+    assert missing.image is None and "not judged" in str(missing.skipped)
+
+
+def _spool_config(tmp: Path, root_path: str, args: list[str]) -> Path:
+    spool = tmp / "spool" / "oci-job00007-00000"
+    spool.mkdir(parents=True)
+    config = {"ociVersion": "1.0.2", "root": {"path": root_path},
+              "process": {"args": args, "cwd": "/work", "terminal": False,
+                          "env": ["PATH=/usr/bin", "PATH=/opt/app/bin:/bin", "X=1"]}}
+    (spool / "config.json").write_text(json.dumps(config))
+    return spool / "config.json"
+
+
+def test_slurm_oci_takes_argv_env_and_cwd_from_slurmstepd_copy(tmp_path: Path) -> None:
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    shutil.move(str(_root(tmp_path)), bundle / "rootfs")
+    (bundle / "config.json").write_text(json.dumps({"root": {"path": "rootfs"},
+                                                    "process": {"args": ["/bin/sh"]}}))
+    conf = _spool_config(tmp_path, str(bundle / "rootfs"), ["tool", "--flag"])
+    todo = plan("oci", str(conf), True, "oci step", ["/bin/sh"], {"PATH": "/host"}, "/")
+    assert todo.skipped is None and todo.image is not None
+    assert todo.argv == ("tool", "--flag")
+    assert todo.env == {"PATH": "/opt/app/bin:/bin", "X": "1"}  # runc: the last one wins
+    assert (todo.cwd, todo.image.path, todo.image.kind) == ("/work", str(bundle), "oci")
+
+
+@pytest.mark.parametrize("text", ["not json", "[]", '{"root": {"path": "rel"}}',
+                                  '{"root": {"path": "/nonexistent"}, "process": {"args": ["x"]}}',
+                                  '{"root": {"path": "/"}, "process": {"args": []}}'])
+def test_slurm_oci_bad_configs_are_skips(tmp_path: Path, text: str) -> None:
+    conf = tmp_path / "config.json"
+    conf.write_text(text)
+    todo = plan("oci", str(conf), True, "oci step", ["/bin/sh"], {}, "/")
+    assert todo.image is None and "not judged" in str(todo.skipped)
+
+
+def test_slurm_oci_bundle_as_newer_slurm_runs_it(tmp_path: Path) -> None:
+    """26.05: the bundle's own config.json, the step's argv, the job's
+    variables over process.env by name (container.c _merge_step_config_env)."""
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    shutil.move(str(_root(tmp_path)), bundle / "rootfs")
+    (bundle / "config.json").write_text(json.dumps({
+        "root": {"path": "rootfs"},
+        "process": {"args": ["/bin/sh"], "cwd": "/work", "env": ["PATH=/opt/app/bin", "B=1"]}}))
+    todo = plan("oci-bundle", str(bundle), True, "oci step", ["tool"], {"B": "2", "C": "3"}, "/")
+    assert todo.skipped is None and todo.image is not None
+    assert todo.argv == ("tool",) and todo.cwd == "/work"
+    assert todo.env == {"PATH": "/opt/app/bin", "B": "2", "C": "3"}
+    outside = plan("oci-bundle", str(tmp_path / "nope"), True, "oci step", ["tool"], {}, "/")
+    assert outside.image is None and "not judged" in str(outside.skipped)

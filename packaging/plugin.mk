@@ -10,7 +10,7 @@ PLUGIN_SO := $(BUILD)/spank_grace_policy.so
 PLUGIN_PY_SO := $(BUILD)/grace_policy_py.so
 PYDEPS := $(BUILD)/pydeps
 PLUGIN_REQS := packaging/plugin-requirements.txt
-SPANK_C := spank/grace_spank.c spank/grace_stepd.c spank/grace_cache.c
+SPANK_C := spank/grace_spank.c spank/grace_stepd.c spank/grace_helper.c spank/grace_cache.c
 SPANK_H := spank/grace.h
 CFFI_C := $(BUILD)/spank_grace_policy_cffi.c
 # Names the per-user cache file (DIR/<uid>.v<version>): entries of another
@@ -22,6 +22,10 @@ PLUGIN_PY_INCLUDE = $(shell $(PLUGIN_PYTHON) -c 'import sysconfig; print(sysconf
 PLUGIN_PY_LIB = $(shell $(PLUGIN_PYTHON) -c 'import sysconfig as s; print(s.get_config_var("LIBDIR") + "/" + s.get_config_var("INSTSONAME"))')
 
 PLUGIN_CFLAGS ?= -O2 -g
+# GRACE_TEST_CFLAGS=-DGRACE_TEST_HOOKS: a test build (tests/slurm only;
+# never installed by make install's callers in packaging).
+GRACE_TEST_CFLAGS ?=
+PLUGIN_CFLAGS += $(GRACE_TEST_CFLAGS)
 PLUGIN_CFLAGS += -std=gnu11 -fPIC -Wall -Wextra -D_FORTIFY_SOURCE=2 -fstack-protector-strong
 PLUGIN_LDFLAGS := -shared -Wl,-z,now -Wl,-z,relro -Wl,-z,nodelete -Wl,--no-undefined-version
 
@@ -56,7 +60,7 @@ $(BUILD)/spank_grace_policy_cffi.o: $(CFFI_C) $(SPANK_H) spank/grace_python.c
 	$(CC) $(PLUGIN_CFLAGS) -Wno-unused-parameter -I$(PLUGIN_PY_INCLUDE) -Ispank -I$(BUILD) -c -o $@ $<
 
 # The stub: exports only plugin_*/slurm_spank_* (grace_policy.map).
-$(PLUGIN_SO): $(BUILD)/grace_spank.o $(BUILD)/grace_stepd.o $(BUILD)/grace_cache.o spank/grace_policy.map
+$(PLUGIN_SO): $(BUILD)/grace_spank.o $(BUILD)/grace_stepd.o $(BUILD)/grace_helper.o $(BUILD)/grace_cache.o spank/grace_policy.map
 	$(CC) $(PLUGIN_LDFLAGS) -Wl,--version-script=spank/grace_policy.map -o $@ \
 		$(filter %.o,$^) -lpthread -ldl
 

@@ -3,13 +3,14 @@
 # machine. Idempotent and quiet when everything is already there.
 # mmdebstrap: the release matrix's Debian roots (tests/slurm/roots.py);
 # debhelper, dpkg-dev, rpm: make deb / make rpm and their tests.
+# libfuse2 + fusepy (pinned): the hung FUSE mount of tests/slurm/test_hungfs.py.
 set -euo pipefail
 need_apt=()
 all_pkgs=(slurmd slurmctld slurm-client libslurm-dev munge gcc-aarch64-linux-gnu
           libc6-dev-arm64-cross qemu-user python3-dev python3-pip python3-venv
           fakeroot patchelf dpkg-dev make bzip2 binutils-aarch64-linux-gnu
           mmdebstrap debhelper rpm
-          qemu-system-arm flex bison bc cpio xz-utils libssl-dev libelf-dev)
+          qemu-system-arm flex bison bc cpio xz-utils libssl-dev libelf-dev libfuse2)
 # --packaging deb|rpm: only what make deb / make rpm need (no test tools).
 if [ "${1:-}" = --packaging ]; then
   all_pkgs=(libslurm-dev python3-dev python3-pip build-essential debhelper dpkg-dev)
@@ -33,3 +34,6 @@ import importlib.util, sys
 mods = ["elftools", "pydantic", "structlog", "cffi", "pytest", "pytest_cov", "hypothesis", "ruff"]
 sys.exit(0 if all(importlib.util.find_spec(m) for m in mods) else 1)
 PYEOF
+# The hung-mount tests' FUSE daemon (tests/slurm/hungfs.py): fusepy, pinned.
+"$PY" -c 'import importlib.metadata as m, sys; sys.exit(m.version("fusepy") != "3.0.1")' \
+  2>/dev/null || "$PY" -m pip install -q "fusepy==3.0.1"

@@ -22,10 +22,6 @@ PLUGIN_PY_INCLUDE = $(shell $(PLUGIN_PYTHON) -c 'import sysconfig; print(sysconf
 PLUGIN_PY_LIB = $(shell $(PLUGIN_PYTHON) -c 'import sysconfig as s; print(s.get_config_var("LIBDIR") + "/" + s.get_config_var("INSTSONAME"))')
 
 PLUGIN_CFLAGS ?= -O2 -g
-# GRACE_TEST_CFLAGS=-DGRACE_TEST_HOOKS: a test build (tests/slurm only;
-# never installed by make install's callers in packaging).
-GRACE_TEST_CFLAGS ?=
-PLUGIN_CFLAGS += $(GRACE_TEST_CFLAGS)
 PLUGIN_CFLAGS += -std=gnu11 -fPIC -Wall -Wextra -D_FORTIFY_SOURCE=2 -fstack-protector-strong
 PLUGIN_LDFLAGS := -shared -Wl,-z,now -Wl,-z,relro -Wl,-z,nodelete -Wl,--no-undefined-version
 
@@ -70,6 +66,17 @@ $(PLUGIN_PY_SO): $(BUILD)/spank_grace_policy_cffi.o spank/grace_policy_py.map
 		$(filter %.o,$^) $(PLUGIN_PY_LIB) -lpthread -ldl
 
 plugin: $(PLUGIN_SO) $(PLUGIN_PY_SO)
+
+# A test build of the stub, for tests/slurm only: -DGRACE_TEST_HOOKS compiles
+# in the fault hooks (grace_stepd.c GRACE_ENV_EDIT). Never installed; the
+# plugin above has no such code (the tests check that too).
+TESTHOOKS_SO := $(BUILD)/testhooks/spank_grace_policy.so
+$(TESTHOOKS_SO): $(SPANK_C) $(SPANK_H) spank/grace_policy.map grace_policy/__init__.py
+	mkdir -p $(dir $@)
+	$(CC) $(PLUGIN_CFLAGS) -DGRACE_TEST_HOOKS -DGRACE_VERSION='"$(GRACE_VERSION)"' -Ispank \
+		$(PLUGIN_LDFLAGS) -Wl,--version-script=spank/grace_policy.map -o $@ $(SPANK_C) -lpthread -ldl
+
+plugin-testhooks: $(TESTHOOKS_SO)
 
 # Everything the plugin needs, where it finds it with no environment variable:
 # the plugin locates GP_DIR/python from its own path.

@@ -218,6 +218,9 @@ static void grace_child(const struct grace_context *ctx, const struct grace_step
 	int sig;
 
 	setpgid(0, 0);
+	/* What ps shows in the COMMAND column's short form (comm): admins (and
+	 * the tests) tell the helper from slurmstepd proper by it. */
+	prctl(PR_SET_NAME, "grace-check", 0, 0, 0);
 	/* Never outlive the slurmstepd thread that waits for us. */
 	prctl(PR_SET_PDEATHSIG, SIGKILL);
 	if (getppid() != parent)

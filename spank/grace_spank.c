@@ -164,7 +164,7 @@ static void grace_parse_args(int ac, char **av)
 			context.container_env = val[0] ? strdup(val) : NULL;
 #ifdef GRACE_TEST_HOOKS
 		} else if (keylen == 13 && strncmp(arg, "test_fail_env", 13) == 0) {
-			/* Test builds only: see grace_env_hook in grace_stepd.c. */
+			/* Test builds only: see GRACE_ENV_EDIT in grace_stepd.c. */
 			free(context.test_fail_env);
 			context.test_fail_env = strdup(val);
 #endif

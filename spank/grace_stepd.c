@@ -139,20 +139,17 @@ static const char *grace_failure_kind(const char *reason)
 }
 
 #ifdef GRACE_TEST_HOOKS
-/* Test builds only (make plugin GRACE_TEST_CFLAGS=-DGRACE_TEST_HOOKS): the
- * edit of this one variable fails as spank_setenv/unsetenv would, so the
- * failure path below can be tested on a real slurmstepd. 22.05's own
- * spank_setenv/unsetenv fail only for a NULL argument or outside remote
- * context, which this code never produces. */
-static spank_err_t grace_env_hook(const struct grace_context *ctx, const char *name,
-				  spank_err_t rc)
-{
-	if (ctx->test_fail_env != NULL && strcmp(ctx->test_fail_env, name) == 0)
-		return ESPANK_ERROR;
-	return rc;
-}
+/* Test builds only (make plugin-testhooks): the edit of this one variable
+ * fails as spank_setenv/unsetenv would, without being made, so the failure
+ * path below can be tested on a real slurmstepd. 22.05's own functions fail
+ * only for a NULL argument or outside remote context, which this code never
+ * produces. */
+#define GRACE_ENV_EDIT(ctx, name, call)                                               \
+	((ctx)->test_fail_env != NULL && strcmp((ctx)->test_fail_env, (name)) == 0 \
+		 ? ESPANK_ERROR                                                       \
+		 : (call))
 #else
-#define grace_env_hook(ctx, name, rc) ((void)(ctx), (rc))
+#define GRACE_ENV_EDIT(ctx, name, call) ((void)(ctx), (call))
 #endif
 
 static void grace_add(char *buf, size_t len, const char *name)
@@ -178,7 +175,7 @@ static int grace_apply_env(const struct grace_context *ctx, spank_t sp,
 	why[0] = done[0] = '\0';
 	for (i = 0; i < r->unset.n; i++) {
 		const char *name = r->unset.items[i];
-		spank_err_t rc = grace_env_hook(ctx, name, spank_unsetenv(sp, name));
+		spank_err_t rc = GRACE_ENV_EDIT(ctx, name, spank_unsetenv(sp, name));
 
 		if (rc == ESPANK_SUCCESS) {
 			grace_add(done, donelen, name);
@@ -195,7 +192,7 @@ static int grace_apply_env(const struct grace_context *ctx, spank_t sp,
 		if (eq == NULL || eq == kv)
 			continue;
 		*eq = '\0';
-		rc = grace_env_hook(ctx, kv, spank_setenv(sp, kv, eq + 1, 1));
+		rc = GRACE_ENV_EDIT(ctx, kv, spank_setenv(sp, kv, eq + 1, 1));
 		if (rc == ESPANK_SUCCESS) {
 			grace_add(done, donelen, kv);
 		} else if (!failed++) {

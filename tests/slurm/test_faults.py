@@ -387,3 +387,65 @@ def test_control_characters_in_log_lines_are_escaped(faults: SlurmEnv) -> None:
     line = _allowed_with_one_line(faults)
     assert "odd\\x1b[31mRED.toml" in line, line
     assert "\x1b" not in faults.cluster.slurmd_log_text()
+
+
+# -- env edits that fail -------------------------------------------------------------
+
+def _testhooks_prefix(env: SlurmEnv) -> Path:
+    """A copy of the install whose stub is the test build (make
+    plugin-testhooks: -DGRACE_TEST_HOOKS). 22.05's spank_setenv/unsetenv fail
+    only for a NULL argument or outside remote context, which the plugin never
+    produces, so the failure is injected at the one call site: everything
+    after it (on_error, what the user is told, the audit) is the real code."""
+    prefix = env.copy_prefix("prefix-testhooks")
+    build = env.cluster.root.parent / "build-testhooks"
+    done = subprocess.run(["make", "-C", str(Path(__file__).resolve().parents[2]),
+                           "plugin-testhooks", f"BUILD={build}"],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    shutil.copy2(build / "testhooks" / "spank_grace_policy.so",
+                 prefix / "lib" / "slurm" / "spank_grace_policy.so")
+    return prefix
+
+
+@pytest.mark.parametrize("on_error", ["allow", "deny"])
+def test_failed_env_edit_follows_on_error(faults: SlurmEnv, on_error: str) -> None:
+    """A foreign VIRTUAL_ENV is to be removed, and removing it fails. deny:
+    refused, never run. allow: the step runs, and the user is told that the
+    change was not made (not that it was); one log and one audit line."""
+    prefix = _testhooks_prefix(faults)
+    foreign = faults.files / "venv-foreign"
+    faults.set_plugin_line(prefix / "lib" / "slurm" / "spank_grace_policy.so",
+                           f"config={faults.configs['base']}", f"audit={faults.audit_log}",
+                           f"on_error={on_error}", "test_fail_env=VIRTUAL_ENV")
+    before = len(faults.audit_lines())
+    res = faults.cluster.srun(["sh", "-c", "echo JOBID=$SLURM_JOB_ID; echo VENV=$VIRTUAL_ENV"],
+                              user="nobody", env={"VIRTUAL_ENV": str(foreign)})
+    assert "Traceback" not in res.stderr + res.stdout
+    assert "removed from the step's environment" not in res.stderr, res.stderr
+    # The verdict's own line (Python writes it before C applies the edits),
+    # then C's: the edit failed, and what on_error did.
+    records = [json.loads(line) for line in faults.audit_lines()[before:]]
+    assert [r.get("failure") for r in records] == [None, "env"], records
+    assert records[0]["env_unset"] == ["VIRTUAL_ENV"], records
+    assert records[1]["action"] == ("reject" if on_error == "deny" else "allow"), records
+    assert "cannot remove VIRTUAL_ENV" in records[1]["error"]
+    if on_error == "deny":
+        _refused = f"{PREFIX}this step was refused: the site's launch check could not run"
+        assert res.returncode != 0 and _refused in res.stderr, res.stderr
+        assert "VENV=" not in res.stdout
+        return
+    assert res.returncode == 0, res.stderr
+    assert f"VENV={foreign}" in res.stdout
+    told = " ".join(line for line in res.stderr.splitlines() if line.startswith(PREFIX))
+    assert "without all of the environment changes" in told, res.stderr
+    assert "cannot remove VIRTUAL_ENV" in told and "on_error=allow" in told
+    [line] = _error_lines(faults, _job(res))
+    assert "cannot remove VIRTUAL_ENV" in line and "step allowed unchecked" in line
+
+
+def test_test_hooks_are_not_in_the_installed_plugin(faults: SlurmEnv) -> None:
+    """The plugin make install ships has no hook: the argument is unknown."""
+    faults.use("base", "test_fail_env=VIRTUAL_ENV")
+    line = _allowed_with_one_line(faults)
+    assert "unknown plugstack argument 'test_fail_env=VIRTUAL_ENV'" in line

@@ -304,15 +304,24 @@ def test_config_without_compiled_form_says_how_to_fix_it(faults: SlurmEnv) -> No
     """Not a failure (the step is judged), but every step then validates the
     TOML with pydantic: the admin is told once per step how to stop that."""
     text = faults.configs["base"].read_text()
-    raw = _config(faults, "never-compiled.toml", text)
+    confdir = faults.cluster.root.parent / "etc-uncompiled"
+    shutil.rmtree(confdir, ignore_errors=True)
+    confdir.mkdir(mode=0o755)
+    raw = confdir / "never-compiled.toml"
+    raw.write_text(text)
+    raw.chmod(0o644)
     faults.use(raw)
-    out = faults.side_file("uncompiled.out")
-    res = faults.cluster.srun([str(faults.files / "native"), str(out)], user="nobody")
-    assert res.returncode == 0, res.stderr
-    assert out.exists() and PREFIX not in res.stderr
+    # The plugin never writes the config's directory (issue 20 item 4), not
+    # even for root's step, which could: compiling is the admin's command.
+    for user in ("nobody", "root"):
+        out = faults.side_file("uncompiled.out")
+        res = faults.cluster.srun([str(faults.files / "native"), str(out)], user=user)
+        assert res.returncode == 0, res.stderr
+        assert out.exists() and PREFIX not in res.stderr
+        assert sorted(p.name for p in confdir.iterdir()) == ["never-compiled.toml"], user
     hints = [line for line in faults.cluster.slurmd_log_text().splitlines()
              if "has no current compiled form" in line and str(raw) in line]
-    assert len(hints) == 1, hints
+    assert len(hints) == 2, hints
     assert "config check --compile" in hints[0]
 
 

@@ -282,8 +282,24 @@ def test_c_backstop_fires_on_a_hung_check(faults: SlurmEnv, on_error: str) -> No
     [line] = _error_lines(faults, _job(res))
     assert "no verdict within timeout_ms=1000" in line
     assert "on_error=allow: step allowed unchecked" in line
-    # The step, and its slurmstepd, are gone despite the sleeping thread.
     job = _job(res)
+    # The timeout reaches the audit log and grace-policy report counts it
+    # apart (the installed command, on the real log).
+    [record] = [json.loads(x) for x in faults.audit_lines()
+                if json.loads(x).get("job_id") == str(job)]
+    assert (record["failure"], record["action"], record["mode"]) == ("timeout", "allow", None)
+    report = subprocess.run([str(faults.prefix / "bin" / "grace-policy"), "report", "--json",
+                             str(faults.audit_log)], env={}, capture_output=True, text=True,
+                            check=False)
+    assert report.returncode == 0, report.stderr
+    data = json.loads(report.stdout)
+    assert data["failures"]["kinds"].get("timeout", 0) >= 1, data["failures"]
+    assert data["lines"]["invalid"] == 0, data["lines"]
+    text = subprocess.run([str(faults.prefix / "bin" / "grace-policy"), "report",
+                           str(faults.audit_log)], env={}, capture_output=True, text=True,
+                          check=False).stdout
+    assert "no verdict, on_error decided in the plugin:" in text and "timeout" in text, text
+    # The step, and its slurmstepd, are gone despite the helper left behind.
     for _ in range(50):  # 24.11+: "completing" for a moment after srun returns
         squeue = faults.cluster.run(["squeue", "-h", "-j", str(job)]).stdout
         if str(job) not in squeue:

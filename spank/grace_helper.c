@@ -390,17 +390,18 @@ static long grace_ms_left(const struct timespec *until)
 }
 
 /* Reap the helper if it is gone by the deadline; else kill its group and
- * leave it (slurmstepd's own wait for its tasks, or init, reaps it later). */
-static void grace_reap(pid_t pid, const struct timespec *until, int kill_now)
+ * leave it (slurmstepd's own wait for its tasks, or init, reaps it later).
+ * *status: its wait status, or -1 if it was not reaped here. */
+static void grace_reap(pid_t pid, const struct timespec *until, int kill_now, int *status)
 {
-	int status;
+	*status = -1;
 
 	if (kill_now) {
 		kill(-pid, SIGKILL);
 		kill(pid, SIGKILL);
 	}
 	for (;;) {
-		pid_t got = waitpid(pid, &status, WNOHANG);
+		pid_t got = waitpid(pid, status, WNOHANG);
 
 		if (got == pid || (got < 0 && errno != EINTR))
 			return; /* reaped (or reaped by slurmstepd: ECHILD) */
@@ -415,7 +416,8 @@ static void grace_reap(pid_t pid, const struct timespec *until, int kill_now)
 	kill(-pid, SIGKILL);
 	kill(pid, SIGKILL);
 	/* One last look: a helper that was only slow to exit is gone now. */
-	waitpid(pid, &status, WNOHANG);
+	if (waitpid(pid, status, WNOHANG) != pid)
+		*status = -1;
 }
 
 int grace_helper_run(const struct grace_context *ctx, const struct grace_step *step,
@@ -425,7 +427,7 @@ int grace_helper_run(const struct grace_context *ctx, const struct grace_step *s
 	struct timespec until;
 	char *buf = NULL;
 	size_t n = 0, cap = 0;
-	int fds[2], timed_out = 0, rc;
+	int fds[2], timed_out = 0, rc, status;
 	pid_t pid, self = getpid();
 
 	memset(out, 0, sizeof(*out));
@@ -503,14 +505,22 @@ int grace_helper_run(const struct grace_context *ctx, const struct grace_step *s
 	}
 	close(fds[0]);
 	if (timed_out) {
-		grace_reap(pid, &until, 1);
+		grace_reap(pid, &until, 1, &status);
 		free(buf);
 		return -1;
 	}
 	/* It answered (or broke): give it until the deadline to exit. */
-	grace_reap(pid, &until, out->err[0] != '\0');
-	if (out->err[0] == '\0')
-		grace_decode(buf, n, out);
+	grace_reap(pid, &until, out->err[0] != '\0', &status);
+	if (out->err[0] == '\0' && grace_decode(buf, n, out) != 0 && status != -1) {
+		size_t used = strlen(out->err);
+
+		if (WIFSIGNALED(status))
+			snprintf(out->err + used, sizeof(out->err) - used, " (killed by signal %d)",
+				 WTERMSIG(status));
+		else if (WIFEXITED(status))
+			snprintf(out->err + used, sizeof(out->err) - used, " (exit status %d)",
+				 WEXITSTATUS(status));
+	}
 	free(buf);
 	return 0;
 }

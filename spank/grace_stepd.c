@@ -215,17 +215,22 @@ static void grace_finish(struct grace_context *ctx, spank_t sp, const struct gra
 
 	if (out->hit) {
 		/* A clean allow replayed: nothing to tell the user, nothing to
-		 * change, one audit line (written here, through root's fd). */
-		const char *problem = grace_audit_hit(ctx, &s->step, out->mode, out->hit_ms,
-						      out->err, sizeof(out->err));
+		 * change, one audit line (written here, through root's fd). Its
+		 * time is what user_init spent, the helper's fork and exit
+		 * included (out->hit_ms is the lookup's end, in the helper). */
+		const char *problem = grace_audit_hit(ctx, &s->step, out->mode,
+						      grace_elapsed_ms(&s->started), out->err,
+						      sizeof(out->err));
 
 		if (problem)
 			slurm_info(GRACE_PREFIX "job %u step %u: %s", job_id, step_id, problem);
 		return;
 	}
 	if (rc < 0 && out->err[0]) {
-		/* The Python part could not be loaded or started. */
-		grace_fail(ctx, s, GRACE_FAIL_PYTHON, out->err);
+		/* The Python part could not be loaded or started, or the helper
+		 * died without an answer (a crash of the check). */
+		grace_fail(ctx, s, strncmp(out->err, "the check's helper", 18) == 0
+				   ? GRACE_FAIL_CHECK : GRACE_FAIL_PYTHON, out->err);
 		return;
 	}
 	if (rc == GRACE_RC_ERROR || r->oom || !r->done ||

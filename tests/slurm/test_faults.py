@@ -474,3 +474,19 @@ def test_test_hooks_are_not_in_the_installed_plugin(faults: SlurmEnv) -> None:
     faults.use("base", "test_fail_env=VIRTUAL_ENV")
     line = _allowed_with_one_line(faults)
     assert "unknown plugstack argument 'test_fail_env=VIRTUAL_ENV'" in line
+
+
+def test_a_crashing_check_takes_only_its_helper_down(faults: SlurmEnv) -> None:
+    """The check dies of SIGSEGV (here: an admin-only python_path package
+    that kills its own process, as a broken extension module would). It ran
+    in the helper process, so slurmstepd lives on: on_error decides, the
+    log line says how the helper ended, the audit line says "check"."""
+    crash = faults.cluster.root.parent / "crash-python" / "grace_policy"
+    crash.mkdir(parents=True, exist_ok=True)
+    (crash / "__init__.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n")
+    faults.use("base", f"python_path={crash.parent}")
+    before = len(faults.audit_lines())
+    line = _allowed_with_one_line(faults)
+    assert "helper process ended without an answer (killed by signal 11)" in line, line
+    [record] = [json.loads(x) for x in faults.audit_lines()[before:]]
+    assert (record["failure"], record["action"]) == ("check", "allow"), record

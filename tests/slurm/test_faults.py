@@ -85,11 +85,21 @@ def _config(env: SlurmEnv, name: str, text: str, mode: int = 0o644) -> Path:
     return path
 
 
+def _last_failure(env: SlurmEnv, before: int) -> tuple[str, str]:
+    """(failure, action) of the one audit line the step added."""
+    [record] = [json.loads(x) for x in env.audit_lines()[before:]]
+    assert record["mode"] is None and record["error"], record
+    return record["failure"], record["action"]
+
+
 def test_config_missing(faults: SlurmEnv) -> None:
     missing = faults.configs["base"].parent / "no-such.toml"
     faults.use(missing)
+    before = len(faults.audit_lines())
     line = _allowed_with_one_line(faults)
     assert str(missing) in line and "No such file" in line
+    # Config errors reach the audit log too (C writes the line).
+    assert _last_failure(faults, before) == ("config", "allow")
     faults.use(missing, "on_error=deny")
     _refused_by_on_error(faults)
 
@@ -120,9 +130,11 @@ def test_python_package_missing(faults: SlurmEnv) -> None:
     shutil.rmtree(bare / "lib" / "grace-policy" / "python" / "grace_policy")
     faults.set_plugin_line(bare / "lib" / "slurm" / "spank_grace_policy.so",
                            f"config={faults.configs['base']}", f"audit={faults.audit_log}")
+    before = len(faults.audit_lines())
     line = _allowed_with_one_line(faults)
     assert "cannot load grace_policy.slurm_bridge" in line
     assert "ModuleNotFoundError" in line
+    assert _last_failure(faults, before) == ("python", "allow")
 
 
 def test_python_dependency_missing(faults: SlurmEnv) -> None:
@@ -378,8 +390,10 @@ def test_relative_python_path_is_refused(faults: SlurmEnv) -> None:
     """A relative python_path would be resolved against the job's cwd: a user
     could plant modules there for a process that can still regain root."""
     faults.use("base", "python_path=site-python")
+    before = len(faults.audit_lines())
     line = _allowed_with_one_line(faults)
     assert "python_path entries must be absolute" in line
+    assert _last_failure(faults, before) == ("plugstack", "allow")
 
 
 def test_hard_linked_audit_log_is_refused(faults: SlurmEnv) -> None:

@@ -6,7 +6,7 @@ PREFIX ?= /usr/local
 DESTDIR ?=
 BUILD ?= build
 
-.PHONY: all deps test test-fast lint verify-loader verify-pages demo-node plugin install demo bench fuzz clean
+.PHONY: all deps test test-fast lint verify-loader verify-pages demo-node plugin plugin-testhooks install demo bench fuzz clean
 
 all: plugin
 

@@ -38,7 +38,7 @@ MAX_LINE = 1 << 20
 MAX_KEYS = 50_000
 _GZIP_MAGIC = b"\x1f\x8b"
 _loads = json.JSONDecoder().decode
-_OPT_STR_KEYS = ("error", "skipped", "program", "node", "job_id")
+_OPT_STR_KEYS = ("error", "skipped", "program", "node", "job_id", "failure")
 _CHUNK = 1 << 16
 SKIP_KINDS = ("torn", "foreign", "invalid", "oversized")
 
@@ -65,6 +65,10 @@ class Decision:
     exempt: list[tuple[str, str, str, str, str]]
     node: str | None
     job_id: str | None
+    #: Set on the lines C writes when the check gave no verdict and on_error
+    #: decided (spank/grace.h GRACE_FAIL_*: timeout, python, config,
+    #: plugstack, env, check, internal); their mode is null.
+    failure: str | None = None
 
 
 def parse_time(text: str) -> float | None:
@@ -114,8 +118,10 @@ def _decision(obj: dict[str, Any]) -> Decision:
     elapsed = obj.get("elapsed_ms")
     enforce = obj.get("enforce_action")
     exempt_raw = obj.get("exempt") or []
+    failure = obj.get("failure")
     if (when is None or type(uid) is not int or uid < 0 or action not in ACTIONS
-            or mode not in MODES or not _opt_str(obj.get("partition"))
+            or not (mode in MODES or (mode is None and isinstance(failure, str)))
+            or not _opt_str(obj.get("partition"))
             or not _str_list(obj["rules"]) or not _str_list(obj["paths"])
             or not (elapsed is None or (type(elapsed) in (int, float) and math.isfinite(elapsed)
                                         and elapsed >= 0))
@@ -138,7 +144,7 @@ def _decision(obj: dict[str, Any]) -> Decision:
         elapsed_ms=None if elapsed is None else float(elapsed), error=obj.get("error"),
         skipped=obj.get("skipped"), cache_hit=obj.get("cache") == "hit",
         program=obj.get("program"), enforce_action=enforce, exempt=exempt,
-        node=obj.get("node"), job_id=obj.get("job_id"))
+        node=obj.get("node"), job_id=obj.get("job_id"), failure=failure)
 
 
 def read_lines(path: str) -> Iterator[tuple[str, bytes]]:
@@ -264,6 +270,8 @@ class Report:
     judged: int = 0
     skipped: Counter = field(default_factory=Counter)
     errors: _Bounded = field(default_factory=_Bounded)
+    #: failure kind -> steps on_error decided in C (no verdict at all)
+    failures: Counter = field(default_factory=Counter)
     #: partition -> steps with an error
     error_partitions: Counter = field(default_factory=Counter)
     times_all: list[float] = field(default_factory=list)
@@ -325,9 +333,11 @@ class Report:
             self.last = d
         part = d.partition or ""
         self.actions[d.action] += 1
-        self.by_partition[(part, d.mode, d.action)] += 1
+        self.by_partition[(part, d.mode or "unchecked", d.action)] += 1
         self.users.setdefault(d.uid, Counter())[d.action] += 1
-        if d.skipped:
+        if d.failure is not None:
+            self.failures[d.failure] += 1
+        elif d.skipped:
             self.skipped[d.skipped] += 1
         else:
             self.judged += 1
@@ -409,6 +419,8 @@ class Report:
             "skipped": dict(sorted(self.skipped.items())),
             "errors": {"steps": sum(self.errors.values()),
                        "reasons": [{"reason": r, "steps": n} for r, n in _top(self.errors, top)]},
+            "failures": {"steps": sum(self.failures.values()),
+                         "kinds": dict(sorted(self.failures.items()))},
             "time_ms": {"all": timing(self.times_all), "cache_hit": timing(self.times_hit),
                         "checked": timing(self.times_miss)},
             "exempted": [{"rule": e[0], "path": e[1], "reason": e[2], "until": e[3],

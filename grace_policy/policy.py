@@ -497,8 +497,10 @@ def load_policy(path: str | None, *, cache_dir: str | None = None) -> Policy:
     """The policy for ``path``; the default policy when ``path`` is None.
 
     Fast path: a trustworthy compiled form (see :func:`_read_trusted`). Slow
-    path: validate the TOML with pydantic and, best effort, leave a compiled
-    form behind for the next step. A missing or invalid file raises
+    path: validate the TOML with pydantic. Nothing is ever written: this runs
+    inside every step (as root for root's steps), and the config's directory
+    is the admin's; compiling is ``grace-policy config check --compile``
+    (:func:`compile_config`). A missing or invalid file raises
     :class:`ConfigError`; the caller then follows ``on_error``.
     """
     if path is None:
@@ -510,14 +512,8 @@ def load_policy(path: str | None, *, cache_dir: str | None = None) -> Policy:
         try:
             return Policy.from_json(doc, source=path)
         except (KeyError, TypeError, ValueError, AttributeError):
-            pass  # damaged: validate again, and overwrite it below
-    policy = _validate(path)
-    try:
-        if _stat_key(os.stat(path)) == _stat_key(st):  # unchanged while we read it
-            _write_compiled(cache, policy, st)
-    except OSError:
-        pass  # e.g. running as a user who cannot write next to the config
-    return policy
+            pass  # damaged: validate again (the admin recompiles)
+    return _validate(path)
 
 
 def compile_config(path: str, out: str | None = None) -> Policy:

@@ -8,6 +8,7 @@
 # libbsd-dev jq zstd curl libcap2-bin for enroot, runc for --container.
 # squashfs-tools: container images the tests make (mksquashfs) and the
 # squashfs reader's oracle (unsquashfs); util-linux: unshare for SIF builds.
+# libfuse2 + fusepy (pinned): the hung FUSE mount of tests/slurm/test_hungfs.py.
 set -euo pipefail
 need_apt=()
 all_pkgs=(slurmd slurmctld slurm-client libslurm-dev munge gcc-aarch64-linux-gnu
@@ -16,7 +17,7 @@ all_pkgs=(slurmd slurmctld slurm-client libslurm-dev munge gcc-aarch64-linux-gnu
           mmdebstrap debhelper rpm util-linux
           qemu-system-arm flex bison bc cpio xz-utils libssl-dev libelf-dev
           squashfs-tools parallel gawk makeself libmd-dev libbsd-dev jq zstd curl
-          libcap2-bin runc)
+          libcap2-bin runc libfuse2)
 # --packaging deb|rpm: only what make deb / make rpm need (no test tools).
 if [ "${1:-}" = --packaging ]; then
   all_pkgs=(libslurm-dev python3-dev python3-pip build-essential debhelper dpkg-dev)
@@ -42,3 +43,6 @@ mods = ["elftools", "pydantic", "structlog", "cffi", "pytest", "pytest_cov", "hy
         "tree_sitter", "tree_sitter_bash"]
 sys.exit(0 if all(importlib.util.find_spec(m) for m in mods) else 1)
 PYEOF
+# The hung-mount tests' FUSE daemon (tests/slurm/hungfs.py): fusepy, pinned.
+"$PY" -c 'import importlib.metadata as m, sys; sys.exit(m.version("fusepy") != "3.0.1")' \
+  2>/dev/null || "$PY" -m pip install -q "fusepy==3.0.1"

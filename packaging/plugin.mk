@@ -10,7 +10,8 @@ PLUGIN_SO := $(BUILD)/spank_grace_policy.so
 PLUGIN_PY_SO := $(BUILD)/grace_policy_py.so
 PYDEPS := $(BUILD)/pydeps
 PLUGIN_REQS := packaging/plugin-requirements.txt
-SPANK_C := spank/grace_spank.c spank/grace_stepd.c spank/grace_cache.c spank/grace_container.c
+SPANK_C := spank/grace_spank.c spank/grace_stepd.c spank/grace_helper.c spank/grace_cache.c \
+		spank/grace_container.c
 SPANK_H := spank/grace.h
 CFFI_C := $(BUILD)/spank_grace_policy_cffi.c
 # Names the per-user cache file (DIR/<uid>.v<version>): entries of another
@@ -58,8 +59,8 @@ $(BUILD)/spank_grace_policy_cffi.o: $(CFFI_C) $(SPANK_H) spank/grace_python.c
 	$(CC) $(PLUGIN_CFLAGS) -Wno-unused-parameter -I$(PLUGIN_PY_INCLUDE) -Ispank -I$(BUILD) -c -o $@ $<
 
 # The stub: exports only plugin_*/slurm_spank_* (grace_policy.map).
-$(PLUGIN_SO): $(BUILD)/grace_spank.o $(BUILD)/grace_stepd.o $(BUILD)/grace_cache.o \
-		$(BUILD)/grace_container.o spank/grace_policy.map
+$(PLUGIN_SO): $(BUILD)/grace_spank.o $(BUILD)/grace_stepd.o $(BUILD)/grace_helper.o \
+		$(BUILD)/grace_cache.o $(BUILD)/grace_container.o spank/grace_policy.map
 	$(CC) $(PLUGIN_LDFLAGS) -Wl,--version-script=spank/grace_policy.map -o $@ \
 		$(filter %.o,$^) -lpthread -ldl
 
@@ -69,6 +70,17 @@ $(PLUGIN_PY_SO): $(BUILD)/spank_grace_policy_cffi.o spank/grace_policy_py.map
 		$(filter %.o,$^) $(PLUGIN_PY_LIB) -lpthread -ldl
 
 plugin: $(PLUGIN_SO) $(PLUGIN_PY_SO)
+
+# A test build of the stub, for tests/slurm only: -DGRACE_TEST_HOOKS compiles
+# in the fault hooks (grace_stepd.c GRACE_ENV_EDIT). Never installed; the
+# plugin above has no such code (the tests check that too).
+TESTHOOKS_SO := $(BUILD)/testhooks/spank_grace_policy.so
+$(TESTHOOKS_SO): $(SPANK_C) $(SPANK_H) spank/grace_policy.map grace_policy/__init__.py
+	mkdir -p $(dir $@)
+	$(CC) $(PLUGIN_CFLAGS) -DGRACE_TEST_HOOKS -DGRACE_VERSION='"$(GRACE_VERSION)"' -Ispank \
+		$(PLUGIN_LDFLAGS) -Wl,--version-script=spank/grace_policy.map -o $@ $(SPANK_C) -lpthread -ldl
+
+plugin-testhooks: $(TESTHOOKS_SO)
 
 # Everything the plugin needs, where it finds it with no environment variable:
 # the plugin locates GP_DIR/python from its own path.

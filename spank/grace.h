@@ -11,6 +11,7 @@
 #define GRACE_H
 
 #include <stddef.h>
+#include <time.h>
 #include <slurm/spank.h>
 
 /* Every line a user or an admin sees starts with this (team rule). */
@@ -108,6 +109,7 @@ struct grace_context {
 	int cache_fd;      /* DIR/<uid>.v<version>, opened as root in slurm_spank_init, or -1 */
 	char cache_error[512]; /* why cache_fd is -1 (logged with each step) */
 	char args_error[256]; /* non-empty: the arguments are unusable */
+	char *test_fail_env; /* test builds only (GRACE_TEST_HOOKS): an env edit that fails */
 	/* the user's --grace-policy option (remote side: from the option callback) */
 	char user_mode[16];
 	/* the verdict of this step, kept for task_init */
@@ -143,6 +145,33 @@ int grace_container_task_init(spank_t sp, char *why, size_t len);
  * pyxis step, so pyxis never starts its container. */
 int grace_container_task_init_privileged(int rejected);
 
+/*
+ * grace_helper.c: the check in a helper process (docs/SPANK.md "The
+ * deadline"). Everything that touches a user's paths - the verdict-cache
+ * lookup's stats, the Python part's imports and the check - runs in a child
+ * forked by user_init, in a process group of its own, with no descriptor of
+ * slurmstepd's but the result pipe, the audit and the cache files. No thread
+ * of slurmstepd ever waits on a user's file system, so a hung mount cannot
+ * block the credential changes glibc applies to every thread (field notes
+ * §10). On timeout the helper is killed (SIGKILL to its group) and left to
+ * die when its wait ends.
+ */
+struct grace_outcome {
+	int rc;            /* GRACE_RC_*, or -1 with err set */
+	int hit;           /* the verdict cache answered: no Python */
+	char mode[32];     /* the mode of that entry */
+	double hit_ms;     /* user_init start to the end of the lookup */
+	struct grace_result result; /* what Python emitted (owned; grace_outcome_free) */
+	char err[512];
+};
+
+/* 0: the helper answered (out filled); -1: no answer within timeout_ms (the
+ * helper was killed and abandoned); -2: no helper could be started (err). */
+int grace_helper_run(const struct grace_context *ctx, const struct grace_step *step,
+		     const struct timespec *started, unsigned int timeout_ms,
+		     struct grace_outcome *out);
+void grace_outcome_free(struct grace_outcome *out);
+
 /* grace_stepd.c: the remote (slurmstepd) side. */
 int grace_stepd_user_init(struct grace_context *ctx, spank_t sp);
 int grace_stepd_task_init(struct grace_context *ctx, spank_t sp);
@@ -173,5 +202,22 @@ const char *grace_cache_store(const struct grace_context *ctx, const char *entry
 /* The audit line of a cache hit, through root's descriptor; NULL or a reason. */
 const char *grace_audit_hit(const struct grace_context *ctx, const struct grace_step *step,
 			    const char *mode, double elapsed_ms, char *err, size_t errlen);
+/* The audit line of an outcome C decided by on_error (the check could not
+ * give a verdict): action is what on_error did ("allow" or "reject"),
+ * failure the kind of failure (GRACE_FAIL_*), reason the slurmd.log text. */
+const char *grace_audit_failure(const struct grace_context *ctx,
+				const struct grace_step *step, const char *action,
+				const char *failure, const char *reason, double elapsed_ms,
+				char *err, size_t errlen);
+
+/* The kinds of failure C records ("failure" in the audit line; counted apart
+ * by grace-policy report). */
+#define GRACE_FAIL_ARGS "plugstack"   /* plugstack.conf arguments unusable */
+#define GRACE_FAIL_TIMEOUT "timeout"  /* no verdict within timeout_ms */
+#define GRACE_FAIL_PYTHON "python"    /* the Python part cannot be loaded or started */
+#define GRACE_FAIL_CONFIG "config"    /* the config cannot be read or is invalid */
+#define GRACE_FAIL_CHECK "check"      /* the check failed in another way */
+#define GRACE_FAIL_ENV "env"          /* an env edit the verdict needs failed */
+#define GRACE_FAIL_INTERNAL "internal" /* out of memory, no helper process, ... */
 
 #endif

@@ -801,3 +801,61 @@ const char *grace_audit_hit(const struct grace_context *ctx, const struct grace_
 	}
 	return NULL;
 }
+
+/* The audit line of an on_error outcome decided in C (grace_stepd.c's
+ * grace_fail): the same keys as a decision, "mode" null (no config was
+ * applied), "error" the reason and "failure" its kind (grace.h GRACE_FAIL_*),
+ * which grace-policy report counts apart. */
+const char *grace_audit_failure(const struct grace_context *ctx,
+				const struct grace_step *step, const char *action,
+				const char *failure, const char *reason, double elapsed_ms,
+				char *err, size_t errlen)
+{
+	char line[32768];
+	char num[32], step_buf[32];
+	struct grace_buf b = { line, 0, sizeof(line), 0 };
+	struct utsname uts;
+	const char *node = step->node;
+	ssize_t n;
+
+	if (ctx->audit_fd < 0 || ctx->audit_path == NULL)
+		return NULL;
+	if (node == NULL || node[0] == '\0')
+		node = uname(&uts) == 0 ? uts.nodename : NULL;
+	line[0] = '\0';
+	grace_puts(&b, "{\"action\": ");
+	grace_put_json(&b, action);
+	grace_puts(&b, ", \"elapsed_ms\": ");
+	grace_put_ms(&b, elapsed_ms);
+	grace_puts(&b, ", \"enforce_action\": null, \"env_set\": [], \"env_unset\": [], "
+		   "\"error\": ");
+	grace_put_json(&b, reason);
+	grace_puts(&b, ", \"event\": \"decision\", \"exempt\": [], \"failure\": ");
+	grace_put_json(&b, failure);
+	grace_puts(&b, ", \"job_id\": ");
+	snprintf(num, sizeof(num), "%u", step->job_id);
+	grace_put_json(&b, num);
+	grace_puts(&b, ", \"mode\": null, \"node\": ");
+	grace_put_json(&b, node);
+	grace_puts(&b, ", \"partition\": ");
+	grace_put_json(&b, step->partition);
+	grace_puts(&b, ", \"paths\": [], \"program\": ");
+	grace_put_json(&b, step->argc > 0 && step->argv != NULL ? step->argv[0] : NULL);
+	grace_puts(&b, ", \"rules\": [], \"skipped\": null, \"step_id\": ");
+	grace_put_json(&b, grace_step_name(step->step_id, step_buf, sizeof(step_buf)));
+	grace_puts(&b, ", \"time\": ");
+	grace_put_time(&b);
+	snprintf(num, sizeof(num), ", \"uid\": %u}\n", step->uid);
+	grace_puts(&b, num);
+	if (b.full) {
+		snprintf(err, errlen, "audit log %s: line too long; not written", ctx->audit_path);
+		return err;
+	}
+	n = write(ctx->audit_fd, line, b.n);
+	if (n < 0 || (size_t)n != b.n) {
+		snprintf(err, errlen, "audit log %s: cannot write: %s", ctx->audit_path,
+			 n < 0 ? strerror(errno) : "short write");
+		return err;
+	}
+	return NULL;
+}

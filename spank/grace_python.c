@@ -5,7 +5,8 @@
  * cffi's set_source(), so it lands in the generated file after cffi's
  * embedding support and can call the static cffi_start_python(). That file
  * is the Python part of the plugin, grace_policy_py.so (the only library
- * with libpython as DT_NEEDED), dlopen()ed by the stub on a cache miss.
+ * with libpython as DT_NEEDED), dlopen()ed on a cache miss in the check's
+ * helper process (grace_helper.c), never in slurmstepd itself.
  *
  * Why we start Python ourselves instead of letting cffi do it: cffi calls
  * Py_InitializeEx(0), which reads PYTHONPATH/PYTHONHOME from the *user's*

@@ -162,6 +162,12 @@ static void grace_parse_args(int ac, char **av)
 		} else if (keylen == 13 && strncmp(arg, "container_env", 13) == 0) {
 			free(context.container_env);
 			context.container_env = val[0] ? strdup(val) : NULL;
+#ifdef GRACE_TEST_HOOKS
+		} else if (keylen == 13 && strncmp(arg, "test_fail_env", 13) == 0) {
+			/* Test builds only: see GRACE_ENV_EDIT in grace_stepd.c. */
+			free(context.test_fail_env);
+			context.test_fail_env = strdup(val);
+#endif
 		} else {
 			grace_set_args_error("unknown plugstack argument '%s' (known: config, "
 					     "on_error, python_path, timeout_ms, audit, container_env, "

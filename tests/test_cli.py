@@ -660,3 +660,24 @@ def test_inspect_and_check_agree_on_a_big_endian_file(capsys, elf_builder, have_
     assert "exe-arch-mismatch" in {f["rule"] for f in doc["issues"]}
     code, verdict = run_json(capsys, "check", *node, "--json", "--", str(be))
     assert code == 2 and "exe-arch-mismatch" in rules_of(verdict)
+
+
+@pytest.mark.parametrize("argv", [["check", "/bin/true"], ["check", "--json", "/bin/true"],
+                                  ["check", "/nonexistent/prog"]])
+def test_exit_codes_hold_when_the_reader_has_left(argv: list[str], tmp_path: Path) -> None:
+    """``grace-policy check ... | head -c1``: the reader is gone before the
+    output is written. The exit code is still the command's own (0/1/2, the
+    same as with a reader) and nothing about a broken pipe is printed."""
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    cmd = [sys.executable, "-m", "grace_policy", *argv]
+    with_reader = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+    assert with_reader.returncode in (0, 1, 2), with_reader.stderr
+    read_fd, write_fd = os.pipe()
+    os.close(read_fd)  # the reader left before the first byte
+    try:
+        done = subprocess.run(cmd, stdout=write_fd, stderr=subprocess.PIPE, text=True,
+                              env=env, check=False)
+    finally:
+        os.close(write_fd)
+    assert done.returncode == with_reader.returncode, done.stderr
+    assert "BrokenPipe" not in done.stderr and "Exception ignored" not in done.stderr

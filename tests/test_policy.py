@@ -101,11 +101,19 @@ def test_node_overrides_layer_partition_over_node() -> None:
     )
 
 
-def test_first_load_validates_and_leaves_a_compiled_form(config: str) -> None:
-    cache = compiled_path_for(config)
-    assert not os.path.exists(cache)
+def test_loading_never_writes_next_to_the_config(config: str) -> None:
+    """load_policy runs in every step (as root for root's steps): it
+    validates but never writes the admin's directory (issue 20 item 4)."""
+    before = sorted(os.listdir(os.path.dirname(config)))
     policy = load_policy(config)
     assert policy.mode_for("debug") == "warn"
+    assert sorted(os.listdir(os.path.dirname(config))) == before
+    assert not os.path.exists(compiled_path_for(config))
+
+
+def test_compile_config_leaves_a_compiled_form(config: str) -> None:
+    cache = compiled_path_for(config)
+    policy = compile_config(config)
     assert os.path.exists(cache)
     st = os.stat(cache)
     assert st.st_mode & 0o777 == 0o644
@@ -127,7 +135,7 @@ HEAVY = "pydantic structlog elftools tomllib tomli typing".split()
 
 
 def test_compiled_form_loads_without_heavy_imports(config: str) -> None:
-    load_policy(config)  # compile
+    compile_config(config)
     out = run_isolated(
         f"from grace_policy.policy import load_policy\n"
         f"p = load_policy({config!r})\n"
@@ -150,7 +158,7 @@ def test_without_compiled_form_it_validates(config: str) -> None:
 def poison(config: str, cache: str | None = None, **changes: object) -> str:
     """Rewrite the compiled form of ``config`` to say something laxer, keeping
     its recorded stat identity so only the trust checks can reject it."""
-    load_policy(config)
+    compile_config(config)
     cache = cache or compiled_path_for(config)
     with open(compiled_path_for(config)) as f:
         doc = json.load(f)
@@ -203,18 +211,18 @@ def test_symlinked_cache_is_ignored(config: str, tmp_path: Path) -> None:
     assert load_policy(config).mode_for("unlisted") == "enforce"
 
 
-def test_stale_cache_is_recompiled(config: str) -> None:
-    load_policy(config)
+def test_stale_cache_is_not_believed(config: str) -> None:
+    compile_config(config)
     with open(config, "a") as f:
         f.write('[partitions.new]\nmode = "off"\n')
     policy = load_policy(config)
     assert policy.mode_for("new") == "off"
-    with open(compiled_path_for(config)) as f:
-        assert "new" in json.load(f)["policy"]["partitions"]
+    with open(compiled_path_for(config)) as f:  # left as it was: the admin recompiles
+        assert "new" not in json.load(f)["policy"]["partitions"]
 
 
 def test_same_size_edit_within_the_same_second_is_noticed(config: str) -> None:
-    load_policy(config)
+    compile_config(config)
     st = os.stat(config)
     text = Path(config).read_text().replace('mode = "warn"', 'mode = "off "')
     Path(config).write_text(text)
@@ -255,8 +263,8 @@ def test_cache_dir_names_by_config_path(config: str, tmp_path: Path) -> None:
     a = compiled_path_for(config, str(cache_dir))
     b = compiled_path_for(config + "x", str(cache_dir))
     assert a != b and os.path.dirname(a) == str(cache_dir)
-    load_policy(config, cache_dir=str(cache_dir))
-    assert os.path.exists(a)
+    compile_config(config, a)
+    assert load_policy(config, cache_dir=str(cache_dir)) == load_policy(config)
     assert not os.path.exists(compiled_path_for(config))
 
 

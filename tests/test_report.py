@@ -146,7 +146,9 @@ def _hostile_log(tmp_path: Path) -> Path:
     log = tmp_path / "a.log"
     names = ['a"b', "c\\d", "e\nf", "\x1b[2Jg", "ü"]
     log.write_text("".join(_line(partition=n, paths=[f"/x/{n}"], program=f"/x/{n}",
-                                 error=f"err {n}") + "\n" for n in names))
+                                 rules=[f"rule-{n}"], error=f"err {n}") + "\n" for n in names)
+                   + "".join(_line(mode=None, failure=f"kind {n}", error=f"why {n}") + "\n"
+                             for n in names))
     return log
 
 
@@ -158,6 +160,28 @@ def test_cli_escapes_everything_from_the_log(tmp_path: Path,
     assert "\x1b" not in out
     assert all(line.isprintable() for line in out.splitlines())
     assert "\\x1b[2Jg" in out and "e\\nf" in out
+    assert "rule-\\x1b[2Jg" in out  # rule ids too, in every list they appear
+    assert "kind \\x1b[2Jg 1" in out  # and the kinds of C's failure lines
+
+
+def test_failures_decided_in_c_are_counted_apart(tmp_path: Path) -> None:
+    """C's on_error lines (mode null, a failure kind) are steps, with their
+    action, counted by kind; a line with mode null and no failure is not a
+    decision."""
+    log = tmp_path / "a.log"
+    log.write_text(_line() + "\n"
+                   + _line(mode=None, failure="timeout", action="allow", rules=[],
+                           error="no verdict within timeout_ms=2000") + "\n"
+                   + _line(mode=None, failure="timeout", action="reject", rules=[]) + "\n"
+                   + _line(mode=None, failure="python", action="allow", rules=[]) + "\n"
+                   + _line(mode=None) + "\n")
+    data = auditlog.Report().read([str(log)]).to_json()
+    assert data["steps"] == 4 and data["lines"]["invalid"] == 1
+    assert data["failures"] == {"steps": 3, "kinds": {"python": 1, "timeout": 2}}
+    assert data["cache"]["judged"] == 1  # failures are not judged steps
+    assert data["actions"] == {"allow": 2, "warn": 1, "reject": 1}
+    text = metrics.render(auditlog.Report().read([str(log)]))
+    assert 'grace_policy_failure_steps{kind="timeout"} 2' in text
 
 
 def test_cli_usage_and_unreadable(tmp_path: Path, capsys: pytest.CaptureFixture[str],

@@ -20,6 +20,10 @@ from importlib import import_module
 from .. import __version__
 from .common import EX_SOFTWARE, EX_USAGE, PROG, Parser, UsageError, err
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # annotations only: typing stays off the command's path
+    from typing import Any
+
 #: name → (module, one-line help), in the order ``--help`` lists them.
 COMMANDS: dict[str, tuple[str, str]] = {
     "check": ("main_check", "what the plugin would do for a job step (exit 0/1/2)"),
@@ -96,12 +100,57 @@ def _usage_error(exc: UsageError, argv: Sequence[str]) -> int:
     return EX_USAGE
 
 
+class _ReaderMayLeave:
+    """sys.stdout for one command: when the reader goes away (``check ... |
+    head -c1``), the rest of the output is dropped instead of raising, so the
+    command still ends with its own exit code (0/1/2) and Python prints no
+    "Exception ignored ... BrokenPipeError" at exit."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+        self.gone = False
+
+    def write(self, text: str) -> int:
+        if not self.gone:
+            try:
+                return int(self.stream.write(text))
+            except BrokenPipeError:
+                self._left()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.gone:
+            try:
+                self.stream.flush()
+            except BrokenPipeError:
+                self._left()
+
+    def _left(self) -> None:
+        # What is still buffered goes to /dev/null when Python flushes it.
+        self.gone = True
+        try:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self.stream.fileno())
+            os.close(devnull)
+        except (OSError, ValueError, AttributeError):
+            pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``grace-policy`` with ``argv`` (default ``sys.argv[1:]``); return the
     exit code instead of exiting, so tests and the console script share it."""
     args = list(sys.argv[1:] if argv is None else argv)
+    real = sys.stdout
+    guarded = _ReaderMayLeave(real) if real is not None else None
+    if guarded is not None:
+        sys.stdout = guarded  # type: ignore[assignment]
     try:
-        return _run(args)
+        code = _run(args)
+        sys.stdout.flush()
+        return code
     except UsageError as exc:
         return _usage_error(exc, args)
     except SystemExit as exc:  # --help / --version
@@ -133,6 +182,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             err("(set GRACE_POLICY_DEBUG=1 to see where; please report it)")
         return EX_SOFTWARE
+    finally:
+        if guarded is not None and sys.stdout is guarded:
+            sys.stdout = real
 
 
 if __name__ == "__main__":  # pragma: no cover

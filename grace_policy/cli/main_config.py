@@ -147,7 +147,7 @@ def _plugstack(path: str, policy: Policy, chosen: str | None) -> tuple[list[str]
                        + ("" if usable else " (slurmd.log says so at every step)"))
         else:
             out.append("  audit log: none (no audit= on this line): no decision is written "
-                       "anywhere; add audit=/var/log/grace-policy/audit.log")
+                       "anywhere; add audit=/var/log/slurm/grace-policy.jsonl")
         then = "step allowed unchecked" if entry.on_error == "allow" else "step refused"
         out.append(f"  when the check cannot run (config, import, timeout): on_error="
                    f"{entry.on_error} ({then})")

@@ -2,7 +2,7 @@
 log, before an admin turns a partition from warn to enforce and after.
 
 Reads the files given (the live log, rotated copies, gzip-compressed ones:
-``report /var/log/grace-policy/audit.log*``), skips and counts what is not a
+``report /var/log/slurm/grace-policy.jsonl*``), skips and counts what is not a
 decision, and prints a summary that reads at a glance, or ``--json``.
 ``--metrics FILE`` also writes it for node_exporter's textfile collector.
 
@@ -73,7 +73,7 @@ def _plugstack_logs() -> list[str]:
     logs = [e.audit for e in plugstack.read(main).lines if e.audit]
     if not logs:
         raise UsageError(f"no AUDIT file given, and {main} names no audit= for the plugin "
-                         "(e.g. grace-policy report /var/log/grace-policy/audit.log*)")
+                         "(e.g. grace-policy report /var/log/slurm/grace-policy.jsonl*)")
     out: list[str] = []
     for log in dict.fromkeys(logs):
         out.extend(p for p in sorted(glob.glob(glob.escape(log) + "*")) if p not in out)
@@ -211,6 +211,11 @@ def human(data: dict) -> list[str]:
     out.append(f"  check time: median {_ms(t['all']['median'])}, p99 {_ms(t['all']['p99'])}"
                f" (cache hits: median {_ms(t['cache_hit']['median'])}; full checks: median "
                f"{_ms(t['checked']['median'])}, p99 {_ms(t['checked']['p99'])})")
+    failures = data["failures"]
+    if failures["steps"]:
+        kinds = ", ".join(f"{escape(k)} {n}" for k, n in failures["kinds"].items())
+        out.append(f"  no verdict, on_error decided in the plugin: {failures['steps']} "
+                   f"({kinds})")
     errors = data["errors"]
     if errors["steps"]:
         out.append(f"  check errors (on_error decided): {errors['steps']}")
@@ -258,7 +263,8 @@ def human(data: dict) -> list[str]:
         out.append("")
         out.append("paths that tripped most (steps):")
         for p in data["paths"]:
-            out.append(f"  {p['steps']:>6}  {escape(p['path'])}  [{', '.join(p['rules'])}]")
+            rules = ", ".join(escape(r) for r in p["rules"])
+            out.append(f"  {p['steps']:>6}  {escape(p['path'])}  [{rules}]")
     if data["programs"]:
         out.append("")
         out.append("programs that tripped most (steps):")

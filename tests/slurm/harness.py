@@ -189,8 +189,8 @@ def prepare(root: Path) -> SlurmEnv:
     configs["broken"].write_text('mode = "enforced"\n[partitions.warnp]\nmode = 3\n')
     for cfg in configs.values():
         cfg.chmod(0o644)
-    # What an admin does after editing the config (so steps, which run as the
-    # user and cannot write next to it, take the fast compiled path).
+    # What an admin does after editing the config (steps never write the
+    # compiled form themselves, so without this they validate every time).
     # The installed launcher, with an empty environment: it must need none.
     for name in ("base", "grace64k"):
         done = subprocess.run([str(prefix / "bin" / "grace-policy"), "config", "check",

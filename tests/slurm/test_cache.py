@@ -120,7 +120,10 @@ def test_second_identical_step_is_a_hit_without_python(cached: SlurmEnv) -> None
     res, fourth = _step(cached, ["/bin/true"])
     assert res.returncode != 0
     assert f"{PREFIX}this step was refused: the site's launch check could not run" in res.stderr
-    assert fourth == []
+    # C's own line: what on_error did, and why.
+    assert [(r["action"], r["failure"], r["mode"]) for r in fourth] == [
+        ("reject", "python", None)], fourth
+    assert "cannot load the Python part" in str(fourth[0]["error"])
     log = cached.cluster.slurmd_log_text()
     assert "cannot load the Python part" in log and "moved-away" not in log
 
@@ -338,14 +341,15 @@ def test_stub_has_no_libpython(slurm: SlurmEnv) -> None:
 
 
 def test_srun_never_maps_libpython(cached: SlurmEnv) -> None:
-    """srun (local context) loads the stub only; a task of a cached step
-    sees a slurmstepd without libpython, a task of a missed step one with it."""
+    """srun (local context) loads the stub only; slurmstepd never maps
+    libpython either, hit or miss: Python runs in the check's helper process
+    (grace_helper.c), which is gone before the tasks start."""
     cached.use("base", f"cache_dir={_cache_dir(cached, 'maps')}")
     # (as root: a user's task may not read the maps of its root slurmstepd)
     probe = ["sh", "-c", "grep -c libpython /proc/$PPID/maps || true"]
     res, first = _step(cached, probe, user="root")
     assert res.returncode == 0 and not _hit(first)
-    assert int(res.stdout.split()[-1]) > 0  # Python ran in this slurmstepd
+    assert int(res.stdout.split()[-1]) == 0  # Python ran, but in the helper
     res, second = _step(cached, probe, user="root")
     assert _hit(second) and int(res.stdout.split()[-1]) == 0
     # srun itself: the loader's trace shows the stub loaded, libpython never.

@@ -85,11 +85,21 @@ def _config(env: SlurmEnv, name: str, text: str, mode: int = 0o644) -> Path:
     return path
 
 
+def _last_failure(env: SlurmEnv, before: int) -> tuple[str, str]:
+    """(failure, action) of the one audit line the step added."""
+    [record] = [json.loads(x) for x in env.audit_lines()[before:]]
+    assert record["mode"] is None and record["error"], record
+    return record["failure"], record["action"]
+
+
 def test_config_missing(faults: SlurmEnv) -> None:
     missing = faults.configs["base"].parent / "no-such.toml"
     faults.use(missing)
+    before = len(faults.audit_lines())
     line = _allowed_with_one_line(faults)
     assert str(missing) in line and "No such file" in line
+    # Config errors reach the audit log too (C writes the line).
+    assert _last_failure(faults, before) == ("config", "allow")
     faults.use(missing, "on_error=deny")
     _refused_by_on_error(faults)
 
@@ -120,9 +130,11 @@ def test_python_package_missing(faults: SlurmEnv) -> None:
     shutil.rmtree(bare / "lib" / "grace-policy" / "python" / "grace_policy")
     faults.set_plugin_line(bare / "lib" / "slurm" / "spank_grace_policy.so",
                            f"config={faults.configs['base']}", f"audit={faults.audit_log}")
+    before = len(faults.audit_lines())
     line = _allowed_with_one_line(faults)
     assert "cannot load grace_policy.slurm_bridge" in line
     assert "ModuleNotFoundError" in line
+    assert _last_failure(faults, before) == ("python", "allow")
 
 
 def test_python_dependency_missing(faults: SlurmEnv) -> None:
@@ -282,8 +294,24 @@ def test_c_backstop_fires_on_a_hung_check(faults: SlurmEnv, on_error: str) -> No
     [line] = _error_lines(faults, _job(res))
     assert "no verdict within timeout_ms=1000" in line
     assert "on_error=allow: step allowed unchecked" in line
-    # The step, and its slurmstepd, are gone despite the sleeping thread.
     job = _job(res)
+    # The timeout reaches the audit log and grace-policy report counts it
+    # apart (the installed command, on the real log).
+    [record] = [json.loads(x) for x in faults.audit_lines()
+                if json.loads(x).get("job_id") == str(job)]
+    assert (record["failure"], record["action"], record["mode"]) == ("timeout", "allow", None)
+    report = subprocess.run([str(faults.prefix / "bin" / "grace-policy"), "report", "--json",
+                             str(faults.audit_log)], env={}, capture_output=True, text=True,
+                            check=False)
+    assert report.returncode == 0, report.stderr
+    data = json.loads(report.stdout)
+    assert data["failures"]["kinds"].get("timeout", 0) >= 1, data["failures"]
+    assert data["lines"]["invalid"] == 0, data["lines"]
+    text = subprocess.run([str(faults.prefix / "bin" / "grace-policy"), "report",
+                           str(faults.audit_log)], env={}, capture_output=True, text=True,
+                          check=False).stdout
+    assert "no verdict, on_error decided in the plugin:" in text and "timeout" in text, text
+    # The step, and its slurmstepd, are gone despite the helper left behind.
     for _ in range(50):  # 24.11+: "completing" for a moment after srun returns
         squeue = faults.cluster.run(["squeue", "-h", "-j", str(job)]).stdout
         if str(job) not in squeue:
@@ -304,26 +332,34 @@ def test_config_without_compiled_form_says_how_to_fix_it(faults: SlurmEnv) -> No
     """Not a failure (the step is judged), but every step then validates the
     TOML with pydantic: the admin is told once per step how to stop that."""
     text = faults.configs["base"].read_text()
-    raw = _config(faults, "never-compiled.toml", text)
+    confdir = faults.cluster.root.parent / "etc-uncompiled"
+    shutil.rmtree(confdir, ignore_errors=True)
+    confdir.mkdir(mode=0o755)
+    raw = confdir / "never-compiled.toml"
+    raw.write_text(text)
+    raw.chmod(0o644)
     faults.use(raw)
-    out = faults.side_file("uncompiled.out")
-    res = faults.cluster.srun([str(faults.files / "native"), str(out)], user="nobody")
-    assert res.returncode == 0, res.stderr
-    assert out.exists() and PREFIX not in res.stderr
+    # The plugin never writes the config's directory (issue 20 item 4), not
+    # even for root's step, which could: compiling is the admin's command.
+    for user in ("nobody", "root"):
+        out = faults.side_file("uncompiled.out")
+        res = faults.cluster.srun([str(faults.files / "native"), str(out)], user=user)
+        assert res.returncode == 0, res.stderr
+        assert out.exists() and PREFIX not in res.stderr
+        assert sorted(p.name for p in confdir.iterdir()) == ["never-compiled.toml"], user
     hints = [line for line in faults.cluster.slurmd_log_text().splitlines()
              if "has no current compiled form" in line and str(raw) in line]
-    assert len(hints) == 1, hints
+    assert len(hints) == 2, hints
     assert "config check --compile" in hints[0]
 
 
 def test_a_check_left_behind_by_the_timeout_stays_harmless(faults: SlurmEnv) -> None:
-    """The C backstop gives up after timeout_ms and leaves the check thread
-    behind. Slurm then forks the tasks and takes root back for every thread,
-    and frees its env array as tasks exit. The late check must neither read
-    that memory (C hands it copies) nor go on as root and write an audit line
-    contradicting what on_error did (the check stops when its rights change).
-    Here the check is only slow (3 s, admin-only python_path), the step lives
-    6 s and one of its two tasks exits at once."""
+    """The C backstop gives up after timeout_ms and kills the check's helper
+    process. Slurm then forks the tasks and takes root back, and frees its
+    env array as tasks exit. The late check must neither hold any of that up
+    nor write an audit line contradicting what on_error did (it is killed;
+    its memory is its own). Here the check is only slow (3 s, admin-only
+    python_path), the step lives 6 s and one of its two tasks exits at once."""
     real = faults.prefix / "lib" / "grace-policy" / "python" / "grace_policy"
     slow = faults.cluster.root.parent / "slow-python" / "grace_policy"
     slow.mkdir(parents=True, exist_ok=True)
@@ -339,16 +375,25 @@ def test_a_check_left_behind_by_the_timeout_stays_harmless(faults: SlurmEnv) -> 
     job = _job(res)
     lines = _error_lines(faults, job)
     assert len(lines) == 1 and "no verdict within timeout_ms=1000" in lines[0], lines
-    late = [line for line in faults.audit_lines() if json.loads(line).get("job_id") == str(job)]
-    assert late == [], late
+    # One audit line, C's: the timeout and what on_error did. The helper
+    # was killed, so no late line of the check contradicts it.
+    records = [json.loads(line) for line in faults.audit_lines()
+               if json.loads(line).get("job_id") == str(job)]
+    assert len(records) == 1, records
+    assert records[0]["failure"] == "timeout" and records[0]["action"] == "allow", records
+    time.sleep(3)  # past the moment the slow check would have finished
+    records = [line for line in faults.audit_lines() if json.loads(line).get("job_id") == str(job)]
+    assert len(records) == 1, records
 
 
 def test_relative_python_path_is_refused(faults: SlurmEnv) -> None:
     """A relative python_path would be resolved against the job's cwd: a user
     could plant modules there for a process that can still regain root."""
     faults.use("base", "python_path=site-python")
+    before = len(faults.audit_lines())
     line = _allowed_with_one_line(faults)
     assert "python_path entries must be absolute" in line
+    assert _last_failure(faults, before) == ("plugstack", "allow")
 
 
 def test_hard_linked_audit_log_is_refused(faults: SlurmEnv) -> None:
@@ -381,3 +426,81 @@ def test_control_characters_in_log_lines_are_escaped(faults: SlurmEnv) -> None:
     line = _allowed_with_one_line(faults)
     assert "odd\\x1b[31mRED.toml" in line, line
     assert "\x1b" not in faults.cluster.slurmd_log_text()
+
+
+# -- env edits that fail -------------------------------------------------------------
+
+def _testhooks_prefix(env: SlurmEnv) -> Path:
+    """A copy of the install whose stub is the test build (make
+    plugin-testhooks: -DGRACE_TEST_HOOKS). 22.05's spank_setenv/unsetenv fail
+    only for a NULL argument or outside remote context, which the plugin never
+    produces, so the failure is injected at the one call site: everything
+    after it (on_error, what the user is told, the audit) is the real code."""
+    prefix = env.copy_prefix("prefix-testhooks")
+    build = env.cluster.root.parent / "build-testhooks"
+    done = subprocess.run(["make", "-C", str(Path(__file__).resolve().parents[2]),
+                           "plugin-testhooks", f"BUILD={build}"],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    shutil.copy2(build / "testhooks" / "spank_grace_policy.so",
+                 prefix / "lib" / "slurm" / "spank_grace_policy.so")
+    return prefix
+
+
+@pytest.mark.parametrize("on_error", ["allow", "deny"])
+def test_failed_env_edit_follows_on_error(faults: SlurmEnv, on_error: str) -> None:
+    """A foreign VIRTUAL_ENV is to be removed, and removing it fails. deny:
+    refused, never run. allow: the step runs, and the user is told that the
+    change was not made (not that it was); one log and one audit line."""
+    prefix = _testhooks_prefix(faults)
+    foreign = faults.files / "venv-foreign"
+    faults.set_plugin_line(prefix / "lib" / "slurm" / "spank_grace_policy.so",
+                           f"config={faults.configs['base']}", f"audit={faults.audit_log}",
+                           f"on_error={on_error}", "test_fail_env=VIRTUAL_ENV")
+    before = len(faults.audit_lines())
+    res = faults.cluster.srun(["sh", "-c", "echo JOBID=$SLURM_JOB_ID; echo VENV=$VIRTUAL_ENV"],
+                              user="nobody", env={"VIRTUAL_ENV": str(foreign)})
+    assert "Traceback" not in res.stderr + res.stdout
+    assert "removed from the step's environment" not in res.stderr, res.stderr
+    # The verdict's own line (Python writes it before C applies the edits),
+    # then C's: the edit failed, and what on_error did.
+    records = [json.loads(line) for line in faults.audit_lines()[before:]]
+    assert [r.get("failure") for r in records] == [None, "env"], records
+    assert records[0]["env_unset"] == ["VIRTUAL_ENV"], records
+    assert records[1]["action"] == ("reject" if on_error == "deny" else "allow"), records
+    assert "cannot remove VIRTUAL_ENV" in records[1]["error"]
+    if on_error == "deny":
+        _refused = f"{PREFIX}this step was refused: the site's launch check could not run"
+        assert res.returncode != 0 and _refused in res.stderr, res.stderr
+        assert "VENV=" not in res.stdout
+        return
+    assert res.returncode == 0, res.stderr
+    assert f"VENV={foreign}" in res.stdout
+    told = " ".join(line for line in res.stderr.splitlines() if line.startswith(PREFIX))
+    assert "without all of the environment changes" in told, res.stderr
+    assert "cannot remove VIRTUAL_ENV" in told and "on_error=allow" in told
+    [line] = _error_lines(faults, _job(res))
+    assert "cannot remove VIRTUAL_ENV" in line and "step allowed unchecked" in line
+
+
+def test_test_hooks_are_not_in_the_installed_plugin(faults: SlurmEnv) -> None:
+    """The plugin make install ships has no hook: the argument is unknown."""
+    faults.use("base", "test_fail_env=VIRTUAL_ENV")
+    line = _allowed_with_one_line(faults)
+    assert "unknown plugstack argument 'test_fail_env=VIRTUAL_ENV'" in line
+
+
+def test_a_crashing_check_takes_only_its_helper_down(faults: SlurmEnv) -> None:
+    """The check dies of SIGSEGV (here: an admin-only python_path package
+    that kills its own process, as a broken extension module would). It ran
+    in the helper process, so slurmstepd lives on: on_error decides, the
+    log line says how the helper ended, the audit line says "check"."""
+    crash = faults.cluster.root.parent / "crash-python" / "grace_policy"
+    crash.mkdir(parents=True, exist_ok=True)
+    (crash / "__init__.py").write_text("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n")
+    faults.use("base", f"python_path={crash.parent}")
+    before = len(faults.audit_lines())
+    line = _allowed_with_one_line(faults)
+    assert "helper process ended without an answer (killed by signal 11)" in line, line
+    [record] = [json.loads(x) for x in faults.audit_lines()[before:]]
+    assert (record["failure"], record["action"]) == ("check", "allow"), record

@@ -50,12 +50,12 @@ SRC = "/src/grace-policy"
 INNER_IGNORE = ("tests/slurm/test_matrix.py", "tests/slurm/test_packages.py",
                 "tests/slurm/test_containers.py")
 #: What runs again under contain_spank: launch, verdict, env, batch, no drain,
-#: cache, concurrent steps and the faults (the deadline's thread left behind in
-#: the clone child); test_bypass's paths do not depend on where user_init runs.
+#: cache, concurrent steps, the faults and the hung mounts (the check's helper
+#: forked from the clone child); test_bypass's paths do not depend on where user_init runs.
 #: test_release.py proves slurmctld really runs with the parameter.
 CONTAIN_SPANK_FILES = ("tests/slurm/test_release.py", "tests/slurm/test_plugin.py",
                        "tests/slurm/test_cache.py", "tests/slurm/test_load.py",
-                       "tests/slurm/test_faults.py")
+                       "tests/slurm/test_faults.py", "tests/slurm/test_hungfs.py")
 
 
 def _selected_roots() -> list[str]:

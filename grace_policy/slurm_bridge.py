@@ -120,9 +120,10 @@ def run_step(step: StepInput) -> Outcome:
         return Outcome.failed(f"not running as the job's user (euid {euid}, uid {step.uid}): "
                               "the plugin's timeout had passed; check abandoned")
     try:
-        from .policy import ConfigError, load_policy
+        from .compiled import load_policy
+        from .policy import ConfigError
     except Exception as exc:
-        return Outcome.failed(f"cannot import grace_policy.policy: {type(exc).__name__}: "
+        return Outcome.failed(f"cannot import grace_policy.compiled: {type(exc).__name__}: "
                               f"{_one_line(str(exc))}")
     if not step.config:
         return Outcome.failed("no config=FILE in plugstack.conf")
@@ -205,10 +206,6 @@ def _user_lines(policy: Any, verdict: Verdict) -> list[str]:
             for line in user_lines(verdict, catalogue=catalogue, contact=policy.contact)]
 
 
-#: Step-env variables every check reads besides the policy's env-leak names.
-CACHE_ENV = ("PATH", "LD_LIBRARY_PATH", "HOME")
-
-
 def credentials() -> str:
     """The rights the check ran with, as C writes them (``grace_cache.c``):
     ``<egid>:<sorted supplementary gids>``. Which files a user may read
@@ -240,11 +237,12 @@ def _cache_entry(step: StepInput, policy: Any, verdict: Verdict,
     if not verdict_cache.cacheable(verdict) or not step.argv or not step.config \
             or step.code is None or step.container or step.batch:
         return None  # a batch step's stored script is new for every job
-    from .policy import compiled_path_for
+    from .check import READ_VARS  # imported already: the verdict came from a check
+    from .compiled import compiled_path_for
 
     ins = verdict_cache.inputs(
         argv0=step.argv[0], cwd=step.cwd, partition=step.partition, user_mode=step.user_mode,
-        env=step.env, env_names=(*CACHE_ENV, *policy.env.vars))
+        env=step.env, env_names=(*READ_VARS, *policy.env.vars))
     ins.append(("config", "=" + verdict_cache.fsprobe.encode(step.config)))
     ins.append(("code", "=" + verdict_cache.fsprobe.encode(step.code)))
     ins.append(("creds", "=" + verdict_cache.fsprobe.encode(credentials())))

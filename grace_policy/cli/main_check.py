@@ -72,8 +72,9 @@ def _cwd(args: argparse.Namespace) -> str:
 
 
 def execute(args: argparse.Namespace, rest: list[str] | None) -> int:
+    from ..compiled import load_policy
     from ..decide import decide
-    from ..policy import ConfigError, load_policy
+    from ..policy import ConfigError
 
     command = _command(args, rest)
     cwd = _cwd(args)

@@ -10,6 +10,7 @@ config's ``contact``), not the tests' own.
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 from pathlib import Path
 
@@ -100,7 +101,7 @@ def test_make_demo_node_shows_every_scenario_and_the_sites_contact() -> None:
     sections = _sections(out, [s.what for s in shown.values()])
     for (name, scenario), text in zip(shown.items(), sections):
         assert "   exit status " in text, (name, text)
-        assert " ".join(scenario.argv) in text.splitlines()[1], (name, text)
+        assert shlex.join(scenario.argv) in text.splitlines()[1], (name, text)
     for name, text in zip(slurmnode.SCENARIOS, sections):
         assert f"node={slurmnode.NODE}" in text, (name, text)  # its audit line
     by_name = dict(zip(shown, sections))

@@ -9,6 +9,7 @@ would, and prints what each user saw and what the audit log recorded.
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 import tempfile
 from pathlib import Path
@@ -54,10 +55,10 @@ def main() -> int:
     # One audit line per srun step, in the order they ran.
     for i, (name, scenario) in enumerate(slurmnode.SCENARIOS.items()):
         _show(name, scenario, run.steps.get(name),
-              f"srun -p {slurmnode.PARTITION} {' '.join(scenario.argv)}",
+              f"srun -p {slurmnode.PARTITION} {shlex.join(scenario.argv)}",
               records[i] if i < len(records) else None)
     for name, scenario in slurmnode.DIRECT.items():
-        _show(name, scenario, run.steps.get(name), " ".join(scenario.argv), None)
+        _show(name, scenario, run.steps.get(name), shlex.join(scenario.argv), None)
     missing = [n for n in [*slurmnode.SCENARIOS, *slurmnode.DIRECT] if n not in run.steps]
     if missing:
         print(f"demo-node: no result for {', '.join(missing)}", file=sys.stderr)

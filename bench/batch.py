@@ -62,7 +62,7 @@ def batch_step_ms(pkgdir: str, config: str, script: Path, runs: int) -> tuple[fl
     """Medians (decide_batch, decide) of the Python side of a batch step on
     ``script``, each in a fresh ``-I -S`` interpreter, the policy loaded."""
     code = ("import sys, time; sys.path.insert(0, sys.argv[1]);"
-            "from grace_policy.policy import load_policy; p = load_policy(sys.argv[2]);"
+            "from grace_policy.compiled import load_policy; p = load_policy(sys.argv[2]);"
             "t = time.perf_counter();"
             "from grace_policy.decide import decide;"
             "from grace_policy.batch.judge import decide_batch;"

@@ -136,8 +136,8 @@ def importtime(pkgdir: str, config: str, argv: list[str], top: int = 25) -> str:
 def profile_decide(config: str, argv: list[str], top: int = 18) -> str:
     """cProfile of one clean ``decide`` (the second call of the process: the
     imports are the importtime figure's business)."""
+    from grace_policy.compiled import load_policy
     from grace_policy.decide import decide
-    from grace_policy.policy import load_policy
 
     policy = load_policy(config)
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin"}

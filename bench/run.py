@@ -82,7 +82,7 @@ def _config(root: Path, audit: Path) -> Path:
 def _compile(pkgdir: Path, cfg: Path) -> None:
     subprocess.run([core.PY, "-I", "-c",
                     "import sys; sys.path.insert(0, sys.argv[1]); "
-                    "from grace_policy.policy import compile_config; compile_config(sys.argv[2])",
+                    "from grace_policy.compiled import compile_config; compile_config(sys.argv[2])",
                     str(pkgdir), str(cfg)], check=True, capture_output=True, text=True)
 
 

@@ -23,7 +23,7 @@ from .context import StepContext
 from .elf import ELFCLASS32, EM_386, ET_DYN, ET_EXEC, ElfError, ElfInfo, read_elf
 from .findings import EnvChanges, Issue
 from .launch import Hop, build_path, c_string, follow
-from .layout import page_issues
+from .layout import code_page_issues, page_issues
 from .loader import LoadTree, Process
 from .node import NodeProfile, node_owns
 from .python.names import may_run_python
@@ -31,15 +31,24 @@ from .python.names import may_run_python
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from .image import Image
+    from .python.step import Group
 
-#: Variables the check itself reads, besides the policy's env-leak names.
-_READ_VARS = ("PATH", "LD_LIBRARY_PATH", "HOME")
+#: Variables the check itself reads, besides the policy's env-leak names: a
+#: cached verdict depends on them (slurm_bridge's cache entry records them).
+READ_VARS = ("PATH", "LD_LIBRARY_PATH", "HOME")
 
 Causes = Callable[[str], tuple[str, ...]]
 
-#: Issues of the interpreter that stop the step before it imports anything.
+#: Issues of a program that stop it before it runs anything: a ``#!`` line's
+#: env, or an interpreter before it imports anything.
 _BLOCKING = frozenset({"exe-arch-mismatch", "elf-invalid", "interp-missing", "lib-not-found",
                        "exe-format", "page-congruence"})
+
+
+def _blocked(issues: Sequence[Issue]) -> bool:
+    """Whether ``issues`` stop their program; a page finding on the node's own
+    file (severity at most info) does not."""
+    return any(i.rule in _BLOCKING and i.fact("max_severity") != "info" for i in issues)
 
 
 @dataclass(frozen=True)
@@ -59,7 +68,7 @@ def _c_env(env: Mapping[str, str], names: Sequence[str]) -> dict[str, str]:
     """A copy of ``env`` whose values the check reads are C strings (see
     :func:`~grace_policy.launch.c_string`); other values are left alone."""
     out = dict(env)
-    for name in (*_READ_VARS, *names):
+    for name in (*READ_VARS, *names):
         value = out.get(name)
         if value is not None:
             out[name] = c_string(value)
@@ -88,7 +97,7 @@ def check_step(
     budget = budget or Budget()
     if image is None:
         return _check_step(argv, env, cwd, node, env_vars, env_strip, budget, cuda_index, None)
-    from .image.step import image_report
+    from .image.step import image_issues
 
     # The view ticks the budget as it decompresses (a deadline for huge
     # listings and blocks), for this check only.
@@ -99,7 +108,7 @@ def check_step(
                                  cuda_index, image)
         finally:
             image.view.budget = None  # type: ignore[attr-defined]
-    return image_report(report, image)
+    return replace(report, issues=image_issues(report.issues, image))
 
 
 def _check_step(argv: Sequence[str], env: Mapping[str, str], cwd: str, node: NodeProfile,
@@ -165,17 +174,15 @@ def _check(argv: Sequence[str], ctx: StepContext, issues: list[Issue],
             # The env a #! line names must load and run before its command.
             before = len(issues)
             check_elf(hop.path, ctx, issues, causes, via_script=script)
-            if any(i.rule in ("exe-arch-mismatch", "elf-invalid", "interp-missing",
-                              "lib-not-found") for i in issues[before:]):
+            if _blocked(issues[before:]):
                 return
     if last.kind == "elf":
         kept: dict[str, object] = {}
         before = len(issues)
         state["tree"] = check_elf(last.path, ctx, issues, causes, via_script=script, keep=kept)
         process = kept.get("process")
-        if process is not None and may_run_python(last.path) and not any(
-                i.rule in _BLOCKING and i.fact("max_severity") != "info"
-                for i in issues[before:]):
+        if process is not None and may_run_python(last.path) and not _blocked(
+                issues[before:]):
             from .python.step import python_issues
 
             issues.extend(python_issues(
@@ -335,18 +342,6 @@ def check_elf(path: str, ctx: StepContext, issues: list[Issue], causes: Causes, 
     return tree
 
 
-def code_page_issues(path: str, info: ElfInfo, node: NodeProfile, budget: Budget
-                      ) -> list[Issue]:
-    """Page sizes compiled into the code of one object (embedded jemalloc).
-    On 4 KiB nodes nothing can be compiled for smaller pages, and the module
-    is not even imported."""
-    if node.page_size <= 4096:
-        return []
-    from .pagecode import compiled_page_issues
-
-    return compiled_page_issues(path, info, node, budget)
-
-
 def _with_causes(issue: Issue, causes: tuple[str, ...]) -> Issue:
     facts = issue.facts
     if issue.rule.startswith("page-") and node_owns(issue.path):
@@ -375,3 +370,31 @@ def elf_summary(info: ElfInfo) -> dict[str, object]:
         "rpath": info.rpath,
         "runpath": info.runpath,
     }
+
+
+def environment_report(python: str, env: Mapping[str, str], cwd: str, node: NodeProfile,
+                       budget: Budget, *, imports: Sequence[str] = (),
+                       cuda_index: str | None = None
+                       ) -> tuple[list[Issue], list[Group] | None]:
+    """Everything an environment's interpreter would meet on ``node``, for a
+    user asking from the login node (``grace-policy env``): the interpreter's
+    own issues, and every group of its environment (``None`` when ``python``
+    is no CPython or cannot run there). ``imports``: the modules the user's
+    program imports, marked as used; every group is judged either way."""
+    from .python.step import environment_of
+
+    def causes(path: str) -> tuple[str, ...]:
+        return path_causes(path, env)
+
+    issues: list[Issue] = []
+    kept: dict[str, object] = {}
+    ctx = StepContext(node=node, env=env, cwd=cwd, budget=budget, cuda_index=cuda_index)
+    check_elf(python, ctx, issues, causes, via_script=None, keep=kept)
+    process = kept.get("process")
+    if not isinstance(process, Process) or _blocked(issues):
+        return issues, None
+    found = environment_of(python, process, env, cwd, node, budget, causes,
+                           cuda_index=cuda_index, all_warnings=False)
+    if found is None:
+        return issues, None
+    return issues, found.groups((*imports, *found.startup_imports()))

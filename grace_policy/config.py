@@ -28,7 +28,7 @@ from pydantic import (
 )
 
 from .messages import escape
-from .node import valid_arch, valid_page_size
+from .node import parse_glibc, valid_arch, valid_page_size
 from .policy import (
     DEFAULT_ENV_VARS,
     ConfigError,
@@ -546,13 +546,6 @@ def validate_config(
     return model
 
 
-def _glibc_tuple(text: str | None) -> tuple[int, int] | None:
-    if text is None:
-        return None
-    major, minor = text.split(".")
-    return int(major), int(minor)
-
-
 def to_policy(model: ConfigModel, source: str | None = None) -> Policy:
     """The lean, frozen form of a validated config."""
     return Policy(
@@ -568,7 +561,7 @@ def to_policy(model: ConfigModel, source: str | None = None) -> Policy:
         node=NodeOverrides(
             arch=model.node.arch,
             page_size=model.node.page_size,
-            glibc=_glibc_tuple(model.node.glibc),
+            glibc=parse_glibc(model.node.glibc),
             root=model.node.root,
         ),
         partitions=tuple(
@@ -576,7 +569,7 @@ def to_policy(model: ConfigModel, source: str | None = None) -> Policy:
                 name=name,
                 mode=p.mode,
                 submit=p.submit,
-                node=NodeOverrides(arch=p.arch, page_size=p.page_size, glibc=_glibc_tuple(p.glibc)),
+                node=NodeOverrides(arch=p.arch, page_size=p.page_size, glibc=parse_glibc(p.glibc)),
                 allow_user_lower=p.allow_user_lower,
                 cuda_index=p.cuda_index,
             )

@@ -95,7 +95,8 @@ def decide(
         if container:
             return Verdict(action="allow", mode=mode, partition=partition, skipped=container)
         if isinstance(image, str):
-            from .image import ImageError, open_image
+            from .image import ImageError
+            from .image.open import open_image
 
             try:
                 image = open_image(image)

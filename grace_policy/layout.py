@@ -124,6 +124,18 @@ def page_issues(path: str, info: ElfInfo, node: NodeProfile, *, mapped_by_kernel
     return issues
 
 
+def code_page_issues(path: str, info: ElfInfo, node: NodeProfile, budget: Budget
+                     ) -> list[Issue]:
+    """Page sizes compiled into the code of one object (embedded jemalloc).
+    On 4 KiB nodes nothing can be compiled for smaller pages, and the module
+    is not even imported."""
+    if node.page_size <= 4096:
+        return []
+    from .pagecode import compiled_page_issues
+
+    return compiled_page_issues(path, info, node, budget)
+
+
 @dataclass(frozen=True)
 class BssHit:
     """Bytes of one segment's zero-fill region that end up non-zero:
@@ -220,3 +232,4 @@ def _replay(path: str, loads: tuple[LoadSegment, ...], lo: int, hi: int, page: i
     finally:
         fh.close()
     return memory
+

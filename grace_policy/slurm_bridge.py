@@ -130,9 +130,10 @@ def run_step(step: StepInput) -> Outcome:
         return Outcome.failed(f"not running as the job's user (euid {euid}, uid {step.uid}): "
                               "the plugin's timeout had passed; check abandoned")
     try:
-        from .policy import ConfigError, load_policy
+        from .compiled import load_policy
+        from .policy import ConfigError
     except Exception as exc:
-        return Outcome.failed(f"cannot import grace_policy.policy: {type(exc).__name__}: "
+        return Outcome.failed(f"cannot import grace_policy.compiled: {type(exc).__name__}: "
                               f"{_one_line(str(exc))}")
     if not step.config:
         return Outcome.failed("no config=FILE in plugstack.conf")
@@ -158,7 +159,7 @@ def run_step(step: StepInput) -> Outcome:
     container, image, program = step.container, None, step.argv[0] if step.argv else None
     if step.container_kind:
         # Judged inside the container (C found it, on Slurm's and pyxis' word).
-        from .container import plan
+        from .container.plan import plan
 
         todo = plan(step.container_kind, step.container_image, step.container_local,
                     step.container or step.container_kind, argv, env, cwd,
@@ -239,10 +240,6 @@ def _user_lines(policy: Any, verdict: Verdict) -> list[str]:
             for line in user_lines(verdict, catalogue=catalogue, contact=policy.contact)]
 
 
-#: Step-env variables every check reads besides the policy's env-leak names.
-CACHE_ENV = ("PATH", "LD_LIBRARY_PATH", "HOME")
-
-
 def credentials() -> str:
     """The rights the check ran with, as C writes them (``grace_cache.c``):
     ``<egid>:<sorted supplementary gids>``. Which files a user may read
@@ -278,11 +275,12 @@ def _cache_entry(step: StepInput, policy: Any, verdict: Verdict,
         return None  # skipped on the admin's word: nothing was judged
     if step.argv[0].rpartition("/")[2] in ("apptainer", "singularity"):
         return None  # the image is an argument the entry would not key on (grace_cache.c)
-    from .policy import compiled_path_for
+    from .check import READ_VARS  # imported already: the verdict came from a check
+    from .compiled import compiled_path_for
 
     ins = verdict_cache.inputs(
         argv0=step.argv[0], cwd=step.cwd, partition=step.partition, user_mode=step.user_mode,
-        env=step.env, env_names=(*CACHE_ENV, *policy.env.vars))
+        env=step.env, env_names=(*READ_VARS, *policy.env.vars))
     if step.container_kind and step.container_image:
         # Judged in this image: the record holds the image file's identity
         # (fsprobe.using), never paths inside it; C replays it for the same

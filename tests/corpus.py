@@ -208,21 +208,30 @@ def fetch_aarch64_wheel(requirement: str = WHEEL_REQUIREMENT) -> Path:
 #: is the oracle for the format), from Debian 12's archive, pinned.
 NODE_EXPORTER = ("prometheus-node-exporter", "1.5.0-1+b6",
                  "8cb5b39627595ea2cf3cd27be593e0e9af87023d29e1c5b8487e2f9510097e09")
+#: Where the pinned version lives, named explicitly: the running system's
+#: own apt sources are another suite inside the matrix's Debian 13/sid roots
+#: (and on a host that is not Debian 12), which have no such version.
+NODE_EXPORTER_SOURCE = "deb http://deb.debian.org/debian bookworm main\n"
 
 
 def fetch_node_exporter(pin: tuple[str, str, str] = NODE_EXPORTER) -> Path:
     """Download the pinned node_exporter .deb for this machine's architecture
-    (private apt state: nothing is installed, no service is started), check
-    its sha256 and unpack it once; return the executable."""
+    from Debian 12 (private sources list and apt state: nothing is installed,
+    no service is started, whatever release runs this), check its sha256 and
+    unpack it once; return the executable."""
     import hashlib
 
     name, version, digest = pin
 
     def build(work: Path) -> Path:
-        lists, cache, debs, unpack = (work / n for n in ("lists", "cache", "debs", "root"))
-        for d in (lists / "partial", cache / "archives" / "partial", debs, unpack):
+        lists, cache, debs, unpack, etc = (
+            work / n for n in ("lists", "cache", "debs", "root", "etc"))
+        for d in (lists / "partial", cache / "archives" / "partial", debs, unpack, etc):
             d.mkdir(parents=True)
-        apt = ["apt-get", "-q", f"-oDir::State::Lists={lists}", f"-oDir::Cache={cache}",
+        (etc / "sources.list").write_text(NODE_EXPORTER_SOURCE)
+        apt = ["apt-get", "-q", f"-oDir::Etc::SourceList={etc / 'sources.list'}",
+               "-oDir::Etc::SourceParts=/nonexistent",
+               f"-oDir::State::Lists={lists}", f"-oDir::Cache={cache}",
                "-oDir::State::status=/dev/null", "-oAcquire::Retries=1",
                f"-oAcquire::http::Timeout={NET_TIMEOUT}", "-oAPT::Sandbox::User=root"]
         _run([*apt, "update"])

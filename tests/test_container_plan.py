@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from grace_policy.container import plan
+from grace_policy.container.plan import plan
 
 
 def _root(tmp: Path) -> Path:

@@ -13,11 +13,12 @@ import pytest
 from fixtures.build import ElfBuilder, src
 
 from grace_policy import audit, verdict_cache
+from grace_policy.compiled import compile_config, load_policy
 from grace_policy.config import load_config
 from grace_policy.decide import decide
 from grace_policy.exempt import Who, glob_match, today_utc, user_controlled
 from grace_policy.node import detect
-from grace_policy.policy import ConfigError, Policy, compile_config, load_policy
+from grace_policy.policy import ConfigError, Policy
 
 HOST = detect()
 NOBODY = Who(uid=65534, gids=(65534,))

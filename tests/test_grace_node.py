@@ -175,7 +175,7 @@ def test_login_node_predictions_are_the_nodes_verdicts(node: slurmnode.NodeRun) 
     grace = NodeProfile(machine="aarch64", page_size=65536, glibc=(2, 36),
                         root_is_native=False)
     for name in slurmnode.LOGIN_SCENARIOS:
-        argv, extra = slurmnode.SCENARIOS[name]
+        argv, extra = slurmnode.SCENARIOS[name].argv, slurmnode.SCENARIOS[name].env
         here = [_on_host(node.cases, a) for a in argv]
         script = Path(here[0])
         if script.read_bytes().startswith(b"#!/cases/"):

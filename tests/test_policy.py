@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from grace_policy.compiled import compile_config, compiled_path_for, load_policy
 from grace_policy.node import detect
 from grace_policy.policy import (
     DEFAULT_POLICY,
@@ -18,9 +19,6 @@ from grace_policy.policy import (
     NodeOverrides,
     PartitionPolicy,
     Policy,
-    compile_config,
-    compiled_path_for,
-    load_policy,
 )
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -137,7 +135,7 @@ HEAVY = "pydantic structlog elftools tomllib tomli typing".split()
 def test_compiled_form_loads_without_heavy_imports(config: str) -> None:
     compile_config(config)
     out = run_isolated(
-        f"from grace_policy.policy import load_policy\n"
+        f"from grace_policy.compiled import load_policy\n"
         f"p = load_policy({config!r})\n"
         f"heavy = sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r})\n"
         f"print(p.mode_for('debug'), heavy)"
@@ -147,7 +145,7 @@ def test_compiled_form_loads_without_heavy_imports(config: str) -> None:
 
 def test_without_compiled_form_it_validates(config: str) -> None:
     out = run_isolated(
-        f"from grace_policy.policy import load_policy\n"
+        f"from grace_policy.compiled import load_policy\n"
         f"p = load_policy({config!r}, cache_dir='/nonexistent-dir')\n"
         f"print(p.mode_for('debug'), 'pydantic' in sys.modules)"
     )
@@ -289,3 +287,13 @@ def test_json_round_trip_keeps_everything() -> None:
     policy = load_config(str(ROOT / "packaging" / "grace-policy.example.toml"))
     again = Policy.from_json(json.loads(json.dumps(policy.to_json())))
     assert again == policy
+
+
+def test_compiled_glibc_is_read_by_the_nodes_parser() -> None:
+    # One parser for glibc versions (node.parse_glibc); a damaged compiled
+    # value fails loudly, so load_policy validates the TOML again instead
+    # of silently dropping the admin's override.
+    assert NodeOverrides.from_json({"glibc": "2.36"}).glibc == (2, 36)
+    assert NodeOverrides.from_json({"glibc": None}).glibc is None
+    with pytest.raises(ValueError):
+        NodeOverrides.from_json({"glibc": "two.36"})

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from grace_policy.compiled import compile_config, load_policy
 from grace_policy.config import load_config
-from grace_policy.policy import ConfigError, compile_config, load_policy
+from grace_policy.policy import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
 

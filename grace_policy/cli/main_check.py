@@ -94,7 +94,8 @@ def _cwd(args: argparse.Namespace) -> str:
 
 def _open_image(path: str):  # type: ignore[no-untyped-def]
     """The image ``--image`` names; raises UsageError when it cannot be read."""
-    from ..image import ImageError, open_image
+    from ..image import ImageError
+    from ..image.open import open_image
     from ..messages import escape
 
     try:
@@ -105,8 +106,9 @@ def _open_image(path: str):  # type: ignore[no-untyped-def]
 
 
 def execute(args: argparse.Namespace, rest: list[str] | None) -> int:
+    from ..compiled import load_policy
     from ..decide import decide
-    from ..policy import ConfigError, load_policy
+    from ..policy import ConfigError
 
     image = _open_image(args.image) if getattr(args, "image", None) else None
     command = _command(args, rest, image.args if image is not None else ())

@@ -53,7 +53,7 @@ def execute(args: argparse.Namespace, rest: list[str] | None) -> int:
         raise UsageError("--output only makes sense with --compile")
     try:
         if args.compile:
-            from ..policy import compile_config, compiled_path_for
+            from ..compiled import compile_config, compiled_path_for
 
             policy = compile_config(path, args.output)
             written = args.output or compiled_path_for(path)

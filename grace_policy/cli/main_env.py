@@ -68,10 +68,11 @@ def _interpreter(path: str) -> str:
 
 def execute(args: argparse.Namespace, rest: list[str] | None) -> int:
     from ..budget import Budget
+    from ..check import environment_report
+    from ..compiled import load_policy
     from ..decide import finding_context
     from ..messages import PREFIX, escape
-    from ..policy import ConfigError, load_policy
-    from ..python.step import environment_report
+    from ..policy import ConfigError
     from ..rules import Catalogue
 
     if rest:

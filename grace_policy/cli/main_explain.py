@@ -25,8 +25,9 @@ def configure_parser(sub: argparse._SubParsersAction, name: str, help_text: str)
 
 
 def execute(args: argparse.Namespace, rest: list[str] | None) -> int:
+    from ..compiled import load_policy
     from ..messages import escape
-    from ..policy import ConfigError, load_policy
+    from ..policy import ConfigError
     from ..rules import Catalogue
 
     names = ([args.rule] if args.rule is not None else []) + list(rest or [])

@@ -67,9 +67,10 @@ def _file(args: argparse.Namespace, rest: list[str] | None) -> str:
 
 
 def execute(args: argparse.Namespace, rest: list[str] | None) -> int:
+    from ..compiled import load_policy
     from ..elf import ElfError, read_elf
     from ..messages import escape
-    from ..policy import ConfigError, load_policy
+    from ..policy import ConfigError
 
     path = _file(args, rest)
     env = job_env(args)

@@ -42,7 +42,8 @@ def configure_parser(sub: argparse._SubParsersAction, name: str, help_text: str)
 
 def execute(args: argparse.Namespace, rest: list[str] | None) -> int:
     from ..batch.srunopts import apply_export
-    from ..policy import ConfigError, load_policy
+    from ..compiled import load_policy
+    from ..policy import ConfigError
 
     words = list(rest or [])
     cwd = os.path.abspath(args.chdir) if args.chdir else os.getcwd()

@@ -120,7 +120,8 @@ def plan_apptainer(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> Pla
         rel = rel[2:].lstrip("/")
     path = image if image.startswith("/") else os.path.join(cwd or "/", rel)
     reason = f"apptainer exec {image}"
-    from ..image import ImageError, open_image
+    from ..image import ImageError
+    from ..image.open import open_image
 
     try:
         img = open_image(path)

@@ -50,7 +50,8 @@ def plan_pyxis(image: str | None, local: bool, reason: str, argv: Sequence[str],
         return Plan(None, tuple(argv), dict(env), cwd,
                     skipped=f"{reason}: not judged: not a local image (pyxis imports or "
                             "reuses it in its task_init, after the check)")
-    from ..image import ImageError, open_image
+    from ..image import ImageError
+    from ..image.open import open_image
 
     try:
         img = open_image(image, max_inodes=max_inodes)

@@ -68,18 +68,8 @@ class Image:
         paths, ``[(inner, host_dir), ...]``, as the runtime will mount them
         (enroot's home and ``--container-mounts``, Apptainer's binds)."""
         from .._record import replace
-        from .view import MountedView
 
-        return replace(self, view=MountedView(self.view, list(mounts)))  # type: ignore[arg-type]
+        return replace(self, view=self.view.mounted(list(mounts)))  # type: ignore[attr-defined]
 
     def describe(self) -> str:
         return f"{self.kind} image {self.path}"
-
-
-def open_image(path: str, *, max_inodes: int | None = None) -> Image:
-    """The image at ``path`` (a directory: an OCI bundle when it holds
-    ``config.json``, else an unpacked root; a file: squashfs or SIF by its
-    magic). Raises :class:`ImageError` with a reason for anything unreadable."""
-    from .open import open_image as _open
-
-    return _open(path, max_inodes=max_inodes)

@@ -14,8 +14,7 @@ import os
 
 from .. import _json
 from . import Image, ImageError
-from .open import MAX_CONFIG_BYTES, MAX_ENV_VARS
-from .view import DirView
+from .view import MAX_CONFIG_BYTES, MAX_ENV_VARS, DirView
 
 
 def _read_config(path: str) -> bytes:

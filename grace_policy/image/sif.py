@@ -17,8 +17,8 @@ import os
 import struct
 
 from . import Image, ImageError
-from .open import identity, parse_env_lines
 from .squashfs import SquashView
+from .view import identity, parse_env_lines
 
 HEADER = struct.Struct("<32s10s3s3s16sqqqqqqqq")
 DESCRIPTOR = struct.Struct("<iBIIIqqqqqqq128s384s")
@@ -110,7 +110,7 @@ def _environment(view: SquashView) -> tuple[tuple[str, str], ...]:
     """The variables the image's ``/.singularity.d/env/*.sh`` export with
     plain values (a value that expands anything is skipped), and
     Apptainer's default PATH when none is set."""
-    from .open import MAX_ENV_BYTES, read_view_file
+    from .view import MAX_ENV_BYTES, read_view_file
 
     out: dict[str, str] = {"PATH": DEFAULT_PATH}
     try:

@@ -16,7 +16,6 @@ from . import Image
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ..budget import Budget
-    from ..check import StepReport
     from ..node import NodeProfile
 
 #: Where the image's own architecture shows when it does not declare one:
@@ -130,12 +129,12 @@ def arch_issue(image: Image, argv: Sequence[str], env: dict[str, str], node: Nod
     )
 
 
-def image_report(report: StepReport, image: Image) -> StepReport:
+def image_issues(issues: Sequence[Issue], image: Image) -> tuple[Issue, ...]:
     """Every issue names the image and the path inside it
     (``IMAGE:/inner/path``); its first cause is ``image``, whose remedies
     say to fix the image."""
     out = []
-    for issue in report.issues:
+    for issue in issues:
         if issue.rule == "image-arch-mismatch":
             out.append(issue)
             continue
@@ -144,4 +143,4 @@ def image_report(report: StepReport, image: Image) -> StepReport:
         causes = issue.causes if "image" in issue.causes else ("image", *issue.causes)
         facts = (*issue.facts, ("image", image.path), ("inner", inner or "the image"))
         out.append(Issue(issue.rule, path, issue.predicted_error, causes, facts))
-    return replace(report, issues=tuple(out))
+    return tuple(out)

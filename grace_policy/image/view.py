@@ -244,6 +244,10 @@ class TreeView:
     def _open(self, node: object, st: object):  # type: ignore[no-untyped-def]
         raise NotImplementedError
 
+    def mounted(self, mounts: list[tuple[str, str]]) -> MountedView:
+        """This view with host directories bind-mounted at inner paths."""
+        return MountedView(self, mounts)
+
 
 def _join(where: str, name: str, todo: list[str]) -> str:
     rest = [name, *reversed(todo)]
@@ -427,3 +431,62 @@ class MountedView(TreeView):
         close = getattr(self.base, "close", None)
         if close is not None:
             close()
+
+
+# -- small files and identities, for every kind of image ---------------------
+
+#: Largest config.json / environment file read (a real one is a few KiB).
+MAX_CONFIG_BYTES = 1 << 20
+MAX_ENV_BYTES = 64 * 1024
+MAX_ENV_VARS = 4096
+
+
+def identity(st: os.stat_result) -> str:
+    """An image file's identity: its content cannot change without one of
+    these changing (what the verdict cache keys a container step on)."""
+    return f"{st.st_dev}:{st.st_ino}:{st.st_size}:{st.st_mtime_ns}:{st.st_ctime_ns}"
+
+
+def read_view_file(view: TreeView, path: str, limit: int) -> bytes | None:
+    """At most ``limit`` bytes of a regular file in ``view``; None if absent
+    or unreadable (links resolve in the view)."""
+    try:
+        fh, st = view.open_regular(path)
+    except OSError:
+        return None
+    try:
+        return fh.pread(min(st.st_size, limit), 0)  # type: ignore[no-any-return]
+    except OSError:
+        return None
+    finally:
+        fh.close()
+
+
+def environment_file(view: TreeView, path: str = "/etc/environment"
+                     ) -> tuple[tuple[str, str], ...]:
+    """``KEY=VALUE`` lines (``export`` and one level of quotes allowed), as
+    enroot sets them for the container's process; comments and anything
+    else ignored."""
+    data = read_view_file(view, path, MAX_ENV_BYTES)
+    if not data:
+        return ()
+    return parse_env_lines(data.decode("utf-8", "surrogateescape"))
+
+
+def parse_env_lines(text: str) -> tuple[tuple[str, str], ...]:
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("export "):
+            line = line[7:].lstrip()
+        name, eq, value = line.partition("=")
+        if not eq or not name or not (name[0].isalpha() or name[0] == "_") or not all(
+                c.isalnum() or c == "_" for c in name):
+            continue
+        value = value.strip()
+        if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
+            value = value[1:-1]
+        out[name] = value
+        if len(out) >= MAX_ENV_VARS:
+            break
+    return tuple(out.items())

@@ -27,6 +27,7 @@ from ..context import StepContext
 from ..elf import ElfInfo
 from ..findings import Issue
 from ..launch import Hop
+from ..layout import code_page_issues
 from ..loader import Process
 from ..node import NodeProfile
 from .contents import Loadables, classify, record_files
@@ -200,14 +201,14 @@ def shell_env_issues(env: Mapping[str, str], cwd: str, node: NodeProfile, budget
             continue  # another machine's env: the env-leak rule speaks for it
         else:
             process = Process(python, info, node, env, cwd=cwd, budget=budget)
-        found = _environment(python, process, env, cwd, node, budget, causes,
+        found = environment_of(python, process, env, cwd, node, budget, causes,
                              cuda_index=cuda_index, all_warnings=True)
         if found is not None:
             return found.issues(())
     return []
 
 
-def _environment(python: str, process: Process, env: Mapping[str, str], cwd: str,
+def environment_of(python: str, process: Process, env: Mapping[str, str], cwd: str,
                  node: NodeProfile, budget: Budget, causes: Causes, *,
                  cuda_index: str | None, all_warnings: bool) -> Environment | None:
     """The environment of interpreter ``python`` started with no script (what
@@ -228,13 +229,6 @@ def _listdir(path: str) -> list[str]:
         return sorted(listdir(path))
     except (OSError, ValueError):
         return []
-
-
-def _compiled_page_rule() -> Callable[..., list[Issue]]:
-    """The page-size-in-code rule (jemalloc), as programs get it."""
-    from ..check import code_page_issues
-
-    return code_page_issues
 
 
 #: sys.path entries that hold no distributions of their own.
@@ -277,7 +271,7 @@ class Environment:
         #: Nothing is known to be imported (a shell step's environment).
         self.all_warnings = all_warnings
         self.suffixes = tuple(extension_suffixes(version, node.machine))
-        self.judge = Judge(process, node, budget, causes, extra=_compiled_page_rule())
+        self.judge = Judge(process, node, budget, causes, extra=code_page_issues)
         #: directory listings, shared by every lookup (sys.path_importer_cache)
         self._listings: dict[str, object] = {}
         #: top-level names setuptools' editable finders answered
@@ -625,32 +619,3 @@ class Environment:
                 dict.fromkeys(p.rule for p in problems)))),
         )
 
-
-def environment_report(python: str, env: Mapping[str, str], cwd: str, node: NodeProfile,
-                       budget: Budget, *, imports: Sequence[str] = (),
-                       cuda_index: str | None = None
-                       ) -> tuple[list[Issue], list[Group] | None]:
-    """Everything an environment's interpreter would meet on ``node``, for a
-    user asking from the login node: the interpreter's own issues, and every
-    group of its environment (``None`` when ``python`` is no CPython or cannot
-    run there). ``imports``: the modules the user's program imports, marked
-    as used; every group is judged either way."""
-    from ..causes import path_causes
-    from ..check import check_elf
-
-    def causes(path: str) -> tuple[str, ...]:
-        return path_causes(path, env)
-
-    issues: list[Issue] = []
-    kept: dict[str, object] = {}
-    ctx = StepContext(node=node, env=env, cwd=cwd, budget=budget, cuda_index=cuda_index)
-    check_elf(python, ctx, issues, causes, via_script=None, keep=kept)
-    process = kept.get("process")
-    if not isinstance(process, Process) or any(
-            i.rule in ("exe-arch-mismatch", "elf-invalid", "interp-missing") for i in issues):
-        return issues, None
-    found = _environment(python, process, env, cwd, node, budget, causes,
-                         cuda_index=cuda_index, all_warnings=False)
-    if found is None:
-        return issues, None
-    return issues, found.groups((*imports, *found.startup_imports()))

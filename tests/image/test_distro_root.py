@@ -20,7 +20,7 @@ from corpus import CorpusUnavailable, _give_up
 
 from grace_policy.check import check_step
 from grace_policy.elf import ElfError, read_elf
-from grace_policy.image import open_image
+from grace_policy.image.open import open_image
 from grace_policy.node import detect
 
 from .roots import mksquashfs

@@ -18,8 +18,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from grace_policy.image import ImageError, open_image
+from grace_policy.image import ImageError
 from grace_policy.image.lzo import LzoError, decompress
+from grace_policy.image.open import open_image
 from grace_policy.image.squashfs import SquashView
 
 from .roots import mksquashfs

@@ -16,7 +16,7 @@ from corpus import debian_arm64_python_or_skip, jemalloc_or_skip
 from fixtures.build import src
 
 from grace_policy.check import check_step
-from grace_policy.image import open_image
+from grace_policy.image.open import open_image
 from grace_policy.node import NodeProfile
 
 from .roots import make_root, mksquashfs

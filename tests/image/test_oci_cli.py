@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 
 from grace_policy.cli.main import main
+from grace_policy.compiled import load_policy
 from grace_policy.decide import decide
-from grace_policy.image import ImageError, open_image
+from grace_policy.image import ImageError
+from grace_policy.image.open import open_image
 from grace_policy.node import detect
-from grace_policy.policy import load_policy
 
 from .roots import make_root, mksquashfs
 

@@ -21,7 +21,8 @@ from corpus import CorpusUnavailable, _give_up
 
 from grace_policy import fsprobe
 from grace_policy.check import check_step
-from grace_policy.image import ImageError, open_image
+from grace_policy.image import ImageError
+from grace_policy.image.open import open_image
 from grace_policy.image.sif import DESCRIPTOR, HEADER
 from grace_policy.node import NodeProfile, detect
 

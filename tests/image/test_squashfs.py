@@ -19,7 +19,8 @@ import pytest
 from grace_policy import fsprobe
 from grace_policy.budget import Budget
 from grace_policy.check import check_step
-from grace_policy.image import ImageError, open_image
+from grace_policy.image import ImageError
+from grace_policy.image.open import open_image
 from grace_policy.image.squashfs import SquashView
 from grace_policy.node import NodeProfile, detect
 

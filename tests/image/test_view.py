@@ -11,7 +11,7 @@ import pytest
 from grace_policy import fsprobe
 from grace_policy.budget import Budget
 from grace_policy.check import check_step
-from grace_policy.image import open_image
+from grace_policy.image.open import open_image
 from grace_policy.image.view import DirView
 from grace_policy.node import NodeProfile, detect
 

@@ -57,7 +57,7 @@ def _download_pinned(work: Path, requirement: str, sha: str, *pip_args: str) -> 
     return wheels[0]
 
 
-def _fetch_cpu_files() -> Path:
+def fetch_cpu_files() -> Path:
     requirement, sha = CPU_WHEEL
 
     def build(work: Path) -> Path:
@@ -122,7 +122,7 @@ def _or_skip(key: str, fetch) -> Path:  # type: ignore[no-untyped-def]
 def cpu_files() -> Path:
     """torch/version.py, torch/lib/* (empty) and the dist-info of the real
     2.13.0+cpu wheel (skips, or fails under CI, when unavailable)."""
-    return _or_skip("torch-cpu-wheel", _fetch_cpu_files)
+    return _or_skip("torch-cpu-wheel", fetch_cpu_files)
 
 
 def aarch64_metadata() -> dict[str, Path]:

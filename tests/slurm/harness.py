@@ -4,6 +4,7 @@ the running cluster. Shared by the ``slurm`` fixture (conftest.py) and the demo
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -25,10 +26,14 @@ int main(int argc, char **argv) {
 }
 """
 
+#: The tests' own contact text (tests look for it in messages); the demos show
+#: a site's instead (:func:`site_contact`).
+TEST_CONTACT = "the test suite"
+
 BASE_CONFIG = """\
 # grace-policy config of the test cluster: one partition per mode.
 mode = "enforce"
-contact = "the test suite"
+contact = {contact}
 deadline_ms = 5000
 {extra}
 [partitions.warnp]
@@ -41,6 +46,16 @@ mode = "off"
 mode = "enforce"
 allow_user_lower = true
 """
+
+
+def site_contact() -> str:
+    """Whom a site's messages name: the ``contact`` of the example config
+    (packaging/grace-policy.example.toml), as an admin would set it in
+    /etc/slurm/grace-policy.toml. The demos show this, not the tests' text."""
+    import tomllib
+
+    text = (REPO / "packaging" / "grace-policy.example.toml").read_text()
+    return str(tomllib.loads(text)["contact"])
 
 
 def _compile(cc: str, src: Path, out: Path, *flags: str) -> None:
@@ -133,10 +148,11 @@ class SetupError(RuntimeError):
     """The plugin or the test files could not be built: a failure, not a skip."""
 
 
-def prepare(root: Path) -> SlurmEnv:
+def prepare(root: Path, *, contact: str = TEST_CONTACT) -> SlurmEnv:
     """Install the plugin under ``root`` (make install PREFIX=root/prefix), build
-    the test programs and configs, and start the cluster. The caller stops it
-    (``env.cluster.stop()``) whatever happens."""
+    the test programs and configs (``contact``: their ``contact`` setting), and
+    start the cluster. The caller stops it (``env.cluster.stop()``) whatever
+    happens."""
     root.mkdir(parents=True, exist_ok=True)
     root.chmod(0o755)
     prefix = root / "prefix"
@@ -184,8 +200,10 @@ def prepare(root: Path) -> SlurmEnv:
         "grace64k": etc / "grace-64k.toml",
         "broken": etc / "broken.toml",
     }
-    configs["base"].write_text(BASE_CONFIG.format(extra=""))
-    configs["grace64k"].write_text(BASE_CONFIG.format(extra="[node]\npage_size = 65536\n"))
+    quoted = json.dumps(contact)  # a TOML basic string
+    configs["base"].write_text(BASE_CONFIG.format(extra="", contact=quoted))
+    configs["grace64k"].write_text(BASE_CONFIG.format(extra="[node]\npage_size = 65536\n",
+                                                      contact=quoted))
     configs["broken"].write_text('mode = "enforced"\n[partitions.warnp]\nmode = 3\n')
     for cfg in configs.values():
         cfg.chmod(0o644)

@@ -94,6 +94,25 @@ def _prebuild_all() -> None:
     with ThreadPoolExecutor(max_workers=3) as pool:
         for name, err in zip(wanted, pool.map(one, wanted)):
             _prebuilt[name] = err
+    _prefetch_for_inner_runs()
+
+
+def _prefetch_for_inner_runs() -> None:
+    """What the inner runs of tests/slurm read from the shared test cache,
+    fetched here on the host first. Otherwise they depend on the host's own
+    tests having filled it earlier in the session (test_rollout and
+    test_python_torch sort after this file), and a root reaches less than
+    the host: the pinned torch+cpu wheel lies only on this machine's disk.
+    What cannot be fetched here is not hidden: the inner run then skips, and
+    the no-skip assertion names the test and why."""
+    from corpus import CorpusUnavailable, fetch_node_exporter
+    from python.torch_layouts import fetch_cpu_files
+
+    for fetch in (fetch_node_exporter, fetch_cpu_files):
+        try:
+            fetch()
+        except CorpusUnavailable:
+            pass
 
 
 def _open(name: str, tmp: Path) -> Root:
@@ -134,7 +153,7 @@ def _host_collection(files: tuple[str, ...]) -> int:
 
 
 def _inner_pytest(root: Root, files: tuple[str, ...], junit: str,
-                  env: dict[str, str] | None = None) -> dict[str, int]:
+                  env: dict[str, str] | None = None) -> tuple[dict[str, int], list[str]]:
     ignores = " ".join(f"--ignore={i}" for i in INNER_IGNORE)
     done = root.run(f"python3 -m pytest -q -rs -p no:cacheprovider -o addopts= "
                     f"--junitxml={junit} {' '.join(files)} {ignores}",
@@ -147,7 +166,44 @@ def _inner_pytest(root: Root, files: tuple[str, ...], junit: str,
     counts = {k: int(suite.get(k, "0")) for k in ("tests", "failures", "errors", "skipped")}
     assert counts["failures"] == counts["errors"] == 0, done.stdout[-8000:]
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    return counts
+    return counts, skipped_tests(suite)
+
+
+def _skip_report(counts: dict[str, int], skipped: list[str]) -> str:
+    """The counts and one line per skipped test (a str, which pytest shows
+    whole; a tuple's repr would be cut in the middle)."""
+    return f"{counts}; skipped in the release root:\n" + "\n".join(f"  {s}" for s in skipped)
+
+
+def skipped_tests(suite: ET.Element) -> list[str]:
+    """``file::test: reason`` for every test the junit ``suite`` reports
+    skipped, so a failed no-skip assertion says which test and why."""
+    out = []
+    for case in suite.iter("testcase"):
+        for skip in case.findall("skipped"):
+            name = f"{case.get('classname', '')}::{case.get('name', '')}"
+            reason = skip.get("message") or (skip.text or "").strip() or "(no reason given)"
+            out.append(f"{name}: {reason}")
+    return out
+
+
+def test_skipped_tests_are_named_with_their_reason(tmp_path: Path) -> None:
+    # A real pytest's junit XML, as the inner runs write it: the no-skip
+    # assertions above name each skipped test and why, not just a count.
+    (tmp_path / "test_two.py").write_text(
+        "import pytest\n"
+        "def test_runs():\n    pass\n"
+        "def test_skips():\n    pytest.skip('node_exporter unavailable (network?): x')\n"
+        "@pytest.mark.skipif(True, reason='never here')\ndef test_marked():\n    pass\n")
+    junit = tmp_path / "junit.xml"
+    subprocess.run(["python3", "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o",
+                    "addopts=", f"--junitxml={junit}", "test_two.py"], cwd=tmp_path,
+                   capture_output=True, check=True)
+    suite = ET.parse(junit).getroot()
+    assert skipped_tests(suite[0] if suite.tag == "testsuites" else suite) == [
+        "test_two::test_skips: node_exporter unavailable (network?): x",
+        "test_two::test_marked: never here",
+    ]
 
 
 def test_root_is_the_release(release_root: Root) -> None:
@@ -159,8 +215,8 @@ def test_root_is_the_release(release_root: Root) -> None:
 
 def test_scenarios_pass_on_release(release_root: Root) -> None:
     files = ("tests/slurm",)
-    counts = _inner_pytest(release_root, files, "/tmp/junit-plain.xml")
-    assert counts["skipped"] == 0, counts
+    counts, skipped = _inner_pytest(release_root, files, "/tmp/junit-plain.xml")
+    assert counts["skipped"] == 0, _skip_report(counts, skipped)
     assert counts["tests"] == _host_collection(files), counts
 
 
@@ -217,9 +273,9 @@ def test_scenarios_pass_with_contain_spank(release_root: Root) -> None:
     if release_root.release.slurm != newest:
         pytest.skip(f"contain_spank runs on the newest selected release ({newest}) only; "
                     f"GRACE_SLURM_RELEASES={release_root.release.slurm} runs it here")
-    counts = _inner_pytest(release_root, CONTAIN_SPANK_FILES, "/tmp/junit-contain.xml",
-                           env={"GRACE_SLURMD_PARAMETERS": "contain_spank"})
-    assert counts["skipped"] == 0, counts
+    counts, skipped = _inner_pytest(release_root, CONTAIN_SPANK_FILES, "/tmp/junit-contain.xml",
+                                    env={"GRACE_SLURMD_PARAMETERS": "contain_spank"})
+    assert counts["skipped"] == 0, _skip_report(counts, skipped)
     assert counts["tests"] == _host_collection(CONTAIN_SPANK_FILES), counts
 
 

@@ -9,6 +9,7 @@ would, and prints what each user saw and what the audit log recorded.
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 import tempfile
 from pathlib import Path
@@ -18,49 +19,50 @@ for _p in (str(HERE.parent), str(HERE.parent.parent)):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
+from slurm.harness import site_contact  # noqa: E402
+
 from vm import slurmnode  # noqa: E402
 
-WHAT = {
-    "native": "a clean aarch64 program built for 64 KiB pages",
-    "native-again": "the same step again (answered by the verdict cache, no Python)",
-    "x86-program": "a program built on the x86_64 login node",
-    "x86-venv-leak": "a clean program, with VIRTUAL_ENV leaked from an x86_64 venv",
-    "4k-build": "an aarch64 program linked for 4 KiB pages",
-    "python-4k-ext": "a venv of the node's python importing an extension linked for 4 KiB",
-    "python-unused": "the same venv, the broken package not imported",
-    "login-venv-x86": "a venv of the login node's python3.11 importing an x86_64 wheel",
-    "login-venv-unused": "the same venv, the x86_64 package not imported",
-    "login-user-site": "python3.11 importing an x86_64 wheel from a PYTHONUSERBASE",
-    "login-pythonpath": "python3.11 importing an x86_64 wheel from PYTHONPATH",
-    "login-console-script": "a console script of that venv importing the x86_64 wheel",
-    "login-clean": "a venv of python3.11 holding aarch64 wheels only",
-}
+
+def _show(name: str, scenario: slurmnode.Scenario, step: slurmnode.StepResult | None,
+          command: str, record: dict[str, object] | None) -> None:
+    shown_env = " ".join(f"{k}={v}" for k, v in scenario.env.items() if k != "PATH")
+    print(f"== {scenario.what}\n$ {shown_env + ' ' if shown_env else ''}{command}")
+    if step is None:
+        print(f"   (no result for {name})\n")
+        return
+    for line in (step.stdout + step.stderr).splitlines():
+        print(f"   {line}")
+    print(f"   exit status {step.rc}, {step.seconds:.1f} s")
+    if record is not None:
+        print(f"   audit: action={record['action']} rules={record['rules']} "
+              f"cache={record.get('cache', '-')} node={record['node']}")
+    print()
 
 
 def main() -> int:
+    contact = site_contact()
     print("grace-policy on a 64 KiB-page aarch64 node (qemu-system-aarch64, TCG): "
           "booting; the first run builds the kernel and the node's root.", flush=True)
+    print(f"The node's config names no [node]: it is detected. Its contact = "
+          f"{json.dumps(contact)} (a site's, from packaging/grace-policy.example.toml) "
+          "is whom the messages tell users to ask.", flush=True)
     with tempfile.TemporaryDirectory(prefix="grace-node-demo-") as tmp:
-        run = slurmnode.run_node(Path(tmp), None)
+        run = slurmnode.run_node(Path(tmp), None, contact=contact)
     records = [json.loads(line) for line in run.audit]
     print(f"Slurm was idle {run.boot_seconds:.0f} s after boot (guest clock); "
           f"the whole run took {run.total_seconds:.0f} s.\n")
-    for i, (name, (argv, env)) in enumerate(slurmnode.SCENARIOS.items()):
-        step = run.steps.get(name)
-        shown_env = " ".join(f"{k}={v}" for k, v in env.items() if k != "PATH")
-        print(f"== {WHAT.get(name, name)}\n$ {shown_env + ' ' if shown_env else ''}"
-              f"srun -p {slurmnode.PARTITION} {' '.join(argv)}")
-        if step is None:
-            print("   (no result)\n")
-            continue
-        for line in (step.stdout + step.stderr).splitlines():
-            print(f"   {line}")
-        print(f"   exit status {step.rc}, {step.seconds:.1f} s")
-        if i < len(records):
-            r = records[i]
-            print(f"   audit: action={r['action']} rules={r['rules']} "
-                  f"cache={r.get('cache', '-')} node={r['node']}")
-        print()
+    # One audit line per srun step, in the order they ran.
+    for i, (name, scenario) in enumerate(slurmnode.SCENARIOS.items()):
+        _show(name, scenario, run.steps.get(name),
+              f"srun -p {slurmnode.PARTITION} {shlex.join(scenario.argv)}",
+              records[i] if i < len(records) else None)
+    for name, scenario in slurmnode.DIRECT.items():
+        _show(name, scenario, run.steps.get(name), shlex.join(scenario.argv), None)
+    missing = [n for n in [*slurmnode.SCENARIOS, *slurmnode.DIRECT] if n not in run.steps]
+    if missing:
+        print(f"demo-node: no result for {', '.join(missing)}", file=sys.stderr)
+        return 1
     return 0
 
 

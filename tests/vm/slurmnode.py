@@ -17,6 +17,7 @@ then the audit log, then powers off. Nothing leaves the machine.
 from __future__ import annotations
 
 import base64
+import json
 import os
 import shutil
 import subprocess
@@ -40,48 +41,81 @@ NODE = "grace1"
 PARTITION = "gb200"
 BOOT_TIMEOUT = 900
 
-#: name -> (argv, extra environment): what a user on an x86 login node submits.
-SCENARIOS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
-    "native": (("/cases/bin/hello-64k",), {}),
-    "native-again": (("/cases/bin/hello-64k",), {}),
-    "x86-program": (("/cases/bin/tool-x86",), {}),
-    "x86-venv-leak": (("/cases/bin/hello-64k",),
-                      {"VIRTUAL_ENV": "/cases/venv-x86",
-                       "PATH": "/cases/venv-x86/bin:/usr/bin:/bin"}),
-    "4k-build": (("/cases/bin/hello-4k",), {}),
+@dataclass(frozen=True)
+class Scenario:
+    """One step of the guest's run: what is run, with which extra environment,
+    and what it shows (the demo's heading, so tests and demo cannot drift)."""
+
+    argv: tuple[str, ...]
+    env: dict[str, str]
+    what: str
+
+
+#: What a user on an x86 login node submits, each with ``srun`` as nobody.
+SCENARIOS: dict[str, Scenario] = {
+    "native": Scenario(("/cases/bin/hello-64k",), {},
+                       "a clean aarch64 program built for 64 KiB pages"),
+    "native-again": Scenario(("/cases/bin/hello-64k",), {},
+                             "the same step again (answered by the verdict cache, no Python)"),
+    "x86-program": Scenario(("/cases/bin/tool-x86",), {},
+                            "a program built on the x86_64 login node"),
+    "x86-venv-leak": Scenario(("/cases/bin/hello-64k",),
+                              {"VIRTUAL_ENV": "/cases/venv-x86",
+                               "PATH": "/cases/venv-x86/bin:/usr/bin:/bin"},
+                              "a clean program, with VIRTUAL_ENV leaked from an x86_64 venv"),
+    "4k-build": Scenario(("/cases/bin/hello-4k",), {},
+                         "an aarch64 program linked for 4 KiB pages"),
     # Python steps in a venv of the node's own python3: a package whose
     # extension module was linked for 4 KiB pages, imported or not.
-    "python-4k-ext": (("/cases/venv-py/bin/python", "-c", "import ext4k"), {}),
-    "python-unused": (("/cases/venv-py/bin/python", "-c", "print('ran')"), {}),
+    "python-4k-ext": Scenario(("/cases/venv-py/bin/python", "-c", "import ext4k"), {},
+                              "a Python step importing a package whose extension module "
+                              "was linked for 4 KiB pages"),
+    "python-unused": Scenario(("/cases/venv-py/bin/python", "-c", "print('ran')"), {},
+                              "a Python step in the same venv that does not import it"),
     # Issue 16: environments a user filled on the x86_64 login node with its
     # distribution's python (a real `python3.11 -m venv`, real PyPI wheels);
     # here the node's own /usr/bin/python3.11 runs them. The login node's
     # prediction for each must be the verdict the plugin gives here.
-    "login-venv-x86": (("/cases/venv-sys/bin/python", "-c", "import bcrypt"), {}),
-    "login-venv-unused": (("/cases/venv-sys/bin/python", "-c",
-                           "import markupsafe._speedups; print('ran')"), {}),
-    "login-user-site": (("/usr/bin/python3.11", "-c", "import bcrypt"),
-                        {"PYTHONUSERBASE": "/cases/userbase-x86"}),
-    "login-pythonpath": (("/usr/bin/python3.11", "-c", "import bcrypt"),
-                         {"PYTHONPATH": "/cases/pp-x86"}),
-    "login-console-script": (("/cases/venv-sys/bin/hash-tool",), {}),
-    "login-clean": (("/cases/venv-arm/bin/python", "-c",
-                     "import bcrypt, markupsafe._speedups; print('ran')"), {}),
+    "login-venv-x86": Scenario(("/cases/venv-sys/bin/python", "-c", "import bcrypt"), {},
+                               "a venv of the login node's python3.11 importing an "
+                               "x86_64 wheel"),
+    "login-venv-unused": Scenario(("/cases/venv-sys/bin/python", "-c",
+                                   "import markupsafe._speedups; print('ran')"), {},
+                                  "the same venv, the x86_64 package not imported"),
+    "login-user-site": Scenario(("/usr/bin/python3.11", "-c", "import bcrypt"),
+                                {"PYTHONUSERBASE": "/cases/userbase-x86"},
+                                "python3.11 importing an x86_64 wheel from a PYTHONUSERBASE"),
+    "login-pythonpath": Scenario(("/usr/bin/python3.11", "-c", "import bcrypt"),
+                                 {"PYTHONPATH": "/cases/pp-x86"},
+                                 "python3.11 importing an x86_64 wheel from PYTHONPATH"),
+    "login-console-script": Scenario(("/cases/venv-sys/bin/hash-tool",), {},
+                                     "a console script of that venv importing the x86_64 "
+                                     "wheel"),
+    "login-clean": Scenario(("/cases/venv-arm/bin/python", "-c",
+                             "import bcrypt, markupsafe._speedups; print('ran')"), {},
+                            "a venv of python3.11 holding aarch64 wheels only"),
 }
 
 #: The scenarios above whose environments come from the login node.
 LOGIN_SCENARIOS = tuple(name for name in SCENARIOS if name.startswith("login-"))
 
-#: name -> argv run as nobody without Slurm: what really happens on this node.
-DIRECT: dict[str, tuple[str, ...]] = {
-    "python-4k-ext-direct": ("/cases/venv-py/bin/python", "-c", "import ext4k"),
-    "login-venv-x86-direct": ("/cases/venv-sys/bin/python", "-c", "import bcrypt"),
+#: Run as nobody without Slurm: what really happens on this node.
+DIRECT: dict[str, Scenario] = {
+    "python-4k-ext-direct": Scenario(("/cases/venv-py/bin/python", "-c", "import ext4k"), {},
+                                     "the same import without Slurm: what the node's "
+                                     "python really does"),
+    "login-venv-x86-direct": Scenario(("/cases/venv-sys/bin/python", "-c", "import bcrypt"),
+                                      {}, "the login node's venv importing the x86_64 wheel "
+                                      "without Slurm: what the node's python really does"),
 }
+
+#: The tests' own contact text; the demo shows a site's (run_node's ``contact``).
+TEST_CONTACT = "the test suite"
 
 CONFIG = """\
 # grace-policy in the 64 KiB guest: no [node] section, the node is detected.
 mode = "enforce"
-contact = "the test suite"
+contact = {contact}
 deadline_ms = 60000
 
 [audit]
@@ -197,14 +231,14 @@ def _shell_quote(text: str) -> str:
 
 def init_script(epoch: int | None = None) -> str:
     lines = [INIT_HEAD.replace("{epoch}", str(int(epoch if epoch is not None else time.time())))]
-    for name, (argv, env) in SCENARIOS.items():
-        assigns = " ".join(_shell_quote(f"{k}={v}") for k, v in env.items())
+    for name, scenario in SCENARIOS.items():
+        assigns = " ".join(_shell_quote(f"{k}={v}") for k, v in scenario.env.items())
         # su keeps the environment out: the variables go in on srun's side of it.
-        cmd = " ".join(_shell_quote(a) for a in argv)
+        cmd = " ".join(_shell_quote(a) for a in scenario.argv)
         inner = f"env {assigns} srun -p {PARTITION} -N1 -n1 {cmd}"
         lines.append(f"step {name} su -s /bin/sh nobody -c {_shell_quote(inner)}")
-    for name, argv in DIRECT.items():
-        cmd = " ".join(_shell_quote(a) for a in argv)
+    for name, scenario in DIRECT.items():
+        cmd = " ".join(_shell_quote(a) for a in scenario.argv)
         lines.append(f"step {name} su -s /bin/sh nobody -c {_shell_quote(cmd)}")
     lines.append(INIT_TAIL)
     return "\n".join(lines)
@@ -416,7 +450,9 @@ def parse(console: str, total: float) -> NodeRun:
     return NodeRun(steps, audit, log, netdevs, up, total, console)
 
 
-def run_node(work: Path, cache: object) -> NodeRun:
+def run_node(work: Path, cache: object, *, contact: str = TEST_CONTACT) -> NodeRun:
+    """One boot of the guest running every scenario; ``contact`` is the
+    config's ``contact`` (whom the plugin's messages tell users to ask)."""
     root = slurm_root()
     stage = build_plugin(work, root)
     cases = build_cases(work, cache)
@@ -427,7 +463,8 @@ def run_node(work: Path, cache: object) -> NodeRun:
         ("etc/slurm/slurm.conf", SLURM_CONF.encode(), 0o644),
         ("etc/slurm/plugstack.conf", PLUGSTACK.encode(), 0o644),
         ("etc/slurm/cgroup.conf", CGROUP_CONF.encode(), 0o644),
-        ("etc/slurm/grace-policy.toml", CONFIG.encode(), 0o644),
+        ("etc/slurm/grace-policy.toml",
+         CONFIG.format(contact=json.dumps(contact)).encode(), 0o644),
         ("etc/munge/munge.key", key, 0o600),
     ])
     console, log, seconds = boot(images.kernel_64k(), initrd, work, timeout=BOOT_TIMEOUT,

@@ -9,7 +9,8 @@ and writes it to docs/PERFORMANCE.md; the hand-written notes after the
 ``NOTES_MARK`` line of that file are kept.
 
 Medians everywhere; nothing asserts (benchmarks are not tests). Runs per
-figure: ``GRACE_BENCH_RUNS`` (default 30).
+figure: ``GRACE_BENCH_RUNS`` (default 30); the mix of bench/mix.py scales
+with ``GRACE_BENCH_MIX_USERS`` and ``GRACE_BENCH_MIX_STEPS``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import core, fixtures, pyenv
+from . import core, fixtures, mix, pyenv
 from . import slurm as sl
 
 REPO = Path(__file__).resolve().parent.parent
@@ -218,6 +219,12 @@ def main() -> int:
                                  f"+{mw - mwo:.1f} MiB", f"{mw / mwo:.2f}×",
                                  "holds" if mw - mwo <= 16 else "**misses**"))
                 print(rows[-1], flush=True)
+            # ---- a realistic mix: users, sweeps, node programs (issue 18) ----
+            print(f"the mix: {mix.USERS} users x {2 * mix.STEPS} steps, each with and "
+                  "without ...", flush=True)
+            for line in mix.rows(env, root, _row):
+                rows.append(line)
+                print(line, flush=True)
         else:
             rows.append(_row("srun figures", "", "", "", "", "", f"not run: {reason}"))
     finally:

@@ -148,7 +148,10 @@ def run(env: SlurmEnv, plans: dict[str, list[list[str]]], homes: dict[str, Path]
         shutil.rmtree(cache_dir)
     with_ms: list[float] = []
     without_ms: list[float] = []
-    warm: dict[str, tuple[list[float], list[float]]] = {}
+    #: per kind of warm step: with ms, without ms, with/without of each pair,
+    #: and the plugin's own time in user_init (the audit line's elapsed_ms)
+    warm: dict[str, tuple[list[float], list[float], list[float], list[float]]] = {}
+    cold_ms: list[float] = []
     hits = decisions = 0
     order = [(user, plans[user][i]) for i in range(max(len(p) for p in plans.values()))
              for user in plans if i < len(plans[user])]
@@ -164,21 +167,28 @@ def run(env: SlurmEnv, plans: dict[str, list[list[str]]], homes: dict[str, Path]
                 decisions += len(records)
                 hit = any(r.get("cache") == "hit" for r in records)
                 hits += hit
+                own = [float(r.get("elapsed_ms") or 0.0) for r in records]
             else:
                 env.cluster.set_plugstack(["# bench: no plugin"])
                 pair[side] = _srun(env, user, homes[user], argv)
         with_ms.append(pair["with"])
         without_ms.append(pair["without"])
         if hit:
-            w, wo = warm.setdefault(_kind(argv), ([], []))
+            w, wo, ratio, inside = warm.setdefault(_kind(argv), ([], [], [], []))
             w.append(pair["with"])
             wo.append(pair["without"])
+            ratio.append(pair["with"] / pair["without"])
+            inside.extend(own)
+        else:
+            cold_ms.extend(own)
     env.cluster.set_plugstack(["# bench: no plugin"])
     return {
         "steps": len(order), "hits": hits, "decisions": decisions,
         "with_s": sum(with_ms) / 1000, "without_s": sum(without_ms) / 1000,
-        "warm": {k: (statistics.median(w), statistics.median(wo), len(w))
-                 for k, (w, wo) in sorted(warm.items())},
+        "warm": {k: (statistics.median(w), statistics.median(wo), len(w),
+                     statistics.median(ratio), statistics.median(inside))
+                 for k, (w, wo, ratio, inside) in sorted(warm.items())},
+        "cold_inside_ms": statistics.median(cold_ms) if cold_ms else 0.0,
         "node_file_entries": _entries(cache_dir / "node.v"),
     }
 
@@ -208,13 +218,16 @@ def rows(env: SlurmEnv, root: Path, row) -> list[str]:  # type: ignore[no-untype
     out = [row(f"{title}: verdict-cache hits ({got['node_file_entries']} node-wide entries)",
                "≥ 95 %", "", f"{hits}/{steps} = {rate:.1f} %", "", "",
                "holds" if rate >= 95 else "**misses**"),
-           row(f"{title}: total time, each step alternating with/without", "ratio ≤ 1.05",
-               f"{wo_s:.1f} s", f"{w_s:.1f} s", f"+{w_s - wo_s:.1f} s", f"{w_s / wo_s:.3f}×",
+           row(f"{title}: total time, each step alternating with/without (misses: the "
+               f"check's own median {got['cold_inside_ms']:.1f} ms)", "ratio ≤ 1.05",
+               f"{wo_s:.1f} s", f"{w_s:.1f} s", f"{w_s - wo_s:+.1f} s", f"{w_s / wo_s:.3f}×",
                "holds" if w_s / wo_s <= 1.05 else "**misses**")]
-    for kind, (w, wo, n) in got["warm"].items():  # type: ignore[attr-defined]
-        out.append(row(f"mix, warm `{kind}` steps (median of {n} hits, same steps without)",
-                       "ratio ≤ 1.05", f"{wo:.1f} ms", f"{w:.1f} ms", f"+{w - wo:.1f} ms",
-                       f"{w / wo:.2f}×", "holds" if w / wo <= 1.05 else "**misses**"))
+    for kind, (w, wo, n, ratio, inside) in got["warm"].items():  # type: ignore[attr-defined]
+        out.append(row(f"mix, warm `{kind}` steps: medians of {n} hits and of the same steps "
+                       f"without; ratio: median of the pairs' ratios; the C lookup's own "
+                       f"time (audit elapsed_ms) {inside:.2f} ms", "ratio ≤ 1.05",
+                       f"{wo:.1f} ms", f"{w:.1f} ms", f"{w - wo:+.1f} ms", f"{ratio:.2f}×",
+                       "holds" if ratio <= 1.05 else "**misses**"))
     return out
 
 

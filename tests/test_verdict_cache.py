@@ -461,3 +461,27 @@ def test_node_owned_answers(open_tmp: Path) -> None:
     assert not owned.owned("s", str(tmp_path / "to-home" / "f"),
                            fsprobe.answer("s", str(users)))
     assert owned.owned("l", str(tmp_path / "to-home"), "L")  # the link itself is root's
+
+
+@pytest.mark.parametrize(("step_args", "prefix", "decisive"), [
+    (["train.py", "--seed", "1"], [], 1),
+    (["-u", "-X", "importtime", "-W", "ignore", "train.py", "-c", "x"], [], 6),
+    (["-Esc", "import json", "-m", "x"], [], 2),
+    (["-cimport json", "arg"], [], 1),
+    (["-m", "torch.distributed.run", "--nproc", "4", "train.py"], [], 2),
+    (["-", "--seed", "1"], [], 1),
+    (["--", "train.py", "--seed"], [], 2),
+    (["-E"], [], None),            # stdin without an operand: every word counts
+    ([], [], None),
+    (["-V", "x.py"], [], None),     # prints the version: nothing runs
+    (["--seed", "1"], ["/venv/bin/tool"], 0),  # a console script's #! names the script
+    (["--seed", "1"], ["-s", "/venv/bin/tool"], 0),
+])
+def test_the_words_that_decide_a_python_step(step_args: list[str], prefix: list[str],
+                                             decisive: int | None) -> None:
+    from grace_policy.python.interp import parse_python_argv
+    from grace_policy.python.step import decisive_args
+
+    args = [*prefix, *step_args]
+    _flags, command = parse_python_argv(args, (3, 11))
+    assert decisive_args(args, len(step_args), command) == decisive

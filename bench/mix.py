@@ -155,10 +155,16 @@ def run(env: SlurmEnv, plans: dict[str, list[list[str]]], homes: dict[str, Path]
     hits = decisions = 0
     order = [(user, plans[user][i]) for i in range(max(len(p) for p in plans.values()))
              for user in plans if i < len(plans[user])]
-    for n, (user, argv) in enumerate(order):
+    turns: dict[str, int] = {}
+    for user, argv in order:
         pair: dict[str, float] = {}
         hit = False
-        for side in (("with", "without") if n % 2 == 0 else ("without", "with")):
+        # Which side goes first alternates per kind of step, so every kind
+        # gets both orders equally (the second run of a pair finds warmer
+        # caches; alternating over the whole sequence would hand one kind
+        # mostly one order).
+        turn = turns[_kind(argv)] = turns.get(_kind(argv), -1) + 1
+        for side in (("with", "without") if turn % 2 == 0 else ("without", "with")):
             if side == "with":
                 env.use("base", f"cache_dir={cache_dir}")
                 before = len(env.audit_lines())

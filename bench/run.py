@@ -163,7 +163,7 @@ def main() -> int:
             step, bare = core.fresh_step_ms(pkgdir, str(cfg), argv, runs=max(11, RUNS // 2))
             rows.append(_row(f"Python side of a clean step `{' '.join(argv)[-40:]}`, fresh "
                              "`-I -S` process vs `-c pass` (no Slurm)", "(informational)",
-                             f"{bare:.1f} ms", f"{step:.1f} ms", f"+{step - bare:.1f} ms",
+                             f"{bare:.1f} ms", f"{step:.1f} ms", f"{step - bare:+.1f} ms",
                              f"{step / bare:.2f}×", ""))
             print(rows[-1], flush=True)
         imports = core.importtime(pkgdir, str(cfg), prof_argv)
@@ -208,7 +208,7 @@ def main() -> int:
                 else:
                     ok = ""
                 rows.append(_row(f"{title} (median of {RUNS}; {hits}/{decisions} cache hits)",
-                                 target, f"{mwo:.1f} ms", f"{mw:.1f} ms", f"+{mw - mwo:.1f} ms",
+                                 target, f"{mwo:.1f} ms", f"{mw:.1f} ms", f"{mw - mwo:+.1f} ms",
                                  f"{mw / mwo:.2f}×", ok))
                 print(rows[-1], flush=True)
             for label, args in (("cache warm", ()), ("cache cold", cold)):
@@ -216,7 +216,7 @@ def main() -> int:
                 mw, mwo = sl.median(rw) / 1024, sl.median(rwo) / 1024
                 rows.append(_row(f"slurmstepd peak RSS (VmHWM seen by the task), {label}",
                                  "≤ 16 MiB added", f"{mwo:.1f} MiB", f"{mw:.1f} MiB",
-                                 f"+{mw - mwo:.1f} MiB", f"{mw / mwo:.2f}×",
+                                 f"{mw - mwo:+.1f} MiB", f"{mw / mwo:.2f}×",
                                  "holds" if mw - mwo <= 16 else "**misses**"))
                 print(rows[-1], flush=True)
             # ---- a realistic mix: users, sweeps, node programs (issue 18) ----

@@ -9,7 +9,8 @@ and writes it to docs/PERFORMANCE.md; the hand-written notes after the
 ``NOTES_MARK`` line of that file are kept.
 
 Medians everywhere; nothing asserts (benchmarks are not tests). Runs per
-figure: ``GRACE_BENCH_RUNS`` (default 30).
+figure: ``GRACE_BENCH_RUNS`` (default 30); the mix of bench/mix.py scales
+with ``GRACE_BENCH_MIX_USERS`` and ``GRACE_BENCH_MIX_STEPS``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from . import batch, core, fixtures, pyenv
+from . import batch, core, fixtures, mix, pyenv
 from . import slurm as sl
 
 REPO = Path(__file__).resolve().parent.parent
@@ -162,7 +163,7 @@ def main() -> int:
             step, bare = core.fresh_step_ms(pkgdir, str(cfg), argv, runs=max(11, RUNS // 2))
             rows.append(_row(f"Python side of a clean step `{' '.join(argv)[-40:]}`, fresh "
                              "`-I -S` process vs `-c pass` (no Slurm)", "(informational)",
-                             f"{bare:.1f} ms", f"{step:.1f} ms", f"+{step - bare:.1f} ms",
+                             f"{bare:.1f} ms", f"{step:.1f} ms", f"{step - bare:+.1f} ms",
                              f"{step / bare:.2f}×", ""))
             print(rows[-1], flush=True)
         # ---- batch scripts (issue 21) ----------------------------------------
@@ -218,7 +219,7 @@ def main() -> int:
                 else:
                     ok = ""
                 rows.append(_row(f"{title} (median of {RUNS}; {hits}/{decisions} cache hits)",
-                                 target, f"{mwo:.1f} ms", f"{mw:.1f} ms", f"+{mw - mwo:.1f} ms",
+                                 target, f"{mwo:.1f} ms", f"{mw:.1f} ms", f"{mw - mwo:+.1f} ms",
                                  f"{mw / mwo:.2f}×", ok))
                 print(rows[-1], flush=True)
             # A pyxis container step (issue 15): added time next to pyxis'
@@ -238,9 +239,15 @@ def main() -> int:
                 mw, mwo = sl.median(rw) / 1024, sl.median(rwo) / 1024
                 rows.append(_row(f"slurmstepd peak RSS (VmHWM seen by the task), {label}",
                                  "≤ 16 MiB added", f"{mwo:.1f} MiB", f"{mw:.1f} MiB",
-                                 f"+{mw - mwo:.1f} MiB", f"{mw / mwo:.2f}×",
+                                 f"{mw - mwo:+.1f} MiB", f"{mw / mwo:.2f}×",
                                  "holds" if mw - mwo <= 16 else "**misses**"))
                 print(rows[-1], flush=True)
+            # ---- a realistic mix: users, sweeps, node programs (issue 18) ----
+            print(f"the mix: {mix.USERS} users x {2 * mix.STEPS} steps, each with and "
+                  "without ...", flush=True)
+            for line in mix.rows(env, root, _row):
+                rows.append(line)
+                print(line, flush=True)
         else:
             rows.append(_row("srun figures", "", "", "", "", "", f"not run: {reason}"))
     finally:

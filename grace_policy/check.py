@@ -33,9 +33,12 @@ if TYPE_CHECKING:
     from .image import Image
     from .python.step import Group
 
-#: Variables the check itself reads, besides the policy's env-leak names: a
+#: Variables every check reads, besides the policy's env-leak names: every
 #: cached verdict depends on them (slurm_bridge's cache entry records them).
-READ_VARS = ("PATH", "LD_LIBRARY_PATH", "HOME")
+#: HOME is read too, but a verdict depends on it only where a check notes it
+#: (a Python step's user site, JIT caches), so a node's own program does not
+#: depend on whose home it is.
+READ_VARS = ("PATH", "LD_LIBRARY_PATH")
 
 Causes = Callable[[str], tuple[str, ...]]
 
@@ -68,7 +71,7 @@ def _c_env(env: Mapping[str, str], names: Sequence[str]) -> dict[str, str]:
     """A copy of ``env`` whose values the check reads are C strings (see
     :func:`~grace_policy.launch.c_string`); other values are left alone."""
     out = dict(env)
-    for name in (*READ_VARS, *names):
+    for name in (*READ_VARS, "HOME", *names):
         value = out.get(name)
         if value is not None:
             out[name] = c_string(value)

@@ -291,11 +291,18 @@ def _cache_entry(step: StepInput, policy: Any, verdict: Verdict,
     ins.append(("code", "=" + verdict_cache.fsprobe.encode(step.code)))
     ins.append(("creds", "=" + verdict_cache.fsprobe.encode(credentials())))
     # The node's own name: an entry is never replayed on another node, even
-    # if an admin put cache_dir on shared storage.
+    # if an admin put cache_dir on shared storage; and what the node is now
+    # (page size, kernel, glibc, machine): not across a reboot into another.
     ins.append(("node", "=" + verdict_cache.fsprobe.encode(step.node)))
+    ins.append(("host", "=" + verdict_cache.fsprobe.encode(verdict_cache.host_profile())))
     extra = verdict_cache.config_probes(
         [step.config, compiled_path_for(step.config), *code_files()])
-    return verdict_cache.entry(ins, verdict.mode, probes + extra)
+    everything = probes + extra
+    shared = verdict_cache.node_wide(ins, everything, step.cwd)
+    if shared is not None:
+        return verdict_cache.entry(shared, verdict.mode, everything,
+                                   scope=verdict_cache.SCOPE_NODE)
+    return verdict_cache.entry(ins, verdict.mode, everything)
 
 
 def _audit(step: StepInput, verdict: Verdict, elapsed_ms: float,

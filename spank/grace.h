@@ -107,6 +107,7 @@ struct grace_context {
 	char audit_error[512]; /* why audit_fd is -1 or unsafe (logged per step) */
 	char *cache_dir;   /* cache_dir=DIR (default GRACE_CACHE_DIR); NULL: none */
 	int cache_fd;      /* DIR/<uid>.v<version>, opened as root in slurm_spank_init, or -1 */
+	int node_cache_fd; /* DIR/node.v<version>: entries every user may replay, or -1 */
 	char cache_error[512]; /* why cache_fd is -1 (logged with each step) */
 	char args_error[256]; /* non-empty: the arguments are unusable */
 	char *test_fail_env; /* test builds only (GRACE_TEST_HOOKS): an env edit that fails */
@@ -190,13 +191,15 @@ typedef int (*grace_python_check_fn)(const struct grace_context *, const struct 
  * grace_cache.c: clean verdicts replayed without Python (see
  * grace_policy/verdict_cache.py for the format and docs/SECURITY.md).
  */
-/* slurm_spank_init, remote, as root: create/check DIR and open the user's file. */
+/* slurm_spank_init, remote, as root: create/check DIR and open the user's
+ * file and the node-wide one. */
 void grace_cache_open(struct grace_context *ctx, spank_t sp);
 /* user_init, as the user: 1 and the mode if a stored entry matches this step
  * and every recorded filesystem answer is still true, else 0. */
 int grace_cache_lookup(const struct grace_context *ctx, const struct grace_step *step,
 		       char *mode, size_t modelen);
-/* Append one entry Python emitted (one write); NULL or a reason to log. */
+/* Append one entry Python emitted (one write; an entry marked "O scope node"
+ * to the node-wide file, any other to the user's); NULL or a reason to log. */
 const char *grace_cache_store(const struct grace_context *ctx, const char *entry,
 			      char *err, size_t errlen);
 /* The audit line of a cache hit, through root's descriptor; NULL or a reason. */

@@ -11,6 +11,10 @@
  *   - the file is DIR/<uid>.v<version>, opened by root in slurm_spank_init
  *     (before privileges drop) in a root-owned directory nobody else can
  *     write; users cannot write it, so every entry was written by the check;
+ *   - beside it DIR/node.v<version>, read for every user's step: entries of
+ *     steps whose every recorded answer no user can change (root's files
+ *     in directories no user can write; grace_policy/nodeowned.py), marked
+ *     "O scope node" by the check and without the user's groups;
  *   - an entry is trusted only when every input equals the step's and every
  *     recorded question, asked again now *with the user's rights* (user_init
  *     runs as the user), gets the recorded answer. Any difference is a miss
@@ -48,14 +52,46 @@
 /* ------------------------------------------------------------------------ */
 /* Opening (root, slurm_spank_init)                                          */
 
-void grace_cache_open(struct grace_context *ctx, spank_t sp)
+/* Open (creating) one cache file DIR/NAME.v<version> as root; -1 with the
+ * reason in ctx->cache_error. */
+static int grace_cache_file(struct grace_context *ctx, const char *name, const char *what)
 {
 	char path[4096];
 	struct stat st;
-	uid_t uid = (uid_t)-1;
 	int fd;
 
+	if ((size_t)snprintf(path, sizeof(path), "%s/%s.v%s", ctx->cache_dir, name,
+			     GRACE_VERSION) >= sizeof(path)) {
+		snprintf(ctx->cache_error, sizeof(ctx->cache_error),
+			 "%s off: cache_dir is too long", what);
+		return -1;
+	}
+	fd = open(path, O_RDWR | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
+	if (fd < 0) {
+		snprintf(ctx->cache_error, sizeof(ctx->cache_error),
+			 "%s off: cannot open %.400s as root: %s", what, path, strerror(errno));
+		return -1;
+	}
+	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != 0 ||
+	    (st.st_mode & 0022) != 0 || st.st_nlink != 1) {
+		snprintf(ctx->cache_error, sizeof(ctx->cache_error),
+			 "%s off: %.400s must be a regular file owned by root, with one "
+			 "link and not group/other-writable (uid %u, mode %04o)", what, path,
+			 (unsigned int)st.st_uid, (unsigned int)(st.st_mode & 07777));
+		close(fd);
+		return -1;
+	}
+	return fd;
+}
+
+void grace_cache_open(struct grace_context *ctx, spank_t sp)
+{
+	char name[32];
+	struct stat st;
+	uid_t uid = (uid_t)-1;
+
 	ctx->cache_fd = -1;
+	ctx->node_cache_fd = -1;
 	if (ctx->cache_dir == NULL)
 		return; /* cache_dir=none */
 	if (ctx->cache_dir[0] != '/') {
@@ -88,28 +124,15 @@ void grace_cache_open(struct grace_context *ctx, spank_t sp)
 			 (unsigned int)st.st_uid, (unsigned int)(st.st_mode & 07777));
 		return;
 	}
-	if ((size_t)snprintf(path, sizeof(path), "%s/%u.v%s", ctx->cache_dir, (unsigned int)uid,
-			     GRACE_VERSION) >= sizeof(path)) {
-		snprintf(ctx->cache_error, sizeof(ctx->cache_error),
-			 "verdict cache off: cache_dir is too long");
+	snprintf(name, sizeof(name), "%u", (unsigned int)uid);
+	ctx->cache_fd = grace_cache_file(ctx, name, "verdict cache");
+	if (ctx->cache_fd < 0)
 		return;
-	}
-	fd = open(path, O_RDWR | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0600);
-	if (fd < 0) {
-		snprintf(ctx->cache_error, sizeof(ctx->cache_error),
-			 "verdict cache off: cannot open %.400s as root: %s", path, strerror(errno));
-		return;
-	}
-	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != 0 ||
-	    (st.st_mode & 0022) != 0 || st.st_nlink != 1) {
-		snprintf(ctx->cache_error, sizeof(ctx->cache_error),
-			 "verdict cache off: %.400s must be a regular file owned by root, with one "
-			 "link and not group/other-writable (uid %u, mode %04o)", path,
-			 (unsigned int)st.st_uid, (unsigned int)(st.st_mode & 07777));
-		close(fd);
-		return;
-	}
-	ctx->cache_fd = fd;
+	/* The node-wide file: read by every user's step, written only here, by
+	 * root, with entries whose every answer no user can change (the bridge's
+	 * grace_policy.nodeowned); docs/SECURITY.md. Without it the user's file
+	 * still works. */
+	ctx->node_cache_fd = grace_cache_file(ctx, "node", "node-wide verdict cache");
 }
 
 /* ------------------------------------------------------------------------ */
@@ -227,8 +250,32 @@ static int grace_creds(char *buf, size_t len)
 	return used < len ? 0 : -1;
 }
 
+/* What a lookup compares besides the step: computed once per lookup. */
+struct grace_now {
+	char creds[8192];
+	char host[512];
+};
+
+/* verdict_cache.host_profile(): machine, page size, kernel release, glibc
+ * ("x86_64 4096 6.1.0-18-amd64 glibc 2.36"). An entry made before a reboot
+ * into a 64 KiB kernel, or before a glibc upgrade, is never replayed. */
+static int grace_host(char *buf, size_t len)
+{
+	struct utsname uts;
+	char libc[128];
+	size_t n;
+
+	if (uname(&uts) != 0)
+		return -1;
+	n = confstr(_CS_GNU_LIBC_VERSION, libc, sizeof(libc));
+	if (n == 0 || n > sizeof(libc))
+		snprintf(libc, sizeof(libc), "-");
+	return (size_t)snprintf(buf, len, "%s %ld %s %s", uts.machine, sysconf(_SC_PAGESIZE),
+				uts.release, libc) < len ? 0 : -1;
+}
+
 /* Does the "I NAME VALUE" value token equal the step's input? */
-static int grace_input_matches(const struct grace_step *step, const char *creds,
+static int grace_input_matches(const struct grace_step *step, const struct grace_now *now,
 			       const char *name, size_t nlen, const char *val, size_t vlen)
 {
 	char decoded[1024];
@@ -249,7 +296,24 @@ static int grace_input_matches(const struct grace_step *step, const char *creds,
 	} else if (nlen == 4 && memcmp(name, "code", 4) == 0) {
 		have = step->code;
 	} else if (nlen == 5 && memcmp(name, "creds", 5) == 0) {
-		have = creds;
+		have = now->creds;
+	} else if (nlen == 4 && memcmp(name, "host", 4) == 0) {
+		have = now->host;
+	} else if (nlen == 6 && memcmp(name, "argmin", 6) == 0) {
+		/* at least N words: a Python step's arguments after its script,
+		 * -c or -m operand are not part of the key */
+		char num[16];
+		char *endp;
+		long min;
+
+		if (vlen < 2 || vlen > 10 || val[0] != '=')
+			return 0;
+		memcpy(num, val + 1, vlen - 1);
+		num[vlen - 1] = '\0';
+		min = strtol(num, &endp, 10);
+		if (*endp != '\0' || num[0] < '0' || num[0] > '9')
+			return 0;
+		return step->argc >= min;
 	} else if (nlen == 4 && memcmp(name, "node", 4) == 0) {
 		have = step->node;
 	} else if (nlen == 4 && memcmp(name, "argc", 4) == 0) {
@@ -388,31 +452,37 @@ static int grace_tokens(const char *p, const char *end, const char **tok, size_t
 
 /* The inputs every entry the bridge writes has; a block without all of them
  * is not ours (or torn) and never matches, so a block of only "O"/"P" lines
- * cannot stand for every step. */
+ * cannot stand for every step. A node-wide entry has no "creds" (every user
+ * gets the same answers) and no "cwd" when nothing was resolved against it
+ * (verdict_cache.node_wide). */
+static const char *const grace_required[] = {"argv0", "partition", "user_mode", "config",
+					     "code", "node", "host", "env:PATH", "cwd", "creds"};
+#define GRACE_REQUIRED_N (sizeof(grace_required) / sizeof(grace_required[0]))
+#define GRACE_REQUIRED_ALL ((1u << GRACE_REQUIRED_N) - 1)
+#define GRACE_REQUIRED_NODE ((1u << (GRACE_REQUIRED_N - 2)) - 1)
+
 static unsigned int grace_required_bit(const char *name, size_t nlen)
 {
-	static const char *const required[] = {"argv0", "cwd", "partition", "user_mode",
-					       "config", "code", "creds", "node", "env:PATH"};
 	size_t i;
 
-	for (i = 0; i < sizeof(required) / sizeof(required[0]); i++)
-		if (strlen(required[i]) == nlen && memcmp(required[i], name, nlen) == 0)
+	for (i = 0; i < GRACE_REQUIRED_N; i++)
+		if (strlen(grace_required[i]) == nlen && memcmp(grace_required[i], name, nlen) == 0)
 			return 1u << i;
 	return 0;
 }
-#define GRACE_REQUIRED_ALL ((1u << 9) - 1)
 
 /* One block (the lines between "GPC1" and "."): 1 and the mode if it holds.
  * Inputs first (cheap), filesystem questions only for a block whose inputs
  * all match. A malformed line makes the block a miss, as verdict_cache.parse
  * skips it. */
-static int grace_block_matches(const struct grace_step *step, const char *creds,
-			       const char *start, const char *end, char *mode, size_t modelen)
+static int grace_block_matches(const struct grace_step *step, const struct grace_now *now,
+			       int node_file, const char *start, const char *end, char *mode,
+			       size_t modelen)
 {
 	const char *tok[4];
 	size_t len[4];
 	const char *p;
-	int pass, have_mode = 0, have_container = 0;
+	int pass, have_mode = 0, have_container = 0, node_scope = 0;
 	unsigned int seen = 0;
 
 	for (pass = 0; pass < 2; pass++) {
@@ -422,7 +492,7 @@ static int grace_block_matches(const struct grace_step *step, const char *creds,
 			int n = grace_tokens(p, eol, tok, len);
 
 			if (n >= 1 && len[0] == 1 && tok[0][0] == 'I' && n == 3) {
-				if (pass == 0 && !grace_input_matches(step, creds, tok[1], len[1],
+				if (pass == 0 && !grace_input_matches(step, now, tok[1], len[1],
 								      tok[2], len[2]))
 					return 0;
 				if (pass == 0)
@@ -436,6 +506,11 @@ static int grace_block_matches(const struct grace_step *step, const char *creds,
 						return 0;
 					have_mode = 1;
 				}
+			} else if (n == 3 && len[0] == 1 && tok[0][0] == 'O' && len[1] == 5 &&
+				   memcmp(tok[1], "scope", 5) == 0) {
+				if (len[2] != 4 || memcmp(tok[2], "node", 4) != 0)
+					return 0;
+				node_scope = 1;
 			} else if (n == 4 && len[0] == 1 && tok[0][0] == 'P') {
 				if (pass == 1 && !grace_probe_matches(tok[1], len[1], tok[2], len[2],
 								      tok[3], len[3]))
@@ -445,7 +520,11 @@ static int grace_block_matches(const struct grace_step *step, const char *creds,
 			}
 			p = eol + 1;
 		}
-		if (pass == 0 && (!have_mode || seen != GRACE_REQUIRED_ALL))
+		/* The node-wide file takes only entries marked for it, which
+		 * may omit creds and cwd; the user's file takes no such entry. */
+		if (pass == 0 && (!have_mode || node_scope != node_file ||
+				  (seen & (node_file ? GRACE_REQUIRED_NODE : GRACE_REQUIRED_ALL)) !=
+					  (node_file ? GRACE_REQUIRED_NODE : GRACE_REQUIRED_ALL)))
 			return 0;
 		/* A container step replays only an entry made for its image: a
 		 * host entry for the same argv0 says nothing about the image. */
@@ -455,11 +534,11 @@ static int grace_block_matches(const struct grace_step *step, const char *creds,
 	return 1;
 }
 
-int grace_cache_lookup(const struct grace_context *ctx, const struct grace_step *step,
-		       char *mode, size_t modelen)
+/* One file's entries, newest first: 1 and the mode on a hit. */
+static int grace_cache_lookup_fd(int fd, int node_file, const struct grace_step *step,
+				 const struct grace_now *now, char *mode, size_t modelen)
 {
 	struct stat st;
-	char creds[8192];
 	char *buf;
 	size_t want, got = 0;
 	off_t off;
@@ -477,9 +556,7 @@ int grace_cache_lookup(const struct grace_context *ctx, const struct grace_step 
 			return 0;
 	}
 
-	if (ctx->cache_fd < 0 || fstat(ctx->cache_fd, &st) != 0 || st.st_size <= 0)
-		return 0;
-	if (grace_creds(creds, sizeof(creds)) != 0)
+	if (fd < 0 || fstat(fd, &st) != 0 || st.st_size <= 0)
 		return 0;
 	want = st.st_size > GRACE_CACHE_READ_MAX ? GRACE_CACHE_READ_MAX : (size_t)st.st_size;
 	off = st.st_size - (off_t)want;
@@ -487,7 +564,7 @@ int grace_cache_lookup(const struct grace_context *ctx, const struct grace_step 
 	if (buf == NULL)
 		return 0;
 	while (got < want) {
-		ssize_t n = pread(ctx->cache_fd, buf + got, want - got, off + (off_t)got);
+		ssize_t n = pread(fd, buf + got, want - got, off + (off_t)got);
 
 		if (n < 0 && errno == EINTR)
 			continue;
@@ -541,7 +618,8 @@ int grace_cache_lookup(const struct grace_context *ctx, const struct grace_step 
 	}
 	/* Newest first. */
 	for (i = nblocks; i-- > 0;) {
-		if (grace_block_matches(step, creds, starts[i], ends[i], mode, modelen)) {
+		if (grace_block_matches(step, now, node_file, starts[i], ends[i], mode,
+					modelen)) {
 			hit = 1;
 			break;
 		}
@@ -552,12 +630,33 @@ int grace_cache_lookup(const struct grace_context *ctx, const struct grace_step 
 	return hit;
 }
 
+int grace_cache_lookup(const struct grace_context *ctx, const struct grace_step *step,
+		       char *mode, size_t modelen)
+{
+	struct grace_now *now;
+	int hit = 0;
+
+	if (ctx->cache_fd < 0)
+		return 0;
+	now = malloc(sizeof(*now));
+	if (now == NULL)
+		return 0;
+	if (grace_creds(now->creds, sizeof(now->creds)) == 0 &&
+	    grace_host(now->host, sizeof(now->host)) == 0)
+		hit = grace_cache_lookup_fd(ctx->cache_fd, 0, step, now, mode, modelen) ||
+		      grace_cache_lookup_fd(ctx->node_cache_fd, 1, step, now, mode, modelen);
+	free(now);
+	return hit;
+}
+
 const char *grace_cache_store(const struct grace_context *ctx, const char *entry,
 			      char *err, size_t errlen)
 {
 	size_t len = strlen(entry);
 	struct stat st;
 	ssize_t n;
+	int fd = ctx->cache_fd;
+	const char *which = "verdict cache";
 
 	if (ctx->cache_fd < 0)
 		return NULL;
@@ -567,20 +666,27 @@ const char *grace_cache_store(const struct grace_context *ctx, const char *entry
 		snprintf(err, errlen, "verdict cache: malformed entry not stored");
 		return err;
 	}
-	if (fstat(ctx->cache_fd, &st) == 0 && st.st_size > GRACE_CACHE_TRIM &&
-	    ftruncate(ctx->cache_fd, 0) != 0) {
-		snprintf(err, errlen, "verdict cache: cannot trim: %s", strerror(errno));
+	if (strstr(entry, "\nO scope node\n") != NULL) {
+		/* The check found that no user can change any answer it rests on:
+		 * for every user of the node, in the file only root writes. */
+		fd = ctx->node_cache_fd;
+		which = "node-wide verdict cache";
+		if (fd < 0)
+			return NULL; /* its opening was logged */
+	}
+	if (fstat(fd, &st) == 0 && st.st_size > GRACE_CACHE_TRIM && ftruncate(fd, 0) != 0) {
+		snprintf(err, errlen, "%s: cannot trim: %s", which, strerror(errno));
 		return err;
 	}
-	n = write(ctx->cache_fd, entry, len);
+	n = write(fd, entry, len);
 	if (n < 0) {
-		snprintf(err, errlen, "verdict cache: cannot write: %s", strerror(errno));
+		snprintf(err, errlen, "%s: cannot write: %s", which, strerror(errno));
 		return err;
 	}
 	if ((size_t)n != len) {
 		/* A torn entry is skipped by every reader; the next one starts
 		 * with a newline of its own. */
-		snprintf(err, errlen, "verdict cache: short write (%zd of %zu bytes)", n, len);
+		snprintf(err, errlen, "%s: short write (%zd of %zu bytes)", which, n, len);
 		return err;
 	}
 	return NULL;

@@ -18,8 +18,9 @@
  * Python (field notes §3). It keeps slurmstepd's credentials at user_init
  * (euid/egid and groups of the user, real and saved uid root), so the user
  * can neither signal nor trace it, and Python reads exactly what the user
- * could read. It keeps three descriptors: the result pipe, the audit file
- * and the verdict-cache file (both opened by root in slurm_spank_init); all
+ * could read. It keeps four descriptors: the result pipe, the audit file
+ * and the two verdict-cache files (the user's and the node-wide one, all opened
+ * by root in slurm_spank_init); all
  * others are closed at once, so it never holds the step's I/O or
  * slurmstepd's sockets open. It dies with the thread that forked it
  * (PR_SET_PDEATHSIG) and ends with _exit(), running none of slurmstepd's
@@ -213,7 +214,7 @@ static void grace_child(const struct grace_context *ctx, const struct grace_step
 	grace_python_check_fn check;
 	struct sigaction dfl;
 	sigset_t none;
-	int keep[3] = { fd, ctx->audit_fd, ctx->cache_fd };
+	int keep[4] = { fd, ctx->audit_fd, ctx->cache_fd, ctx->node_cache_fd };
 	char num[64];
 	int sig;
 
@@ -231,7 +232,7 @@ static void grace_child(const struct grace_context *ctx, const struct grace_step
 		sigaction(sig, &dfl, NULL); /* SIGKILL/SIGSTOP: EINVAL, harmless */
 	sigemptyset(&none);
 	sigprocmask(SIG_SETMASK, &none, NULL);
-	grace_close_others(keep, 3);
+	grace_close_others(keep, 4);
 
 	memset(&out, 0, sizeof(out));
 	out.rc = -1;

@@ -63,6 +63,7 @@ static struct grace_context context = {
 	.timeout_ms = GRACE_DEFAULT_TIMEOUT_MS,
 	.audit_fd = -1,
 	.cache_fd = -1,
+	.node_cache_fd = -1,
 };
 
 static int grace_option_cb(int val, const char *optarg, int remote);

@@ -38,6 +38,10 @@ from .names import LAUNCHERS, SHELLS
 from .nodepath import listdir
 from .sitepath import SysPath, is_system
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .interp import PyCommand
+
 Causes = Callable[[str], tuple[str, ...]]
 
 #: Variables CPython's start-up reads that change what it imports; a cached
@@ -83,19 +87,43 @@ def _env_words(arg: str | None) -> list[str]:
     return words[1:]
 
 
-def _note_inputs(args: Sequence[str] | None, env: Mapping[str, str]) -> None:
-    # The verdict of a Python step depends on the step's own arguments (-c,
-    # -m, the script; "run" of uv) and on CPython's variables, not only on
-    # argv[0]. The step's argv, as C sees it: what #! lines add to the
-    # interpreter's argv is recorded with the scripts' identities. A shell
-    # step's environment does not depend on its arguments (None): srun loops
-    # of 'bash -c ...' keep one cache entry.
+def _note_inputs(args: Sequence[str] | None, env: Mapping[str, str],
+                 decisive: int | None = None) -> None:
+    # The verdict of a Python step depends on the interpreter's options and
+    # its -c/-m/script operand (and "run" of uv), and on CPython's
+    # variables, not only on argv[0]; the arguments after the operand are
+    # the script's own (sys.argv[1:]) and change nothing it imports. So the
+    # entry holds the step's argv up to the operand, as C sees it
+    # ("argv:N"), and "argmin" (at least that many words): a sweep
+    # `srun python train.py --seed N` is one entry. ``decisive``: how many
+    # of ``args`` that is; None: all of them, and exactly as many (no
+    # operand: `python3 -E` must not match `python3 -E x.py`). What #! lines
+    # add to the interpreter's argv is recorded with the scripts'
+    # identities. A shell step's environment does not depend on its
+    # arguments (``args`` None): srun loops of 'bash -c ...' keep one entry.
     if args is not None:
-        fsprobe.note_input("argc", str(len(args) + 1))
-        for i, arg in enumerate(args, 1):
+        if decisive is None:
+            fsprobe.note_input("argc", str(len(args) + 1))
+            decisive = len(args)
+        else:
+            fsprobe.note_input("argmin", str(decisive + 1))
+        for i, arg in enumerate(args[:decisive], 1):
             fsprobe.note_input(f"argv:{i}", arg)
     for name in PYTHON_VARS:
         fsprobe.note_env(name, env.get(name))
+
+
+def decisive_args(args: Sequence[str], step_args: int, command: PyCommand) -> int | None:
+    """How many of the step's own arguments (the last ``step_args`` of the
+    interpreter's ``args``) decide what runs: those up to and including the
+    script, ``-c``/``-m`` operand or ``-``. None when nothing ends the
+    options (stdin, usage errors, ``-V``): then every word counts."""
+    consumed = len(args) - len(command.args)
+    operand = command.kind in ("code", "module", "script") or (
+        command.kind == "stdin" and consumed > 0 and args[consumed - 1] == "-")
+    if not operand:
+        return None
+    return max(0, consumed - (len(args) - step_args))
 
 
 def python_issues(exe: str, info: ElfInfo, process: Process, hops: Sequence[Hop],
@@ -112,15 +140,17 @@ def python_issues(exe: str, info: ElfInfo, process: Process, hops: Sequence[Hop]
             _note_inputs(None, env)
             return shell_env_issues(env, cwd, node, budget, causes, cuda_index=cuda_index)
         if name in LAUNCHERS:
-            _note_inputs(argv[1:], env)
+            # only "run" as the first word matters (uv's other commands and
+            # arguments are not judged)
+            _note_inputs(argv[1:], env, 1 if len(argv) > 1 else None)
             if argv[1:2] == ["run"]:
                 venv = uv_project_env(env, cwd, budget)
                 return shell_env_issues(env, cwd, node, budget, causes, cuda_index=cuda_index,
                                         first=(f"{venv}/bin/python",) if venv else ())
         return []
-    _note_inputs(argv[1:], env)
     args = interpreter_args(hops, argv)
     flags, command = parse_python_argv(args, interp.version)
+    _note_inputs(argv[1:], env, decisive_args(args, len(argv) - 1, command))
     if command.kind == "none":
         return []
     from .sitepath import sys_path

@@ -66,7 +66,8 @@ def _hit(records: list[dict[str, object]]) -> bool:
 
 
 def _program(env: SlurmEnv, name: str) -> Path:
-    """A native program of our own, in a directory of its own."""
+    """A native program of the user's (nobody's directory: its entries are
+    the user's, not node-wide), in a directory of its own."""
     d = env.cluster.shared / f"cache-progs-{name}"
     if d.exists():
         shutil.rmtree(d)
@@ -75,6 +76,7 @@ def _program(env: SlurmEnv, name: str) -> Path:
     prog = d / "prog"
     shutil.copy2(env.files / "native", prog)
     prog.chmod(0o755)
+    os.chown(d, NOBODY, NOBODY)
     return prog
 
 
@@ -435,3 +437,262 @@ def test_moved_symlink_to_the_same_file_is_a_miss(cached: SlurmEnv) -> None:
     res, records = _step(cached, [str(link)])
     assert not _hit(records)
     assert res.returncode != 0 and f"{PREFIX}ERROR lib-not-found" in res.stderr
+
+
+def test_forged_blocks_in_the_node_file_never_match(cached: SlurmEnv) -> None:
+    """The node-wide file takes only complete entries marked for it: a bare
+    mode, or an unmarked entry (the user's kind, with creds), never serves."""
+    cache = _cache_dir(cached, "hostile-node")
+    cached.use("base", f"cache_dir={cache}")
+    res, _records = _step(cached, ["/bin/true"])
+    assert res.returncode == 0, res.stderr
+    node_file = cache / f"node.v{VERSION}"
+    assert (node_file.stat().st_uid, node_file.stat().st_mode & 0o777) == (0, 0o600)
+    [(ins, mode, _probes, scope)] = verdict_cache.parse_blocks(node_file.read_text())
+    assert scope == "node" and mode == "enforce" and "creds" not in dict(ins)
+    with open(node_file, "a") as fh:
+        fh.write("\nGPC1\nO mode enforce\nO scope node\n.\n")
+    res, records = _step(cached, [str(cached.files / "foreign")])
+    assert res.returncode != 0 and f"{PREFIX}ERROR exe-arch-mismatch" in res.stderr
+    assert not _hit(records)
+    # /bin/true's own entry without its mark: not taken from the node file
+    text = node_file.read_text().replace("\nO scope node\n", "\n")
+    node_file.write_text(text)
+    res, records = _step(cached, ["/bin/true"])
+    assert res.returncode == 0 and not _hit(records)
+
+
+# --------------------------------------------------------------------------
+# Python steps: a sweep over the script's arguments is one entry (issue 18).
+
+def _sweep_world(env: SlurmEnv) -> tuple[Path, Path, Path]:
+    """A venv of the system python and a train.py, in a directory of the
+    user's (nobody's); returns (python, train.py, the directory)."""
+    d = env.cluster.shared / "cache-sweep"
+    if d.exists():
+        shutil.rmtree(d)
+    d.mkdir()
+    venv = d / "venv"
+    subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(venv)], check=True)
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    (site / "mylib.py").write_text("")
+    (site / "otherlib.py").write_text("")
+    train = d / "train.py"
+    train.write_text("import sys\nimport mylib\nprint('seed', sys.argv[1:])\n")
+    # Byte-compiled now: a step started with -I (which ignores the
+    # PYTHONDONTWRITEBYTECODE this test run may pass on) would otherwise
+    # write site-packages/__pycache__ after its check, and the next step
+    # would rightly miss (a listed directory changed).
+    subprocess.run(["/usr/bin/python3", "-m", "compileall", "-q", str(site)], check=True)
+    subprocess.run(["chown", "-R", f"{NOBODY}:{NOBODY}", str(d)], check=True)
+    return venv / "bin" / "python", train, d
+
+
+def test_a_python_sweep_is_one_miss_and_every_import_input_still_misses(cached: SlurmEnv
+                                                                         ) -> None:
+    cache = _cache_dir(cached, "sweep")
+    cached.use("base", f"cache_dir={cache}")
+    python, train, d = _sweep_world(cached)
+    env = {"HOME": str(d), "PATH": "/usr/bin:/bin"}
+
+    def hit(*args: str, extra: dict[str, str] | None = None) -> bool:
+        res, records = _step(cached, [str(python), *args], extra_env={**env, **(extra or {})})
+        assert res.returncode == 0 and PREFIX not in res.stderr, res.stderr
+        return _hit(records)
+
+    assert not hit(str(train), "--seed", "1")
+    assert [hit(str(train), "--seed", str(s)) for s in range(2, 6)] == [True] * 4
+    assert hit(str(train)) and hit(str(train), "--lr", "0.1", "-c", "x")
+    # the entry holds the words up to the script, and "at least that many"
+    store = cache / f"{NOBODY}.v{VERSION}"
+    [(ins, _mode, _probes, scope)] = [b for b in verdict_cache.parse_blocks(store.read_text())
+                                      if ("argv0", "=" + str(python)) in b[0]]
+    assert scope is None and ("argmin", "=2") in ins and ("argv:1", "=" + str(train)) in ins
+    assert not [name for name, _v in ins if name in ("argc", "argv:2")], ins
+    node_file = cache / f"node.v{VERSION}"
+    assert str(d) not in node_file.read_text()  # the user's files: never node-wide
+
+    # What changes the imports is a miss (then a hit of its own).
+    for args, extra in (
+        (("-I", str(train), "--seed", "1"), None),
+        (("-E", str(train), "--seed", "1"), None),
+        (("-s", str(train), "--seed", "1"), None),
+        ((str(train), "--seed", "1"), {"PYTHONPATH": str(d)}),
+        ((str(train), "--seed", "1"), {"PYTHONNOUSERSITE": "1"}),
+        (("-c", "import mylib", "1"), None),
+        (("-m", "mylib", "1"), None),
+    ):
+        assert not hit(*args, extra=extra), (args, extra)
+        again = (*args[:-1], "2")
+        assert hit(*again, extra=extra), (again, extra)
+    assert not hit("-c", "import otherlib", "1")
+    assert not hit("-m", "otherlib", "1")
+    # the script's content: a new import is judged again
+    train.write_text(train.read_text() + "import otherlib\n")
+    assert not hit(str(train), "--seed", "7")
+    assert hit(str(train), "--seed", "8")
+    # a foreign extension the script now imports is found, not replayed
+    site = next((python.parent.parent / "lib").glob("python3*/site-packages"))
+    suffix = subprocess.run(["/usr/bin/python3", "-c", "import sysconfig; print(sysconfig."
+                             "get_config_var('EXT_SUFFIX'))"], capture_output=True, text=True,
+                            check=True).stdout.strip()
+    (site / "otherlib.py").unlink()
+    shutil.copy(cached.files / "foreign", site / f"otherlib{suffix}")
+    res, records = _step(cached, [str(python), str(train), "--seed", "9"], extra_env=env)
+    assert res.returncode != 0 and not _hit(records), res.stderr
+    assert f"otherlib{suffix}" in res.stderr
+
+
+# --------------------------------------------------------------------------
+# Node-wide entries: two real unprivileged accounts (issue 18 item 2).
+
+USERS = ("gpcache1", "gpcache2")
+
+
+@pytest.fixture
+def two_users(cached: SlurmEnv) -> Iterator[dict[str, Path]]:
+    """Two real accounts with homes of their own (0755, like Debian's
+    default), removed again at the end."""
+    homes: dict[str, Path] = {}
+    made: list[str] = []
+    try:
+        for name in USERS:
+            home = cached.cluster.root.parent / f"home-{name}"
+            if subprocess.run(["id", "-u", name], capture_output=True,
+                              check=False).returncode != 0:
+                subprocess.run(["useradd", "--no-create-home", "--home-dir", str(home),
+                                "--shell", "/bin/sh", "--user-group", name], check=True)
+                made.append(name)
+            if home.exists():
+                shutil.rmtree(home)
+            home.mkdir(mode=0o755)
+            shutil.chown(home, name, name)
+            homes[name] = home
+        yield homes
+    finally:
+        for name in made:
+            subprocess.run(["userdel", name], check=False)
+
+
+def _as(env: SlurmEnv, user: str, home: Path, argv: list[str], path: str = "/usr/bin:/bin"
+        ) -> tuple[subprocess.CompletedProcess[str], list[dict[str, object]]]:
+    before = len(env.audit_lines())
+    res = env.cluster.srun(argv, user=user, env={"HOME": str(home), "PATH": path},
+                           cwd=str(home))
+    return res, [json.loads(line) for line in env.audit_lines()[before:]]
+
+
+def test_a_second_users_node_program_hits_the_node_wide_entry(
+        cached: SlurmEnv, two_users: dict[str, Path]) -> None:
+    cache = _cache_dir(cached, "node-wide")
+    cached.use("base", f"cache_dir={cache}")
+    (u1, home1), (u2, home2) = two_users.items()
+    uid1, uid2 = (int(subprocess.run(["id", "-u", u], capture_output=True, text=True,
+                                     check=True).stdout) for u in (u1, u2))
+    res, first = _as(cached, u1, home1, ["hostname"])
+    assert res.returncode == 0 and not _hit(first) and first[0]["uid"] == uid1, res.stderr
+    res, second = _as(cached, u2, home2, ["hostname"])
+    assert res.returncode == 0, res.stderr
+    assert _hit(second) and second[0]["uid"] == uid2  # another user, cwd, HOME, groups
+    node_file = cache / f"node.v{VERSION}"
+    blocks = verdict_cache.parse_blocks(node_file.read_text())
+    assert len(blocks) == 1 and blocks[0][3] == "node"
+    names = {name for name, _v in blocks[0][0]}
+    assert not names & {"creds", "cwd", "env:HOME"}, names
+    for uid in (uid1, uid2):  # nothing of it in the users' own files
+        assert verdict_cache.parse((cache / f"{uid}.v{VERSION}").read_text()) == []
+
+    # A step that reads a user's file stays that user's: u1's PATH searches
+    # ~/bin first (absent now, but u1 may put a program there).
+    path = f"{home1}/bin:/usr/bin:/bin"
+    res, records = _as(cached, u1, home1, ["hostname"], path=path)
+    assert res.returncode == 0 and not _hit(records)
+    res, records = _as(cached, u1, home1, ["hostname"], path=path)
+    assert _hit(records)
+    assert len(verdict_cache.parse_blocks(node_file.read_text())) == 1
+    [mine] = verdict_cache.parse((cache / f"{uid1}.v{VERSION}").read_text())
+    assert ("env:PATH", "=" + path) in mine[0]
+    # u2 with the same PATH (u1's directory) gets no answer from u1's entry
+    res, records = _as(cached, u2, home2, ["hostname"], path=path)
+    assert res.returncode == 0 and not _hit(records)
+    # and when u1 puts a foreign hostname there, it is judged, not replayed
+    (home1 / "bin").mkdir()
+    shutil.copy(cached.files / "foreign", home1 / "bin" / "hostname")
+    subprocess.run(["chown", "-R", f"{u1}:{u1}", str(home1 / "bin")], check=True)
+    res, records = _as(cached, u1, home1, ["hostname"], path=path)
+    assert res.returncode != 0 and not _hit(records)
+    assert f"{PREFIX}ERROR exe-arch-mismatch: {home1}/bin/hostname" in res.stderr
+    # the node's hostname still serves both from the node-wide entry
+    for user, home in two_users.items():
+        res, records = _as(cached, user, home, ["hostname"])
+        assert res.returncode == 0 and _hit(records), user
+
+
+def test_users_cannot_read_or_write_the_node_file(cached: SlurmEnv) -> None:
+    cache = _cache_dir(cached, "node-perm")
+    cached.use("base", f"cache_dir={cache}")
+    res, _ = _step(cached, ["/bin/true"])
+    assert res.returncode == 0
+    node_file = cache / f"node.v{VERSION}"
+    before = node_file.read_bytes()
+    assert verdict_cache.parse_blocks(before.decode())
+    for cmd in (f"cat {node_file}", f"echo forged >> {node_file}"):
+        done = subprocess.run(["runuser", "-u", "nobody", "--", "sh", "-c", cmd],
+                              capture_output=True, text=True, check=False)
+        assert done.returncode != 0 and "Permission denied" in done.stderr, (cmd, done)
+    res = cached.cluster.srun(["sh", "-c", f"cat {node_file}; echo forged >> {node_file}"],
+                              user="nobody")
+    assert res.returncode != 0 and "Permission denied" in res.stderr
+    assert node_file.read_bytes() == before
+
+
+# --------------------------------------------------------------------------
+# Entries name the node's profile (issue 20 item 2).
+
+def test_an_entry_made_for_4k_pages_is_a_miss_when_the_node_is_64k(cached: SlurmEnv) -> None:
+    """The same node, configured for 64 KiB pages (the config's [node]
+    override, edited in place: same path), refuses what it allowed on 4 KiB;
+    and an entry whose host profile says another page size (a node rebooted
+    into another kernel) is never replayed."""
+    cache = _cache_dir(cached, "profile")
+    cfg = cached.cluster.root.parent / "etc-grace-profile" / "grace-policy.toml"
+    cfg.parent.mkdir(exist_ok=True)
+    cfg.parent.chmod(0o755)
+    base = cached.configs["base"].read_text()
+    cfg.write_text(base)
+    cfg.chmod(0o644)
+
+    def compile_config() -> None:
+        done = subprocess.run([str(cached.prefix / "bin" / "grace-policy"), "config", "check",
+                               "--compile", "--plugstack", "none", str(cfg)],
+                              capture_output=True, text=True, check=False)
+        assert done.returncode == 0, done.stdout + done.stderr
+
+    compile_config()
+    cached.use(cfg, f"cache_dir={cache}")
+    prog = cached.files / "native-4k"
+    for _ in range(2):
+        res, records = _step(cached, [str(prog)])
+        assert res.returncode == 0, res.stderr
+    assert _hit(records)
+
+    # the host profile: rewrite the stored entry as if made on 64 KiB pages
+    store = next(f for f in (cache / f"{NOBODY}.v{VERSION}", cache / f"node.v{VERSION}")
+                 if str(prog) in f.read_text())
+    text = store.read_text()
+    here = verdict_cache.fsprobe.encode(verdict_cache.host_profile())
+    page = str(os.sysconf("SC_PAGE_SIZE"))
+    assert f"I host ={here}\n" in text and f"%20{page}%20" in here
+    store.write_text(text.replace(here, here.replace(f"%20{page}%20", "%2065536%20", 1)))
+    res, records = _step(cached, [str(prog)])
+    assert res.returncode == 0 and not _hit(records)
+    res, records = _step(cached, [str(prog)])
+    assert _hit(records)  # the entry made now, for this node's pages
+
+    # the same config path, now saying 64 KiB: the step is judged again
+    cfg.write_text(base.replace("{extra}", "").replace(
+        'deadline_ms = 5000\n', 'deadline_ms = 5000\n[node]\npage_size = 65536\n', 1))
+    compile_config()
+    res, records = _step(cached, [str(prog)])
+    assert res.returncode != 0 and not _hit(records)
+    assert f"{PREFIX}ERROR page-" in res.stderr, res.stderr

@@ -339,6 +339,7 @@ def test_config_without_compiled_form_says_how_to_fix_it(faults: SlurmEnv) -> No
     raw.write_text(text)
     raw.chmod(0o644)
     faults.use(raw)
+    before = len(faults.audit_lines())
     # The plugin never writes the config's directory (issue 20 item 4), not
     # even for root's step, which could: compiling is the admin's command.
     for user in ("nobody", "root"):
@@ -349,7 +350,11 @@ def test_config_without_compiled_form_says_how_to_fix_it(faults: SlurmEnv) -> No
         assert sorted(p.name for p in confdir.iterdir()) == ["never-compiled.toml"], user
     hints = [line for line in faults.cluster.slurmd_log_text().splitlines()
              if "has no current compiled form" in line and str(raw) in line]
-    assert len(hints) == 2, hints
+    # Once for every step the check ran for: the second user's step of this
+    # node-owned program may be answered by the node-wide cache, without Python.
+    checked = [r for r in map(json.loads, faults.audit_lines()[before:])
+               if r.get("cache") != "hit"]
+    assert checked and len(hints) == len(checked), (hints, checked)
     assert "config check --compile" in hints[0]
 
 

@@ -426,3 +426,19 @@ def test_only_exported_variables_reach_a_command(world) -> None:
     first, second = reading.commands
     assert ("A" not in first.env, first.env["B"], first.env["C"]) == (True, "2", "3")
     assert (second.env["A"], "C" in second.env) == ("1", False)
+
+
+def test_nested_expansions_past_the_bound_leave_the_command_unjudged(world) -> None:
+    """``${A:-${A:-...}}``: a few levels expand as bash would; past
+    ``MAX_NESTING`` the word is unknown (no guess, and no deep recursion)."""
+    from grace_policy.batch.words import MAX_NESTING
+
+    def nested(depth: int) -> str:
+        return "cat " + "${A:-" * depth + "end" + "}" * depth + "\n"
+
+    shallow = read_script(str(_script(world, nested(3))), [], _env(world),
+                          str(world["root"]), Budget())
+    assert list(shallow.commands[-1].argv) == ["cat", "end"]
+    deep = read_script(str(_script(world, nested(MAX_NESTING + 1))), [], _env(world),
+                       str(world["root"]), Budget())
+    assert all(list(c.argv) != ["cat", "end"] for c in deep.commands)

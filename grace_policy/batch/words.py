@@ -29,6 +29,8 @@ class ShellVars:
     exported: set[str] = field(default_factory=set)
     args: tuple[str, ...] = ()
     script: str = ""
+    #: How many ``${...}`` are being expanded inside one another right now.
+    depth: int = 0
 
     def copy(self) -> ShellVars:
         return ShellVars(dict(self.values), set(self.exported), self.args, self.script)
@@ -133,9 +135,25 @@ def _variable(name: str, shell: ShellVars) -> str:
     return value
 
 
+#: ``${X:-${Y:-...}}`` deeper than this is unknown: real scripts nest two or
+#: three; a bound keeps a hostile word from exhausting the stack (under a
+#: tracer, Python's recursion limit is not reached before C's stack is).
+MAX_NESTING = 16
+
+
 def _expansion(node: Any, shell: ShellVars) -> str:
     """``${NAME}``, ``${NAME:-W}``, ``${NAME-W}``, ``${NAME:+W}``, ``${NAME+W}``;
     anything else (``${#X}``, ``${X%...}``, arrays) is unknown. ``:=`` assigns."""
+    if shell.depth >= MAX_NESTING:
+        raise Unknown("nesting")
+    shell.depth += 1
+    try:
+        return _expand_one(node, shell)
+    finally:
+        shell.depth -= 1
+
+
+def _expand_one(node: Any, shell: ShellVars) -> str:
     parts = [c for c in node.children if c.type not in ("${", "}")]
     if not parts or parts[0].type not in ("variable_name", "special_variable_name"):
         raise Unknown("expansion")
@@ -271,7 +289,7 @@ def fields(node: Any, shell: ShellVars) -> list[str] | None:
     blanks, ``"$@"`` one per argument); None when any part is unknown."""
     try:
         pieces = _pieces(node, shell, quoted=False)
-    except (Unknown, RecursionError):  # RecursionError: ${X:-${X:-...}} thousands deep
+    except (Unknown, RecursionError):
         return None
     if pieces and node.type in ("word", "concatenation") and not pieces[0][1]:
         first = pieces[0]

@@ -849,20 +849,74 @@ static const char *grace_step_name(unsigned int step_id, char *buf, size_t len)
 	return buf;
 }
 
+/* What every C-written audit line ends with, from "job_id" on (keys sorted,
+ * as json.dumps(sort_keys=True)); "mode" is null for an outcome no config
+ * decided. */
+static void grace_audit_tail(struct grace_buf *b, const struct grace_step *step,
+			     const char *mode, const char *node)
+{
+	char num[32], step_buf[32];
+
+	grace_puts(b, ", \"job_id\": ");
+	snprintf(num, sizeof(num), "%u", step->job_id);
+	grace_put_json(b, num);
+	grace_puts(b, ", \"mode\": ");
+	grace_put_json(b, mode);
+	grace_puts(b, ", \"node\": ");
+	grace_put_json(b, node);
+	grace_puts(b, ", \"partition\": ");
+	grace_put_json(b, step->partition);
+	grace_puts(b, ", \"paths\": [], \"program\": ");
+	grace_put_json(b, step->argc > 0 && step->argv != NULL ? step->argv[0] : NULL);
+	grace_puts(b, ", \"rules\": [], \"skipped\": null, \"step_id\": ");
+	grace_put_json(b, grace_step_name(step->step_id, step_buf, sizeof(step_buf)));
+	grace_puts(b, ", \"time\": ");
+	grace_put_time(b);
+	snprintf(num, sizeof(num), ", \"uid\": %u}\n", step->uid);
+	grace_puts(b, num);
+}
+
+/* One whole line to the audit fd (O_APPEND: lines never interleave), or why not. */
+static const char *grace_audit_write(const struct grace_context *ctx,
+				     const struct grace_buf *b, char *err, size_t errlen)
+{
+	ssize_t n;
+
+	if (b->full) {
+		snprintf(err, errlen, "audit log %s: line too long; not written", ctx->audit_path);
+		return err;
+	}
+	n = write(ctx->audit_fd, b->p, b->n);
+	if (n < 0) {
+		snprintf(err, errlen, "audit log %s: cannot write: %s", ctx->audit_path,
+			 strerror(errno));
+		return err;
+	}
+	if ((size_t)n != b->n) {
+		snprintf(err, errlen, "audit log %s: cannot write: short write (%zd of %zu bytes)",
+			 ctx->audit_path, n, b->n);
+		return err;
+	}
+	return NULL;
+}
+
+/* The node's name for an audit line: slurmstepd's, else uname's. */
+static const char *grace_audit_node(const struct grace_step *step, struct utsname *uts)
+{
+	if (step->node != NULL && step->node[0] != '\0')
+		return step->node;
+	return uname(uts) == 0 ? uts->nodename : NULL;
+}
+
 const char *grace_audit_hit(const struct grace_context *ctx, const struct grace_step *step,
 			    const char *mode, double elapsed_ms, char *err, size_t errlen)
 {
 	char line[32768]; /* argv[0] up to PATH_MAX bytes, each escaped to 6 */
-	char num[32], step_buf[32];
 	struct grace_buf b = { line, 0, sizeof(line), 0 };
 	struct utsname uts;
-	const char *node = step->node;
-	ssize_t n;
 
 	if (ctx->audit_fd < 0 || ctx->audit_path == NULL)
 		return NULL; /* not configured, or C logged why it is not open */
-	if (node == NULL || node[0] == '\0')
-		node = uname(&uts) == 0 ? uts.nodename : NULL;
 	line[0] = '\0';
 	/* Keys sorted, as json.dumps(sort_keys=True). */
 	grace_puts(&b, "{\"action\": \"allow\", \"cache\": \"hit\", \"elapsed_ms\": ");
@@ -873,39 +927,8 @@ const char *grace_audit_hit(const struct grace_context *ctx, const struct grace_
 		   "\"error\": null, \"event\": \"decision\", \"exempt\": [], \"image\": ");
 	/* the image a container step was judged in (the bridge's "image") */
 	grace_put_json(&b, step->container_kind != NULL ? step->container_image : NULL);
-	grace_puts(&b, ", \"job_id\": ");
-	snprintf(num, sizeof(num), "%u", step->job_id);
-	grace_put_json(&b, num);
-	grace_puts(&b, ", \"mode\": ");
-	grace_put_json(&b, mode);
-	grace_puts(&b, ", \"node\": ");
-	grace_put_json(&b, node);
-	grace_puts(&b, ", \"partition\": ");
-	grace_put_json(&b, step->partition);
-	grace_puts(&b, ", \"paths\": [], \"program\": ");
-	grace_put_json(&b, step->argc > 0 && step->argv != NULL ? step->argv[0] : NULL);
-	grace_puts(&b, ", \"rules\": [], \"skipped\": null, \"step_id\": ");
-	grace_put_json(&b, grace_step_name(step->step_id, step_buf, sizeof(step_buf)));
-	grace_puts(&b, ", \"time\": ");
-	grace_put_time(&b);
-	snprintf(num, sizeof(num), ", \"uid\": %u}\n", step->uid);
-	grace_puts(&b, num);
-	if (b.full) {
-		snprintf(err, errlen, "audit log %s: line too long; not written", ctx->audit_path);
-		return err;
-	}
-	n = write(ctx->audit_fd, line, b.n);
-	if (n < 0) {
-		snprintf(err, errlen, "audit log %s: cannot write: %s", ctx->audit_path,
-			 strerror(errno));
-		return err;
-	}
-	if ((size_t)n != b.n) {
-		snprintf(err, errlen, "audit log %s: cannot write: short write (%zd of %zu bytes)",
-			 ctx->audit_path, n, b.n);
-		return err;
-	}
-	return NULL;
+	grace_audit_tail(&b, step, mode, grace_audit_node(step, &uts));
+	return grace_audit_write(ctx, &b, err, errlen);
 }
 
 /* The audit line of an on_error outcome decided in C (grace_stepd.c's
@@ -918,16 +941,11 @@ const char *grace_audit_failure(const struct grace_context *ctx,
 				char *err, size_t errlen)
 {
 	char line[32768];
-	char num[32], step_buf[32];
 	struct grace_buf b = { line, 0, sizeof(line), 0 };
 	struct utsname uts;
-	const char *node = step->node;
-	ssize_t n;
 
 	if (ctx->audit_fd < 0 || ctx->audit_path == NULL)
 		return NULL;
-	if (node == NULL || node[0] == '\0')
-		node = uname(&uts) == 0 ? uts.nodename : NULL;
 	line[0] = '\0';
 	grace_puts(&b, "{\"action\": ");
 	grace_put_json(&b, action);
@@ -938,30 +956,6 @@ const char *grace_audit_failure(const struct grace_context *ctx,
 	grace_put_json(&b, reason);
 	grace_puts(&b, ", \"event\": \"decision\", \"exempt\": [], \"failure\": ");
 	grace_put_json(&b, failure);
-	grace_puts(&b, ", \"job_id\": ");
-	snprintf(num, sizeof(num), "%u", step->job_id);
-	grace_put_json(&b, num);
-	grace_puts(&b, ", \"mode\": null, \"node\": ");
-	grace_put_json(&b, node);
-	grace_puts(&b, ", \"partition\": ");
-	grace_put_json(&b, step->partition);
-	grace_puts(&b, ", \"paths\": [], \"program\": ");
-	grace_put_json(&b, step->argc > 0 && step->argv != NULL ? step->argv[0] : NULL);
-	grace_puts(&b, ", \"rules\": [], \"skipped\": null, \"step_id\": ");
-	grace_put_json(&b, grace_step_name(step->step_id, step_buf, sizeof(step_buf)));
-	grace_puts(&b, ", \"time\": ");
-	grace_put_time(&b);
-	snprintf(num, sizeof(num), ", \"uid\": %u}\n", step->uid);
-	grace_puts(&b, num);
-	if (b.full) {
-		snprintf(err, errlen, "audit log %s: line too long; not written", ctx->audit_path);
-		return err;
-	}
-	n = write(ctx->audit_fd, line, b.n);
-	if (n < 0 || (size_t)n != b.n) {
-		snprintf(err, errlen, "audit log %s: cannot write: %s", ctx->audit_path,
-			 n < 0 ? strerror(errno) : "short write");
-		return err;
-	}
-	return NULL;
+	grace_audit_tail(&b, step, NULL, grace_audit_node(step, &uts));
+	return grace_audit_write(ctx, &b, err, errlen);
 }

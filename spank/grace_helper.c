@@ -778,10 +778,13 @@ static int grace_get_step(struct grace_cursor *c, struct grace_step *s)
 	s->env = calloc((size_t)s->envc + 1, sizeof(char *));
 	if (s->argv == NULL || s->env == NULL)
 		return -1;
-	for (i = 0; i < (uint32_t)s->argc; i++)
-		s->argv[i] = (char *)grace_get_str(c);
-	for (i = 0; i < (uint32_t)s->envc; i++)
-		s->env[i] = (char *)grace_get_str(c);
+	/* Every item is a string: a NULL inside argv or env would end it early. */
+	for (i = 0; i < (uint32_t)s->argc && !c->bad; i++)
+		if ((s->argv[i] = (char *)grace_get_str(c)) == NULL)
+			c->bad = 1;
+	for (i = 0; i < (uint32_t)s->envc && !c->bad; i++)
+		if ((s->env[i] = (char *)grace_get_str(c)) == NULL)
+			c->bad = 1;
 	return c->bad ? -1 : 0;
 }
 

@@ -139,3 +139,20 @@ def test_prestart_takes_on_or_off(pre: SlurmEnv) -> None:
     log = [line for line in pre.cluster.slurmd_log_text().splitlines()
            if f"{PREFIX}error: job {seen['JOBID']} step 0:" in line]
     assert len(log) == 1 and "prestart must be on or off, not 'yes'" in log[0], log
+
+
+def test_prestarted_helper_gets_the_steps_env_and_argv(pre: SlurmEnv) -> None:
+    """The step crosses the socket whole: a foreign VIRTUAL_ENV in the env is
+    removed (the check saw the env) and the argv's own words come back in
+    the audit line (it saw the argv)."""
+    _use(pre, pre.plugin, "cache_dir=none")
+    foreign = pre.files / "venv-foreign"
+    res = pre.cluster.srun(["sh", "-c", "echo JOBID=$SLURM_JOB_ID; echo VENV=$VIRTUAL_ENV"],
+                           user="nobody", env={"VIRTUAL_ENV": str(foreign)}, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert "VENV=\n" in res.stdout + "\n", res.stdout
+    assert "removed from the step's environment" in res.stderr, res.stderr
+    job = re.search(r"JOBID=(\d+)", res.stdout)
+    assert job, res.stdout
+    [record] = _records(pre, job.group(1))
+    assert record["env_unset"] == ["VIRTUAL_ENV"] and record["program"] == "sh", record

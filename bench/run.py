@@ -197,6 +197,14 @@ def main() -> int:
                  "(informational)"),
                 ("`srun python3 -c pass`, cache cold (cache_dir=none)",
                  ["python3", "-c", "pass"], (), cold, "(informational)"),
+                # prestart=on (issue 18 item 3, off by default): the checker
+                # forked in slurm_spank_init; shown next to the rows above.
+                ("`srun /bin/true`, cache warm, prestart=on", ["/bin/true"], (),
+                 ("prestart=on",), "(informational)"),
+                ("`srun /bin/true`, cache cold, prestart=on", ["/bin/true"], (),
+                 (*cold, "prestart=on"), "(informational)"),
+                ("`srun python3 -c pass`, cache cold, prestart=on", ["python3", "-c", "pass"],
+                 (), (*cold, "prestart=on"), "(informational)"),
                 ("`srun` first-seen executable, 100 own libraries (miss + store)",
                  [str(exes["lib100"])], fixtures.tree_files(exes["lib100"]), (),
                  "≤ 40 ms added"),

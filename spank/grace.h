@@ -111,12 +111,16 @@ struct grace_context {
 	char cache_error[512]; /* why cache_fd is -1 (logged with each step) */
 	char args_error[256]; /* non-empty: the arguments are unusable */
 	char *test_fail_env; /* test builds only (GRACE_TEST_HOOKS): an env edit that fails */
+	int prestart;        /* prestart=on: fork the checker in slurm_spank_init */
+	char *test_prestart; /* test builds only: "die" or "hang" for the pre-started helper */
 	/* the user's --grace-policy option (remote side: from the option callback) */
 	char user_mode[16];
 	/* the verdict of this step, kept for task_init */
 	int reject;
 	/* the directory this plugin was loaded from (to find its Python package) */
 	char plugin_dir[4096];
+	/* the pre-started helper's socket: preloading stops when it is readable */
+	int preload_fd;
 };
 
 /* The Python part: a library of its own that the stub dlopen()s only in
@@ -160,6 +164,7 @@ int grace_container_task_init_privileged(int rejected);
 struct grace_outcome {
 	int rc;            /* GRACE_RC_*, or -1 with err set */
 	int hit;           /* the verdict cache answered: no Python */
+	int miss;          /* internal: the lookup missed, the pre-started helper decides */
 	char mode[32];     /* the mode of that entry */
 	double hit_ms;     /* user_init start to the end of the lookup */
 	struct grace_result result; /* what Python emitted (owned; grace_outcome_free) */
@@ -172,6 +177,9 @@ int grace_helper_run(const struct grace_context *ctx, const struct grace_step *s
 		     const struct timespec *started, unsigned int timeout_ms,
 		     struct grace_outcome *out);
 void grace_outcome_free(struct grace_outcome *out);
+/* slurm_spank_init (remote, root): fork the helper that starts the
+ * interpreter while slurmstepd sets the step up (grace_helper.c). */
+void grace_helper_prestart(const struct grace_context *ctx);
 
 /* grace_stepd.c: the remote (slurmstepd) side. */
 int grace_stepd_user_init(struct grace_context *ctx, spank_t sp);

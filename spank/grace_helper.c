@@ -40,7 +40,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <grp.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -207,15 +210,12 @@ static void grace_close_others(const int *keep, size_t nkeep)
 		close(null);
 }
 
-static void grace_child(const struct grace_context *ctx, const struct grace_step *step,
-			const struct timespec *started, int fd, pid_t parent)
+/* What every helper does first: its own process group and name, death with
+ * the thread that forked it, default signals, only keep[] left open. */
+static void grace_child_detach(const int *keep, size_t nkeep, pid_t parent)
 {
-	struct grace_outcome out;
-	grace_python_check_fn check;
 	struct sigaction dfl;
 	sigset_t none;
-	int keep[4] = { fd, ctx->audit_fd, ctx->cache_fd, ctx->node_cache_fd };
-	char num[64];
 	int sig;
 
 	setpgid(0, 0);
@@ -232,8 +232,42 @@ static void grace_child(const struct grace_context *ctx, const struct grace_step
 		sigaction(sig, &dfl, NULL); /* SIGKILL/SIGSTOP: EINVAL, harmless */
 	sigemptyset(&none);
 	sigprocmask(SIG_SETMASK, &none, NULL);
-	grace_close_others(keep, 4);
+	grace_close_others(keep, nkeep);
+}
 
+/* The check's result as records, ending with 'Z'. */
+static void grace_send_outcome(int fd, const struct grace_outcome *out)
+{
+	char num[64];
+
+	grace_send_list(fd, 'U', &out->result.user);
+	grace_send_list(fd, 'X', &out->result.unset);
+	grace_send_list(fd, 'S', &out->result.set);
+	grace_send_list(fd, 'L', &out->result.log);
+	if (out->result.cache)
+		grace_send(fd, 'C', out->result.cache);
+	if (out->result.done)
+		grace_send(fd, 'D', NULL);
+	if (out->result.oom)
+		grace_send(fd, 'O', NULL);
+	if (out->err[0])
+		grace_send(fd, 'E', out->err);
+	snprintf(num, sizeof(num), "%d", out->rc);
+	grace_send(fd, 'R', num);
+	grace_send(fd, 'Z', NULL);
+}
+
+/* lookup_only: the pre-started helper has the step; on a miss say so ('M')
+ * and end instead of starting Python here. */
+static void grace_child(const struct grace_context *ctx, const struct grace_step *step,
+			const struct timespec *started, int fd, pid_t parent, int lookup_only)
+{
+	struct grace_outcome out;
+	grace_python_check_fn check;
+	int keep[4] = { fd, ctx->audit_fd, ctx->cache_fd, ctx->node_cache_fd };
+	char num[64];
+
+	grace_child_detach(keep, 4, parent);
 	memset(&out, 0, sizeof(out));
 	out.rc = -1;
 	if (!step->batch &&
@@ -246,6 +280,11 @@ static void grace_child(const struct grace_context *ctx, const struct grace_step
 		grace_send(fd, 'Z', NULL);
 		_exit(0);
 	}
+	if (lookup_only) {
+		grace_send(fd, 'M', NULL);
+		grace_send(fd, 'Z', NULL);
+		_exit(0);
+	}
 	check = grace_python_load(ctx, out.err, sizeof(out.err));
 	if (check != NULL) {
 		struct grace_step mine = *step;
@@ -253,21 +292,7 @@ static void grace_child(const struct grace_context *ctx, const struct grace_step
 		mine.result = &out.result;
 		out.rc = check(ctx, &mine, out.err, sizeof(out.err));
 	}
-	grace_send_list(fd, 'U', &out.result.user);
-	grace_send_list(fd, 'X', &out.result.unset);
-	grace_send_list(fd, 'S', &out.result.set);
-	grace_send_list(fd, 'L', &out.result.log);
-	if (out.result.cache)
-		grace_send(fd, 'C', out.result.cache);
-	if (out.result.done)
-		grace_send(fd, 'D', NULL);
-	if (out.result.oom)
-		grace_send(fd, 'O', NULL);
-	if (out.err[0])
-		grace_send(fd, 'E', out.err);
-	snprintf(num, sizeof(num), "%d", out.rc);
-	grace_send(fd, 'R', num);
-	grace_send(fd, 'Z', NULL);
+	grace_send_outcome(fd, &out);
 	/* No Py_Finalize, no atexit handlers of slurmstepd: the process ends. */
 	_exit(0);
 }
@@ -369,6 +394,7 @@ static int grace_decode(const char *buf, size_t n, struct grace_outcome *out)
 			grace_copy(num, sizeof(num), text, len);
 			out->rc = (int)strtol(num, NULL, 10);
 			break;
+		case 'M': out->miss = 1; break;
 		case 'Z':
 			return 0;
 		default:
@@ -450,49 +476,18 @@ done:
 		close(pidfd);
 }
 
-int grace_helper_run(const struct grace_context *ctx, const struct grace_step *step,
-		     const struct timespec *started, unsigned int timeout_ms,
-		     struct grace_outcome *out)
+/* Read the helper's records from fd until EOF, an error or the deadline.
+ * 1: the deadline passed; 0 otherwise (out->err set on an error). */
+static int grace_read_records(int fd, const struct timespec *until, char **bufp, size_t *np,
+			      struct grace_outcome *out)
 {
-	struct timespec until;
 	char *buf = NULL;
 	size_t n = 0, cap = 0;
-	int fds[2], timed_out = 0, rc, status;
-	pid_t pid, self = getpid();
-
-	memset(out, 0, sizeof(*out));
-	out->rc = -1;
-	until = *started;
-	until.tv_sec += timeout_ms / 1000;
-	until.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
-	if (until.tv_nsec >= 1000000000L) {
-		until.tv_sec += 1;
-		until.tv_nsec -= 1000000000L;
-	}
-	if (pipe2(fds, O_CLOEXEC) != 0) {
-		snprintf(out->err, sizeof(out->err), "cannot start the check's helper: pipe: %s",
-			 strerror(errno));
-		return -2;
-	}
-	pid = fork();
-	if (pid < 0) {
-		snprintf(out->err, sizeof(out->err), "cannot start the check's helper: fork: %s",
-			 strerror(errno));
-		close(fds[0]);
-		close(fds[1]);
-		return -2;
-	}
-	if (pid == 0) {
-		close(fds[0]);
-		grace_child(ctx, step, started, fds[1], self);
-		_exit(1); /* not reached */
-	}
-	close(fds[1]);
-	setpgid(pid, pid); /* also in the child: whichever runs first */
+	int rc, timed_out = 0;
 
 	for (;;) {
-		struct pollfd p = { .fd = fds[0], .events = POLLIN };
-		long left = grace_ms_left(&until);
+		struct pollfd p = { .fd = fd, .events = POLLIN };
+		long left = grace_ms_left(until);
 		ssize_t got;
 
 		if (left == 0) {
@@ -526,31 +521,579 @@ int grace_helper_run(const struct grace_context *ctx, const struct grace_step *s
 			buf = nb;
 			cap = ncap;
 		}
-		got = read(fds[0], buf + n, cap - n);
-		if (got < 0 && errno == EINTR)
+		got = read(fd, buf + n, cap - n);
+		if (got < 0 && (errno == EINTR || errno == EAGAIN))
 			continue;
 		if (got <= 0)
 			break; /* EOF: the helper is done (or died) */
 		n += (size_t)got;
 	}
+	*bufp = buf;
+	*np = n;
+	return timed_out;
+}
+
+/* Decode what an ended helper sent; say how it ended if it sent no 'Z'. */
+static void grace_decode_ended(const char *buf, size_t n, int status, struct grace_outcome *out)
+{
+	size_t used;
+
+	if (out->err[0] != '\0' || grace_decode(buf, n, out) == 0 || status == -1)
+		return;
+	used = strlen(out->err);
+	if (WIFSIGNALED(status))
+		snprintf(out->err + used, sizeof(out->err) - used, " (killed by signal %d)",
+			 WTERMSIG(status));
+	else if (WIFEXITED(status))
+		snprintf(out->err + used, sizeof(out->err) - used, " (exit status %d)",
+			 WEXITSTATUS(status));
+}
+
+static void grace_deadline(const struct timespec *started, unsigned int timeout_ms,
+			   struct timespec *until)
+{
+	*until = *started;
+	until->tv_sec += timeout_ms / 1000;
+	until->tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+	if (until->tv_nsec >= 1000000000L) {
+		until->tv_sec += 1;
+		until->tv_nsec -= 1000000000L;
+	}
+}
+
+/* ------------------------------------------------------------------------ */
+/* The pre-started helper                                                   */
+/*
+ * Forked in slurm_spank_init (remote context, as root, before slurmstepd
+ * sets the step up), it loads the Python part, starts the interpreter and
+ * imports what a miss needs, all from root-owned install paths, while
+ * slurmstepd does its own work. Then it blocks on its socket. In user_init
+ * slurmstepd sends two frames (a u32 length, then the bytes): first its
+ * credentials at that moment (the user's euid/egid/groups, root's real and
+ * saved ids), which the helper takes - setgroups, setresgid, setresuid; it is
+ * single-threaded, so that is safe - before it reads the second frame, the
+ * step. A cache hit is still answered by the lookup child forked in
+ * user_init (which then kills this helper): a hit never waits for Python.
+ * On a miss the parent waits for this helper's records, under the same
+ * deadline. A helper that is gone before it took the step ('A' is its first
+ * record) is replaced by today's path: a fresh child that does it all.
+ */
+
+#define GRACE_FRAME_MAX (16u << 20)
+/* The pre-started helper's nice value until the step comes. */
+#define GRACE_PRESTART_NICE 10
+/* How long a hit waits for the dismissed helper to be gone (SIGKILL of a
+ * running process takes microseconds); then slurmstepd or init reaps it. */
+#define GRACE_DISMISS_MS 20
+
+static pid_t grace_pre_pid = -1;
+static int grace_pre_sock = -1;
+
+struct grace_buf {
+	char *p;
+	size_t n, cap;
+	int oom;
+};
+
+static void grace_put(struct grace_buf *b, const void *data, size_t len)
+{
+	if (b->oom)
+		return;
+	if (b->n + len > b->cap) {
+		size_t cap = b->cap ? b->cap : 4096;
+		char *np;
+
+		while (cap < b->n + len)
+			cap *= 2;
+		np = cap > GRACE_FRAME_MAX ? NULL : realloc(b->p, cap);
+		if (np == NULL) {
+			b->oom = 1;
+			return;
+		}
+		b->p = np;
+		b->cap = cap;
+	}
+	memcpy(b->p + b->n, data, len);
+	b->n += len;
+}
+
+static void grace_put_u32(struct grace_buf *b, uint32_t v)
+{
+	grace_put(b, &v, sizeof(v));
+}
+
+/* A string with its NUL (length 0: NULL). */
+static void grace_put_str(struct grace_buf *b, const char *s)
+{
+	uint32_t len = s ? (uint32_t)strlen(s) + 1 : 0;
+
+	grace_put_u32(b, len);
+	if (len)
+		grace_put(b, s, len);
+}
+
+/* Start a frame: its length is filled in by grace_end_frame. */
+static size_t grace_begin_frame(struct grace_buf *b)
+{
+	size_t at = b->n;
+
+	grace_put_u32(b, 0);
+	return at;
+}
+
+static void grace_end_frame(struct grace_buf *b, size_t at)
+{
+	uint32_t len = (uint32_t)(b->n - at - sizeof(len));
+
+	if (!b->oom)
+		memcpy(b->p + at, &len, sizeof(len));
+}
+
+/* slurmstepd's credentials now (user_init): what the check runs with. */
+static int grace_put_creds(struct grace_buf *b)
+{
+	uid_t ru, eu, su;
+	gid_t rg, eg, sg, *groups;
+	int n, i;
+
+	if (getresuid(&ru, &eu, &su) != 0 || getresgid(&rg, &eg, &sg) != 0)
+		return -1;
+	n = getgroups(0, NULL);
+	if (n < 0)
+		return -1;
+	groups = calloc((size_t)n + 1, sizeof(*groups));
+	if (groups == NULL || (n = getgroups(n, groups)) < 0) {
+		free(groups);
+		return -1;
+	}
+	grace_put_u32(b, ru);
+	grace_put_u32(b, eu);
+	grace_put_u32(b, su);
+	grace_put_u32(b, rg);
+	grace_put_u32(b, eg);
+	grace_put_u32(b, sg);
+	grace_put_u32(b, (uint32_t)n);
+	for (i = 0; i < n; i++)
+		grace_put_u32(b, groups[i]);
+	free(groups);
+	return b->oom ? -1 : 0;
+}
+
+static void grace_put_step(struct grace_buf *b, const struct grace_step *s)
+{
+	int i;
+
+	grace_put_str(b, s->config);
+	grace_put_str(b, s->on_error);
+	grace_put_str(b, s->partition);
+	grace_put_str(b, s->cwd);
+	grace_put_str(b, s->user_mode);
+	grace_put_str(b, s->node);
+	grace_put_str(b, s->container);
+	grace_put_str(b, s->audit_path);
+	grace_put_str(b, s->code);
+	grace_put_str(b, s->container_kind);
+	grace_put_str(b, s->container_image);
+	grace_put_str(b, s->container_args);
+	grace_put_u32(b, s->job_id);
+	grace_put_u32(b, s->step_id);
+	grace_put_u32(b, s->uid);
+	grace_put_u32(b, (uint32_t)s->batch);
+	grace_put_u32(b, (uint32_t)s->container_local);
+	grace_put_u32(b, (uint32_t)s->audit_fd);
+	grace_put_u32(b, (uint32_t)s->argc);
+	grace_put_u32(b, (uint32_t)s->envc);
+	for (i = 0; i < s->argc; i++)
+		grace_put_str(b, s->argv[i]);
+	for (i = 0; i < s->envc; i++)
+		grace_put_str(b, s->env[i]);
+}
+
+struct grace_cursor {
+	const char *p;
+	size_t left;
+	int bad;
+};
+
+static uint32_t grace_get_u32(struct grace_cursor *c)
+{
+	uint32_t v = 0;
+
+	if (c->left < sizeof(v)) {
+		c->bad = 1;
+		return 0;
+	}
+	memcpy(&v, c->p, sizeof(v));
+	c->p += sizeof(v);
+	c->left -= sizeof(v);
+	return v;
+}
+
+static const char *grace_get_str(struct grace_cursor *c)
+{
+	uint32_t len = grace_get_u32(c);
+	const char *s = c->p;
+
+	if (len == 0)
+		return NULL;
+	if (len > c->left || s[len - 1] != '\0') {
+		c->bad = 1;
+		return NULL;
+	}
+	c->p += len;
+	c->left -= len;
+	return s;
+}
+
+/* The step from its frame (strings point into it; argv/env are allocated). */
+static int grace_get_step(struct grace_cursor *c, struct grace_step *s)
+{
+	uint32_t i;
+
+	memset(s, 0, sizeof(*s));
+	s->config = grace_get_str(c);
+	s->on_error = grace_get_str(c);
+	s->partition = grace_get_str(c);
+	s->cwd = grace_get_str(c);
+	s->user_mode = grace_get_str(c);
+	s->node = grace_get_str(c);
+	s->container = grace_get_str(c);
+	s->audit_path = grace_get_str(c);
+	s->code = grace_get_str(c);
+	s->container_kind = grace_get_str(c);
+	s->container_image = grace_get_str(c);
+	s->container_args = grace_get_str(c);
+	s->job_id = grace_get_u32(c);
+	s->step_id = grace_get_u32(c);
+	s->uid = grace_get_u32(c);
+	s->batch = (int)grace_get_u32(c);
+	s->container_local = (int)grace_get_u32(c);
+	s->audit_fd = (int)grace_get_u32(c);
+	s->argc = (int)grace_get_u32(c);
+	s->envc = (int)grace_get_u32(c);
+	if (c->bad || s->argc < 0 || s->envc < 0 || (size_t)s->argc > c->left ||
+	    (size_t)s->envc > c->left)
+		return -1;
+	s->argv = calloc((size_t)s->argc + 1, sizeof(char *));
+	s->env = calloc((size_t)s->envc + 1, sizeof(char *));
+	if (s->argv == NULL || s->env == NULL)
+		return -1;
+	/* Every item is a string: a NULL inside argv or env would end it early. */
+	for (i = 0; i < (uint32_t)s->argc && !c->bad; i++)
+		if ((s->argv[i] = (char *)grace_get_str(c)) == NULL)
+			c->bad = 1;
+	for (i = 0; i < (uint32_t)s->envc && !c->bad; i++)
+		if ((s->env[i] = (char *)grace_get_str(c)) == NULL)
+			c->bad = 1;
+	return c->bad ? -1 : 0;
+}
+
+static int grace_read_all(int fd, void *data, size_t len)
+{
+	char *p = data;
+
+	while (len > 0) {
+		ssize_t n = read(fd, p, len);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return -1;
+		p += n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
+
+/* One frame (allocated), or NULL at EOF or on a bad length. */
+static char *grace_read_frame(int fd, size_t *len)
+{
+	uint32_t n;
+	char *frame;
+
+	if (grace_read_all(fd, &n, sizeof(n)) != 0 || n > GRACE_FRAME_MAX)
+		return NULL;
+	frame = malloc(n ? n : 1);
+	if (frame != NULL && grace_read_all(fd, frame, n) != 0) {
+		free(frame);
+		frame = NULL;
+	}
+	*len = n;
+	return frame;
+}
+
+/* Become what slurmstepd was at user_init: groups, then gids, then uids
+ * (the last while still root). 0 only if all of it took. */
+static int grace_take_creds(const char *frame, size_t len)
+{
+	struct grace_cursor c = { frame, len, 0 };
+	uid_t ru, eu, su, ru2, eu2, su2;
+	gid_t rg, eg, sg, *groups;
+	uint32_t n, i;
+	int rc = -1;
+
+	ru = grace_get_u32(&c);
+	eu = grace_get_u32(&c);
+	su = grace_get_u32(&c);
+	rg = grace_get_u32(&c);
+	eg = grace_get_u32(&c);
+	sg = grace_get_u32(&c);
+	n = grace_get_u32(&c);
+	if (c.bad || n > c.left / sizeof(uint32_t))
+		return -1;
+	groups = calloc((size_t)n + 1, sizeof(*groups));
+	if (groups == NULL)
+		return -1;
+	for (i = 0; i < n; i++)
+		groups[i] = grace_get_u32(&c);
+	if (!c.bad && setgroups(n, groups) == 0 && setresgid(rg, eg, sg) == 0 &&
+	    setresuid(ru, eu, su) == 0 && getresuid(&ru2, &eu2, &su2) == 0 && ru2 == ru &&
+	    eu2 == eu && su2 == su && getegid() == eg)
+		rc = 0;
+	free(groups);
+	return rc;
+}
+
+static void grace_prestart_main(const struct grace_context *ctx, int sock, pid_t parent)
+{
+	struct grace_context mine;
+	struct grace_outcome out;
+	struct grace_step step;
+	grace_python_check_fn check;
+	int keep[2] = { sock, ctx->audit_fd };
+	char scratch[512];
+	char *frame, *creds;
+	size_t len;
+
+	grace_child_detach(keep, 2, parent);
+#ifdef GRACE_TEST_HOOKS
+	if (ctx->test_prestart != NULL && strcmp(ctx->test_prestart, "die") == 0)
+		_exit(3);
+	while (ctx->test_prestart != NULL && strcmp(ctx->test_prestart, "hang") == 0)
+		pause(); /* as an interpreter start hung on a dead file system */
+#endif
+	memset(&out, 0, sizeof(out));
+	out.rc = -1;
+	mine = *ctx;
+	mine.preload_fd = sock;
+	ctx = &mine;
+	/* Behind slurmstepd's own set-up, which is the launch's critical path. */
+	setpriority(PRIO_PROCESS, 0, GRACE_PRESTART_NICE);
+	check = grace_python_load(ctx, out.err, sizeof(out.err));
+	if (check != NULL)
+		check(ctx, NULL, scratch, sizeof(scratch)); /* start + preload only */
+	creds = grace_read_frame(sock, &len);
+	/* A miss waits for us now: full priority (still root), then the user. */
+	setpriority(PRIO_PROCESS, 0, 0);
+	if (creds == NULL || grace_take_creds(creds, len) != 0)
+		_exit(1);
+	free(creds);
+	frame = grace_read_frame(sock, &len);
+	if (frame == NULL) 
+		_exit(0);
+	{
+		struct grace_cursor c = { frame, len, 0 };
+
+		if (grace_get_step(&c, &step) != 0)
+			_exit(1);
+	}
+	grace_send(sock, 'A', NULL);
+	if (check != NULL) {
+		step.result = &out.result;
+		out.rc = check(ctx, &step, out.err, sizeof(out.err));
+	}
+	grace_send_outcome(sock, &out);
+	_exit(0);
+}
+
+void grace_helper_prestart(const struct grace_context *ctx)
+{
+	int sv[2], big = 4 << 20;
+	pid_t pid, self = getpid();
+
+	if (grace_pre_pid > 0)
+		return;
+	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0)
+		return; /* user_init takes today's path */
+	pid = fork();
+	if (pid < 0) {
+		close(sv[0]);
+		close(sv[1]);
+		return;
+	}
+	if (pid == 0) {
+		close(sv[0]);
+		grace_prestart_main(ctx, sv[1], self);
+		_exit(1); /* not reached */
+	}
+	close(sv[1]);
+	setpgid(pid, pid);
+	/* The step frame must fit at once: user_init never waits to send. */
+	if (setsockopt(sv[0], SOL_SOCKET, SO_SNDBUFFORCE, &big, sizeof(big)) != 0)
+		setsockopt(sv[0], SOL_SOCKET, SO_SNDBUF, &big, sizeof(big));
+	fcntl(sv[0], F_SETFL, fcntl(sv[0], F_GETFL) | O_NONBLOCK);
+	grace_pre_pid = pid;
+	grace_pre_sock = sv[0];
+}
+
+/* Kill the pre-started helper (not needed, or not usable), reap it (a
+ * child left over makes the step's end wait: measured +100 ms) and forget
+ * it. The wait is bounded: one stuck in the kernel is left to slurmstepd. */
+static void grace_pre_dismiss(void)
+{
+	struct timespec until;
+	int status;
+
+	if (grace_pre_pid <= 0)
+		return;
+	close(grace_pre_sock);
+	clock_gettime(CLOCK_MONOTONIC, &until);
+	until.tv_nsec += GRACE_DISMISS_MS * 1000000L;
+	if (until.tv_nsec >= 1000000000L) {
+		until.tv_sec += 1;
+		until.tv_nsec -= 1000000000L;
+	}
+	grace_reap(grace_pre_pid, &until, 1, &status);
+	grace_pre_pid = -1;
+	grace_pre_sock = -1;
+}
+
+/* Hand the step to the pre-started helper: 1 if it has it, else 0 (and
+ * the helper is gone). Never blocks: it all fits in the socket buffer. */
+static int grace_pre_hand(const struct grace_step *step)
+{
+	struct grace_buf b = { 0 };
+	size_t at, off = 0;
+	int ok = 0;
+
+	if (grace_pre_pid <= 0)
+		return 0;
+	at = grace_begin_frame(&b);
+	if (grace_put_creds(&b) == 0) {
+		grace_end_frame(&b, at);
+		at = grace_begin_frame(&b);
+		grace_put_step(&b, step);
+		grace_end_frame(&b, at);
+		ok = !b.oom;
+	}
+	while (ok && off < b.n) {
+		ssize_t sent = send(grace_pre_sock, b.p + off, b.n - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+
+		if (sent < 0 && errno == EINTR)
+			continue;
+		if (sent <= 0)
+			ok = 0; /* gone (EPIPE) or full (EAGAIN): not worth waiting for */
+		else
+			off += (size_t)sent;
+	}
+	free(b.p);
+	if (!ok)
+		grace_pre_dismiss();
+	return ok;
+}
+
+/* The pre-started helper's answer. 0: out filled; -1: no answer by the
+ * deadline (killed); 1: it was gone before it took the step. */
+static int grace_pre_wait(const struct timespec *until, struct grace_outcome *out)
+{
+	char *buf = NULL;
+	size_t n = 0;
+	int status, timed_out;
+	pid_t pid = grace_pre_pid;
+
+	timed_out = grace_read_records(grace_pre_sock, until, &buf, &n, out);
+	close(grace_pre_sock);
+	grace_pre_sock = -1;
+	grace_pre_pid = -1;
+	if (timed_out) {
+		grace_reap(pid, until, 1, &status);
+		free(buf);
+		return -1;
+	}
+	grace_reap(pid, until, out->err[0] != '\0', &status);
+	if (out->err[0] == '\0' && (n < 5 || buf[0] != 'A')) {
+		free(buf);
+		return 1;
+	}
+	grace_decode_ended(buf, n, status, out);
+	free(buf);
+	return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* user_init                                                                */
+
+/* Fork a child that looks the step up in the cache and, unless lookup_only,
+ * runs the check on a miss. 0: out filled; -1: timed out; -2: no child. */
+static int grace_fork_child(const struct grace_context *ctx, const struct grace_step *step,
+			    const struct timespec *started, const struct timespec *until,
+			    int lookup_only, struct grace_outcome *out)
+{
+	char *buf = NULL;
+	size_t n = 0;
+	int fds[2], timed_out, status;
+	pid_t pid, self = getpid();
+
+	if (pipe2(fds, O_CLOEXEC) != 0) {
+		snprintf(out->err, sizeof(out->err), "cannot start the check's helper: pipe: %s",
+			 strerror(errno));
+		return -2;
+	}
+	pid = fork();
+	if (pid < 0) {
+		snprintf(out->err, sizeof(out->err), "cannot start the check's helper: fork: %s",
+			 strerror(errno));
+		close(fds[0]);
+		close(fds[1]);
+		return -2;
+	}
+	if (pid == 0) {
+		close(fds[0]);
+		grace_child(ctx, step, started, fds[1], self, lookup_only);
+		_exit(1); /* not reached */
+	}
+	close(fds[1]);
+	setpgid(pid, pid); /* also in the child: whichever runs first */
+	timed_out = grace_read_records(fds[0], until, &buf, &n, out);
 	close(fds[0]);
 	if (timed_out) {
-		grace_reap(pid, &until, 1, &status);
+		grace_reap(pid, until, 1, &status);
 		free(buf);
 		return -1;
 	}
 	/* It answered (or broke): give it until the deadline to exit. */
-	grace_reap(pid, &until, out->err[0] != '\0', &status);
-	if (out->err[0] == '\0' && grace_decode(buf, n, out) != 0 && status != -1) {
-		size_t used = strlen(out->err);
-
-		if (WIFSIGNALED(status))
-			snprintf(out->err + used, sizeof(out->err) - used, " (killed by signal %d)",
-				 WTERMSIG(status));
-		else if (WIFEXITED(status))
-			snprintf(out->err + used, sizeof(out->err) - used, " (exit status %d)",
-				 WEXITSTATUS(status));
-	}
+	grace_reap(pid, until, out->err[0] != '\0', &status);
+	grace_decode_ended(buf, n, status, out);
 	free(buf);
 	return 0;
+}
+
+int grace_helper_run(const struct grace_context *ctx, const struct grace_step *step,
+		     const struct timespec *started, unsigned int timeout_ms,
+		     struct grace_outcome *out)
+{
+	struct timespec until;
+	int pre, rc;
+
+	memset(out, 0, sizeof(*out));
+	out->rc = -1;
+	grace_deadline(started, timeout_ms, &until);
+	/* A hit is answered by the lookup child alone, as without a pre-started
+	 * helper; only a miss hands the step over (and the helper, which never
+	 * saw it, is killed otherwise). */
+	pre = grace_pre_pid > 0;
+	rc = grace_fork_child(ctx, step, started, &until, pre, out);
+	if (rc != 0 || !out->miss) {
+		grace_pre_dismiss();
+		return rc;
+	}
+	memset(out, 0, sizeof(*out));
+	out->rc = -1;
+	rc = grace_pre_hand(step) ? grace_pre_wait(&until, out) : 1;
+	if (rc != 1)
+		return rc;
+	/* The pre-started helper was gone before it took the step: today's path. */
+	memset(out, 0, sizeof(*out));
+	out->rc = -1;
+	return grace_fork_child(ctx, step, started, &until, 0, out);
 }

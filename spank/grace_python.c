@@ -17,6 +17,7 @@
  * initialised and only runs its init code.
  */
 #include <dlfcn.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -253,7 +254,47 @@ fail_config:
 	return -1;
 }
 
-/* The only symbol this library exports (grace_policy_py.map). */
+/* 1 if fd has something to read (the step has come, or EOF). */
+static int grace_readable(int fd)
+{
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+
+	return fd >= 0 && poll(&p, 1, 0) > 0;
+}
+
+/*
+ * The pre-started helper (grace_helper.c) calls us with no step while
+ * slurmstepd is still setting up: import what a miss needs, one module of
+ * slurm_bridge.PRELOAD at a time (modules only: no config, no user file), and
+ * stop as soon as the step arrives on ctx->preload_fd - the check imports
+ * what it still lacks itself, so this only moves work off the critical path
+ * and never adds to it. Errors are ignored: the check reports them.
+ */
+static void grace_python_preload(const struct grace_context *ctx)
+{
+	PyGILState_STATE gil;
+	PyObject *bridge, *names;
+	Py_ssize_t i, n;
+
+	if (grace_readable(ctx->preload_fd))
+		return;
+	gil = PyGILState_Ensure();
+	bridge = PyImport_ImportModule("grace_policy.slurm_bridge");
+	names = bridge ? PyObject_GetAttrString(bridge, "PRELOAD") : NULL;
+	n = names && PyTuple_Check(names) ? PyTuple_GET_SIZE(names) : 0;
+	for (i = 0; i < n && !grace_readable(ctx->preload_fd); i++) {
+		PyObject *mod = PyImport_Import(PyTuple_GET_ITEM(names, i));
+
+		Py_XDECREF(mod);
+	}
+	PyErr_Clear();
+	Py_XDECREF(names);
+	Py_XDECREF(bridge);
+	PyGILState_Release(gil);
+}
+
+/* The only symbol this library exports (grace_policy_py.map). With step
+ * NULL: start the interpreter and preload, decide nothing. */
 int grace_python_check(const struct grace_context *ctx, const struct grace_step *step,
 		       char *err, size_t errlen)
 {
@@ -266,6 +307,10 @@ int grace_python_check(const struct grace_context *ctx, const struct grace_step 
 	if (grace_py_state < 0) {
 		snprintf(err, errlen, "%s", grace_py_failure);
 		return -1;
+	}
+	if (step == NULL) {
+		grace_python_preload(ctx);
+		return 0;
 	}
 	return grace_py_decide(step);
 }

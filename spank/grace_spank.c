@@ -3,7 +3,8 @@
  *
  *   required /usr/local/lib/slurm/spank_grace_policy.so config=FILE \
  *            [on_error=allow|deny] [python_path=DIR[:DIR]] [timeout_ms=N] \
- *            [audit=FILE] [container_env=NAME] [cache_dir=DIR|none]
+ *            [audit=FILE] [container_env=NAME] [cache_dir=DIR|none] \
+ *            [prestart=on|off]
  *
  * This file, grace_stepd.c and grace_cache.c make the plugin Slurm loads
  * everywhere; it has no DT_NEEDED on libpython. The embedded interpreter
@@ -36,9 +37,11 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <libgen.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <slurm/slurm.h> /* SLURM_EXTERN_CONT */
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -64,6 +67,7 @@ static struct grace_context context = {
 	.audit_fd = -1,
 	.cache_fd = -1,
 	.node_cache_fd = -1,
+	.preload_fd = -1,
 };
 
 static int grace_option_cb(int val, const char *optarg, int remote);
@@ -160,6 +164,11 @@ static void grace_parse_args(int ac, char **av)
 		} else if (keylen == 9 && strncmp(arg, "cache_dir", 9) == 0) {
 			free(context.cache_dir);
 			context.cache_dir = strdup(val[0] ? val : "none");
+		} else if (keylen == 8 && strncmp(arg, "prestart", 8) == 0) {
+			if (strcmp(val, "on") == 0 || strcmp(val, "off") == 0)
+				context.prestart = strcmp(val, "on") == 0;
+			else
+				grace_set_args_error("prestart must be on or off, not '%s'", val);
 		} else if (keylen == 13 && strncmp(arg, "container_env", 13) == 0) {
 			free(context.container_env);
 			context.container_env = val[0] ? strdup(val) : NULL;
@@ -168,11 +177,15 @@ static void grace_parse_args(int ac, char **av)
 			/* Test builds only: see GRACE_ENV_EDIT in grace_stepd.c. */
 			free(context.test_fail_env);
 			context.test_fail_env = strdup(val);
+		} else if (keylen == 13 && strncmp(arg, "test_prestart", 13) == 0) {
+			/* Test builds only: see grace_prestart_main in grace_helper.c. */
+			free(context.test_prestart);
+			context.test_prestart = strdup(val);
 #endif
 		} else {
 			grace_set_args_error("unknown plugstack argument '%s' (known: config, "
 					     "on_error, python_path, timeout_ms, audit, container_env, "
-					     "cache_dir)",
+					     "cache_dir, prestart)",
 					     arg);
 		}
 	}
@@ -255,8 +268,16 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
 		grace_parse_args(ac, av);
 		grace_find_plugin_dir();
 		grace_open_audit();
-		if (context.args_error[0] == '\0')
+		if (context.args_error[0] == '\0') {
+			uint32_t step_id = 0;
+
 			grace_cache_open(&context, sp);
+			/* The extern step runs no user command: no check to start. */
+			if (context.prestart &&
+			    (spank_get_item(sp, S_JOB_STEPID, &step_id) != ESPANK_SUCCESS ||
+			     step_id != SLURM_EXTERN_CONT))
+				grace_helper_prestart(&context);
+		}
 	}
 	return 0;
 }
@@ -293,3 +314,4 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 		return 0;
 	return grace_stepd_task_init(&context, sp);
 }
+

@@ -81,15 +81,35 @@ def decompressor(comp: int):  # type: ignore[no-untyped-def]
             return out
         return inflate
     if comp == 3:
-        from .lzo import decompress
-
-        return decompress
+        return _lzo()
     if comp == 6:
         inflate = _zstd()
+        if inflate is None:
+            from . import native
+
+            inflate = native.zstd()
         if inflate is not None:
             return inflate
     raise ImageError(f"the squashfs image is {name}-compressed, which this check cannot "
-                     "read (gzip, xz, lzma, lzo and, with a zstd module, zstd are read)")
+                     "read (gzip, xz, lzma, lzo and, with a zstd module or libzstd, zstd "
+                     "are read)")
+
+
+def _lzo():  # type: ignore[no-untyped-def]
+    """An lzo ``inflate``: liblzo2's safe decoder, picked (and ctypes
+    imported) at the first block, or the pure-Python one without it."""
+    chosen = []
+
+    def inflate(data: bytes, limit: int) -> bytes:
+        if not chosen:
+            from . import native
+
+            impl = native.lzo()
+            if impl is None:
+                from .lzo import decompress as impl
+            chosen.append(impl)
+        return chosen[0](data, limit)  # type: ignore[no-any-return]
+    return inflate
 
 
 def _zstd():  # type: ignore[no-untyped-def]

@@ -5,8 +5,9 @@ Only what a check asks is read: the superblock, the metadata blocks of the
 inodes and directories on the paths it walks, and the data blocks of the
 byte ranges it reads (an ELF header, a program header table, a page of
 code), decompressed one block at a time. Compressions: gzip (zlib), xz and
-legacy lzma (``lzma``), lzo (:mod:`.lzo`, enroot's default) and zstd when
-the interpreter has a zstd module; xattrs and the export table are not read.
+legacy lzma (``lzma``), lzo (enroot's default: liblzo2 through
+:mod:`.native`, else the pure-Python :mod:`.lzo`) and zstd (a zstd module,
+else libzstd); xattrs and the export table are not read.
 
 The file may be hostile: every offset is checked against the image's size,
 every decompression is bounded by the block size, listings and inode bodies

@@ -13,9 +13,12 @@ a run builds, installs or purges lands in a throwaway upper directory, which
 is also how the purge test sees what was left behind), plus ``/proc`` and
 recursive, slave-propagation binds of ``/sys`` (slurmd wants the host's cgroup
 mounts, field notes §6) and ``/dev``. :meth:`Root.close` kills every process
-whose root is the overlay (by pid, from ``/proc/PID/root``: daemons a crashed
-test left behind included), unmounts everything under it, deepest first, and
-deletes the upper directory only when no mount is left.
+whose root is the overlay (by pid, from ``/proc/PID/root`` or, for a root
+entered by ``pivot_root``, the overlay's marker file seen through it: daemons
+a crashed test left behind included), unmounts everything under it, deepest
+first, and deletes the upper directory only when no mount is left. Commands
+enter with ``chroot``; ``Root.run(pivot=True)`` enters by ``pivot_root`` in a
+mount namespace of its own, which container runtimes need (enroot, pyxis).
 
 ``GRACE_SLURM_RELEASES`` (comma-separated, default ``host,24.11,26.05``) says
 which releases the matrix runs; ``host`` alone is the quick local run (the

@@ -1,7 +1,8 @@
 """LZO1X decompression, bounded and safe on hostile input (enroot's default
 squashfs compression, ``mksquashfs -comp lzo``).
 
-Pure Python so reading an image adds no C dependency to the launch path.
+Pure Python: the fallback where the system's liblzo2 is absent
+(:mod:`.native` is used first; the fuzz tests hold the two to each other).
 It follows the decoder of ``lzo1x_decompress_safe`` (the Linux kernel's
 ``lib/lzo/lzo1x_decompress_safe.c``, liblzo2's ``lzo1x_d.ch``): a stream
 of literal runs and back-references, ended by the M4 marker ``0x11 0 0``.

@@ -5,8 +5,9 @@ Only what a check asks is read: the superblock, the metadata blocks of the
 inodes and directories on the paths it walks, and the data blocks of the
 byte ranges it reads (an ELF header, a program header table, a page of
 code), decompressed one block at a time. Compressions: gzip (zlib), xz and
-legacy lzma (``lzma``), lzo (:mod:`.lzo`, enroot's default) and zstd when
-the interpreter has a zstd module; xattrs and the export table are not read.
+legacy lzma (``lzma``), lzo (enroot's default: liblzo2 through
+:mod:`.native`, else the pure-Python :mod:`.lzo`) and zstd (a zstd module,
+else libzstd); xattrs and the export table are not read.
 
 The file may be hostile: every offset is checked against the image's size,
 every decompression is bounded by the block size, listings and inode bodies
@@ -81,15 +82,35 @@ def decompressor(comp: int):  # type: ignore[no-untyped-def]
             return out
         return inflate
     if comp == 3:
-        from .lzo import decompress
-
-        return decompress
+        return _lzo()
     if comp == 6:
         inflate = _zstd()
+        if inflate is None:
+            from . import native
+
+            inflate = native.zstd()
         if inflate is not None:
             return inflate
     raise ImageError(f"the squashfs image is {name}-compressed, which this check cannot "
-                     "read (gzip, xz, lzma, lzo and, with a zstd module, zstd are read)")
+                     "read (gzip, xz, lzma, lzo and, with a zstd module or libzstd, zstd "
+                     "are read)")
+
+
+def _lzo():  # type: ignore[no-untyped-def]
+    """An lzo ``inflate``: liblzo2's safe decoder, picked (and ctypes
+    imported) at the first block, or the pure-Python one without it."""
+    chosen = []
+
+    def inflate(data: bytes, limit: int) -> bytes:
+        if not chosen:
+            from . import native
+
+            impl = native.lzo()
+            if impl is None:
+                from .lzo import decompress as impl
+            chosen.append(impl)
+        return chosen[0](data, limit)  # type: ignore[no-any-return]
+    return inflate
 
 
 def _zstd():  # type: ignore[no-untyped-def]

@@ -18,7 +18,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from grace_policy.image import ImageError
+from grace_policy.image import ImageError, native
 from grace_policy.image.lzo import LzoError, decompress
 from grace_policy.image.open import open_image
 from grace_policy.image.squashfs import SquashView
@@ -77,25 +77,44 @@ def lzo_blocks(small_images: dict[str, bytes], tmp_path_factory: pytest.TempPath
     return out
 
 
+def _liblzo2():  # type: ignore[no-untyped-def]
+    """liblzo2's decoder; squashfs-tools depends on it, so it must be here."""
+    inflate = native.lzo()
+    assert inflate is not None, "liblzo2.so.2 not found"
+    return inflate
+
+
+def _agree(data: bytes, limit: int) -> None:
+    """The pure-Python decoder and liblzo2's ``lzo1x_decompress_safe`` give
+    the same bytes (never more than ``limit``) or both refuse the input."""
+    try:
+        ours: bytes | None = decompress(data, limit)
+    except LzoError:
+        ours = None
+    try:
+        theirs: bytes | None = _liblzo2()(data, limit)
+    except native.NativeError:
+        theirs = None
+    assert ours == theirs
+    assert ours is None or len(ours) <= limit
+
+
 def test_lzo_blocks_decode(lzo_blocks: list[tuple[bytes, bytes]]) -> None:
     for raw, plain in lzo_blocks:
-        assert decompress(raw, 4096) == plain
-        with pytest.raises(LzoError):
-            decompress(raw, len(plain) - 1)  # the limit holds
-        with pytest.raises(LzoError):
-            decompress(raw[:-1], 4096)  # truncated
-        with pytest.raises(LzoError):
-            decompress(raw + b"\0", 4096)  # trailing bytes
+        for inflate, error in ((decompress, LzoError), (_liblzo2(), native.NativeError)):
+            assert inflate(raw, 4096) == plain
+            with pytest.raises(error):
+                inflate(raw, len(plain) - 1)  # the limit holds
+            with pytest.raises(error):
+                inflate(raw[:-1], 4096)  # truncated
+            with pytest.raises(error):
+                inflate(raw + b"\0", 4096)  # trailing bytes
 
 
 @FUZZ
 @given(st.binary(max_size=2048))
 def test_lzo_random_bytes(data: bytes) -> None:
-    try:
-        out = decompress(data, 4096)
-    except LzoError:
-        return
-    assert len(out) <= 4096
+    _agree(data, 4096)
 
 
 @FUZZ
@@ -105,11 +124,29 @@ def test_lzo_mutated_blocks(lzo_blocks: list[tuple[bytes, bytes]], data: st.Data
     buf = bytearray(raw)
     for _ in range(data.draw(st.integers(1, 8))):
         buf[data.draw(st.integers(0, len(buf) - 1))] = data.draw(st.integers(0, 255))
-    try:
-        out = decompress(bytes(buf), 4096)
-    except LzoError:
-        return
-    assert len(out) <= 4096
+    _agree(bytes(buf), data.draw(st.sampled_from([4096, 1000, 64])))
+
+
+def test_zstd_native_bounded() -> None:
+    """libzstd's one-shot decoder: a real frame, its limit, hostile bytes."""
+    inflate = native.zstd()
+    if inflate is None:
+        pytest.skip("libzstd.so.1 not installed")
+    import subprocess
+
+    plain = b"grace-policy " * 1000
+    frame = subprocess.run(["zstd", "-q", "-c"], input=plain, capture_output=True,
+                           check=True).stdout if shutil.which("zstd") else None
+    if frame is not None:
+        assert inflate(frame, len(plain)) == plain
+        with pytest.raises(native.NativeError):
+            inflate(frame, len(plain) - 1)
+        with pytest.raises(native.NativeError):
+            inflate(frame[:-3], len(plain))
+    magic = b"\x28\xb5\x2f\xfd"
+    for junk in (b"", magic, magic + b"\xff" * 64, bytes(range(256)) * 2):
+        with pytest.raises(native.NativeError):
+            inflate(junk, 4096)
 
 
 def _exercise(path: Path) -> None:

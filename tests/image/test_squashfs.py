@@ -99,8 +99,29 @@ def _mode_string(mode: int) -> str:
     return stat.filemode(mode)
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
-def test_reader_matches_unsquashfs(images: dict[tuple[str, str], Path], variant: str) -> None:
+#: (variant, lzo decoder): every variant with the default decoders, and the
+#: lzo ones again with the pure-Python decoder liblzo2's absence falls back to.
+READER_CASES = [(v, "native") for v in VARIANTS] + [
+    ("lzo", "python"), ("lzo-no-fragments", "python")]
+
+
+@pytest.fixture()
+def lzo_decoder(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Pin the lzo decoder: liblzo2 (asserted present: squashfs-tools
+    depends on it) or the pure-Python fallback."""
+    from grace_policy.image import native
+
+    monkeypatch.setattr(native, "_loaded", {})
+    if request.param == "python":
+        native._loaded["lzo"] = None
+    else:
+        assert native.lzo() is not None, "liblzo2.so.2 not found (squashfs-tools needs it)"
+    return request.param  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(("variant", "lzo_decoder"), READER_CASES, indirect=["lzo_decoder"])
+def test_reader_matches_unsquashfs(images: dict[tuple[str, str], Path], variant: str,
+                                   lzo_decoder: str) -> None:
     for (arch, name), path in images.items():
         if name != variant:
             continue
@@ -241,15 +262,21 @@ def test_hundred_thousand_files(tmp_path: Path, compile_cache: object) -> None:
 
 @pytest.mark.parametrize("comp", ["zstd", "lz4"])
 def test_other_compressions(roots: dict[str, Path], tmp_path: Path, comp: str) -> None:
+    from grace_policy.image import native
     from grace_policy.image.squashfs import _zstd
 
     try:
         path = mksquashfs(roots["x86_64"], tmp_path / f"{comp}.sqsh", comp)
     except subprocess.CalledProcessError:
         pytest.skip(f"this mksquashfs has no {comp}")
-    if comp == "zstd" and _zstd() is not None:
+    if comp == "zstd" and (_zstd() is not None or native.zstd() is not None):
         image = open_image(str(path))
         assert check_step(["hello"], image.step_env({}), "/", HOST, image=image).issues == ()
+        fh, st = image.view.open_regular("/usr/bin/hello")  # type: ignore[attr-defined]
+        cat = subprocess.run(["unsquashfs", "-cat", str(path), "usr/bin/hello"], check=True,
+                             capture_output=True).stdout
+        assert fh.pread(st.st_size + 1, 0) == cat
+        fh.close()
         return
     # No decoder here: refused by name at open, never misread.
     with pytest.raises(ImageError, match=f"{comp}-compressed"):

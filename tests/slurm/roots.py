@@ -13,9 +13,12 @@ a run builds, installs or purges lands in a throwaway upper directory, which
 is also how the purge test sees what was left behind), plus ``/proc`` and
 recursive, slave-propagation binds of ``/sys`` (slurmd wants the host's cgroup
 mounts, field notes §6) and ``/dev``. :meth:`Root.close` kills every process
-whose root is the overlay (by pid, from ``/proc/PID/root``: daemons a crashed
-test left behind included), unmounts everything under it, deepest first, and
-deletes the upper directory only when no mount is left.
+whose root is the overlay (by pid, from ``/proc/PID/root`` or, for a root
+entered by ``pivot_root``, the overlay's marker file seen through it: daemons
+a crashed test left behind included), unmounts everything under it, deepest
+first, and deletes the upper directory only when no mount is left. Commands
+enter with ``chroot``; ``Root.run(pivot=True)`` enters by ``pivot_root`` in a
+mount namespace of its own, which container runtimes need (enroot, pyxis).
 
 ``GRACE_SLURM_RELEASES`` (comma-separated, default ``host,24.11,26.05``) says
 which releases the matrix runs; ``host`` alone is the quick local run (the
@@ -26,6 +29,7 @@ no root at all.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import signal
 import subprocess
@@ -145,16 +149,34 @@ def _mounts_under(path: Path) -> list[str]:
     return sorted(set(found), key=lambda p: p.count("/"), reverse=True)
 
 
+#: A file at the top of every overlay: a process whose root holds this very
+#: file (same device and inode) is inside, also when it entered by
+#: pivot_root in a mount namespace of its own, where ``/proc/PID/root``
+#: reads as ``/`` from the host.
+MARKER = ".grace-test-root"
+
+
 def pids_inside(path: Path) -> list[int]:
-    """Processes whose root directory is ``path`` (chroot'ed into it)."""
+    """Processes whose root directory is ``path``: chroot'ed into it, or
+    pivot_root'ed into it in their own mount namespace (:meth:`Root.run`)."""
     want = str(path)
+    try:
+        mark = os.stat(path / MARKER)
+        key: tuple[int, int] | None = (mark.st_dev, mark.st_ino)
+    except OSError:
+        key = None
     found = []
     for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+        if not entry.isdigit() or int(entry) == os.getpid():
             continue
         try:
             if os.readlink(f"/proc/{entry}/root") == want:
                 found.append(int(entry))
+                continue
+            if key is not None:
+                st = os.stat(f"/proc/{entry}/root/{MARKER}")
+                if (st.st_dev, st.st_ino) == key:
+                    found.append(int(entry))
         except OSError:
             continue
     return found
@@ -183,6 +205,7 @@ class Root:
             self._mount("-t", "overlay", "overlay", "-o",
                         f"lowerdir={self.lower},upperdir={self.upper},"
                         f"workdir={self.base / 'work'}", str(self.path))
+            (self.path / MARKER).write_text(f"{self.base}\n")
             self._mount("-t", "proc", "proc", str(self.path / "proc"))
             for sub in ("sys", "dev"):
                 self._mount("--rbind", f"/{sub}", str(self.path / sub))
@@ -230,11 +253,28 @@ class Root:
         return env
 
     def run(self, script: str, *, timeout: float = 900, cwd: str = "/",
-            env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+            env: Mapping[str, str] | None = None,
+            pivot: bool = False) -> subprocess.CompletedProcess[str]:
         """``sh -ec script`` inside the root. On a timeout the whole session
-        and everything else inside the root is killed, by pid."""
+        and everything else inside the root is killed, by pid.
+
+        ``pivot``: enter by ``pivot_root`` in a mount namespace of its own
+        instead of ``chroot``. In a chroot the kernel refuses a user
+        namespace (enroot's unprivileged start) and ``setns`` into a
+        container's mount namespace resets the root to the namespace's, the
+        machine's real ``/`` (a task pyxis moves into its container sees the
+        host's files). After pivot_root the overlay is the namespace's root.
+        Mounts made inside stay in that namespace and end with its last
+        process (close() still kills those, found by :data:`MARKER`)."""
+        argv = ["chroot", str(self.path), "/bin/sh", "-ec", f"cd {cwd}\n{script}"]
+        if pivot:
+            (self.path / ".oldroot").mkdir(exist_ok=True)
+            inner = shlex.join(["/bin/sh", "-ec", f"umount -l /.oldroot\ncd {cwd}\n{script}"])
+            argv = ["unshare", "--mount", "--propagation", "private", "/bin/sh", "-ec",
+                    f"cd {shlex.quote(str(self.path))}\npivot_root . .oldroot\n"
+                    f"exec /usr/sbin/chroot . {inner}"]
         proc = subprocess.Popen(
-            ["chroot", str(self.path), "/bin/sh", "-ec", f"cd {cwd}\n{script}"],
+            argv,
             env=self.env(env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, text=True, start_new_session=True)
         try:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import xml.etree.ElementTree as ET
 from collections.abc import Iterator
@@ -45,10 +46,16 @@ SRC = "/src/grace-policy"
 #: Not run inside the roots: the matrix itself (it would recurse) and the
 #: package tests (they open roots of their own).
 #: test_containers.py needs pyxis/enroot/runc's build and run deps, which the
-#: cached roots do not hold: test_container_steps_on_the_newest_release runs it
-#: in its own root after installing them.
-INNER_IGNORE = ("tests/slurm/test_matrix.py", "tests/slurm/test_packages.py",
-                "tests/slurm/test_containers.py")
+#: cached roots do not hold, and a root entered by pivot_root (enroot makes a
+#: user namespace and pyxis moves tasks into the container's mount namespace:
+#: neither works in a chroot): test_containers_in_the_newest_release runs it,
+#: after installing them.
+CONTAINERS = "tests/slurm/test_containers.py"
+INNER_IGNORE = ("tests/slurm/test_matrix.py", "tests/slurm/test_packages.py", CONTAINERS)
+#: What tests/slurm/test_containers.py needs in a root besides what the root
+#: has (packaging/install-deps.sh's container line; mmdebstrap for the SIFs).
+CONTAINER_DEBS = ("squashfs-tools", "parallel", "gawk", "makeself", "libmd-dev", "libbsd-dev",
+                  "jq", "zstd", "curl", "libcap2-bin", "runc", "mmdebstrap")
 #: What runs again under contain_spank: launch, verdict, env, batch, no drain,
 #: cache, concurrent steps, the faults and the hung mounts (the check's helper
 #: forked from the clone child); test_bypass's paths do not depend on where user_init runs.
@@ -140,12 +147,13 @@ def release_root(request: pytest.FixtureRequest,
         root.close()
 
 
-def _host_collection(files: tuple[str, ...]) -> int:
+def _host_collection(files: tuple[str, ...],
+                     ignore: tuple[str, ...] = INNER_IGNORE) -> int:
     """How many tests the host collects from ``files``: the inner run must
     execute exactly as many (a smaller count would be a silently narrower run)."""
     done = subprocess.run(["python3", "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            "--collect-only", *files,
-                           *[f"--ignore={i}" for i in INNER_IGNORE]],
+                           *[f"--ignore={i}" for i in ignore]],
                           cwd=roots.REPO, capture_output=True, text=True, check=False)
     match = re.search(r"(\d+) tests? collected", done.stdout)
     assert match, done.stdout[-2000:] + done.stderr[-2000:]
@@ -153,11 +161,12 @@ def _host_collection(files: tuple[str, ...]) -> int:
 
 
 def _inner_pytest(root: Root, files: tuple[str, ...], junit: str,
-                  env: dict[str, str] | None = None) -> tuple[dict[str, int], list[str]]:
-    ignores = " ".join(f"--ignore={i}" for i in INNER_IGNORE)
+                  env: dict[str, str] | None = None, *, ignore: tuple[str, ...] = INNER_IGNORE,
+                  pivot: bool = False) -> tuple[dict[str, int], list[str]]:
+    ignores = " ".join(f"--ignore={i}" for i in ignore)
     done = root.run(f"python3 -m pytest -q -rs -p no:cacheprovider -o addopts= "
                     f"--junitxml={junit} {' '.join(files)} {ignores}",
-                    cwd=SRC, env=env, timeout=1200)
+                    cwd=SRC, env=env, timeout=1200, pivot=pivot)
     report = root.path / junit.lstrip("/")
     assert report.exists(), done.stdout[-4000:] + done.stderr[-4000:]
     suite = ET.parse(report).getroot()
@@ -279,6 +288,41 @@ def test_scenarios_pass_with_contain_spank(release_root: Root) -> None:
     assert counts["tests"] == _host_collection(CONTAIN_SPANK_FILES), counts
 
 
+def _newest() -> str:
+    return max(_selected_roots(), key=lambda n: tuple(int(x) for x in n.split(".")))
+
+
+def test_containers_in_the_newest_release(release_root: Root) -> None:
+    """tests/slurm/test_containers.py (pyxis 0.24.0 + enroot 4.1.2 built here,
+    runc, Apptainer's SIFs) inside the newest release's root, entered by
+    pivot_root: clean images run, the other architecture and 4 KiB programs
+    are refused, nothing skipped. Its deps are installed into the overlay."""
+    if release_root.release.slurm != _newest():
+        pytest.skip(f"container steps run on the newest selected release ({_newest()}) "
+                    f"only; GRACE_SLURM_RELEASES={release_root.release.slurm} runs them here")
+    done = release_root.run("apt-get update -qq\n"
+                            f"apt-get install -y -qq {' '.join(CONTAINER_DEBS)} >/dev/null",
+                            timeout=1200)
+    if done.returncode != 0:
+        _give_up(f"container deps not installable in the {release_root.release.slurm} "
+                 f"root: {done.stderr[-1500:]}")
+    from . import containers
+
+    try:  # the pinned pyxis/enroot tarballs the inner run builds from
+        third_party = containers.third_party_dir()
+    except containers.CorpusUnavailable as exc:
+        _give_up(str(exc))
+    inside = "/src/third_party"
+    shutil.copytree(third_party, release_root.path / inside.lstrip("/"), dirs_exist_ok=True)
+    files = (CONTAINERS,)
+    others = tuple(i for i in INNER_IGNORE if i != CONTAINERS)
+    counts, skipped = _inner_pytest(release_root, files, "/tmp/junit-containers.xml",
+                                    env={"GRACE_THIRD_PARTY": inside}, ignore=others,
+                                    pivot=True)
+    assert counts["skipped"] == 0, _skip_report(counts, skipped)
+    assert counts["tests"] == _host_collection(files, others) > 10, counts
+
+
 def test_closing_a_root_kills_what_runs_inside_and_unmounts(
         tmp_path_factory: pytest.TempPathFactory) -> None:
     """What a failed test leaves in a root (a daemon in its own session, a
@@ -298,4 +342,29 @@ def test_closing_a_root_kills_what_runs_inside_and_unmounts(
         root.close()
     assert not set(inside) & set(roots.pids_inside(root.path))
     assert roots._mounts_under(root.path) == []
+    assert not root.base.exists()
+
+
+def test_a_pivoted_root_is_its_namespace_root_and_closes(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """run(pivot=True): the overlay is the mount namespace's root (a user
+    namespace can be made, which a chroot refuses; the host's / is not
+    reachable), and a daemon left inside is still found and killed."""
+    if not _deb_releases():
+        pytest.skip("GRACE_SLURM_RELEASES=none: no release root")
+    name = _deb_releases()[0]
+    root = _open(name, tmp_path_factory.mktemp("pivot"))
+    try:
+        chrooted = root.run("unshare --user --map-root-user true")
+        assert chrooted.returncode != 0  # the kernel's chroot rule, the reason for pivot
+        started = root.run("setsid sleep 600 </dev/null >/dev/null 2>&1 & echo $!\n"
+                           "unshare --user --map-root-user true\n"
+                           "test ! -e /.oldroot/proc && findmnt -n -o TARGET /", pivot=True)
+        assert started.returncode == 0, started.stderr
+        assert started.stdout.split()[1] == "/", started.stdout
+        daemon = int(started.stdout.split()[0])
+        assert daemon in roots.pids_inside(root.path)
+    finally:
+        root.close()
+    assert daemon not in roots.pids_inside(root.path)
     assert not root.base.exists()

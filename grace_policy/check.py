@@ -200,6 +200,12 @@ def check_elf(path: str, env: Mapping[str, str], cwd: str, node: NodeProfile, bu
         # Judging another architecture's node from here: the node has its own
         # build of system programs at the same path, as it has of system
         # libraries (which the loader model counts as present by name).
+        # An interpreter there still imports the user's files on shared
+        # storage: the Python step goes on with the node's own build.
+        if keep is not None and may_run_python(path):
+            from .python.nodeinterp import node_process
+
+            keep["process"] = node_process(path, info, node, env, cwd, budget)
         return None
     if (node.machine == "x86_64" and info.machine == EM_386 and info.elf_class == ELFCLASS32
             and info.data == node.data):

@@ -11,6 +11,7 @@ second identical clean step must be a hit.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from corpus import CorpusUnavailable, _give_up
@@ -18,7 +19,9 @@ from fixtures.build import CompileCache
 from vm import slurmnode
 from vm.qemu import BootError, qemu_binary
 
-from grace_policy.node import host_machine
+from grace_policy.decide import decide
+from grace_policy.node import NodeProfile, host_machine
+from grace_policy.policy import Policy
 
 pytestmark = [
     pytest.mark.vm, pytest.mark.network, pytest.mark.cross,
@@ -127,3 +130,78 @@ def test_python_step_importing_a_4k_extension_is_refused(node: slurmnode.NodeRun
     assert f"{PREFIX}WARNING py-dist-broken:" in unused.stderr
     actions = [r["action"] for r in audit_of(node) if "venv-py" in str(r.get("program"))]
     assert actions == ["reject", "warn"], actions
+
+
+#: What the plugin must decide here for the login node's environments (issue 16).
+LOGIN_VERDICTS = {
+    "login-venv-x86": ("reject", ["py-ext-arch"]),
+    "login-venv-unused": ("warn", ["py-dist-broken"]),
+    "login-user-site": ("reject", ["py-ext-arch"]),
+    "login-pythonpath": ("reject", ["py-ext-arch"]),
+    "login-console-script": ("reject", ["py-ext-arch"]),
+    "login-clean": ("allow", []),
+}
+
+
+def _on_host(cases: Path, text: str) -> str:
+    return str(cases) + text[len("/cases"):] if text.startswith("/cases/") else text
+
+
+def _on_guest(cases: Path, path: str) -> str:
+    return "/cases" + path[len(str(cases)):] if path.startswith(f"{cases}/") else path
+
+
+def shown(stderr: str) -> list[tuple[str, str, str]]:
+    """(severity, rule, path) of each finding the job's user saw."""
+    out = []
+    for line in stderr.splitlines():
+        words = line.split(" ", 3)
+        if len(words) == 4 and words[0] == PREFIX.strip() and words[1] in ("ERROR", "WARNING"):
+            out.append((words[1], words[2].rstrip(":"), words[3]))
+    return sorted(out)
+
+
+def test_login_node_predictions_are_the_nodes_verdicts(node: slurmnode.NodeRun) -> None:
+    """Each environment filled on the x86_64 login node with its
+    distribution's python, judged from this x86_64 host for the aarch64
+    64 KiB partition, gets the verdict the plugin gave on the node, where
+    the node's own /usr/bin/python3.11 ran it: the same action and the same
+    findings (severity, rule, file) in the job's output. The node's audit
+    line may name INFO rules besides (relro-tail on Debian's own
+    libnsl.so.2, loaded by the standard library): those concern the node's
+    own files, which the login node does not judge, and no user sees them."""
+    assert node.cases is not None and set(LOGIN_VERDICTS) == set(slurmnode.LOGIN_SCENARIOS)
+    records = dict(zip(slurmnode.SCENARIOS, audit_of(node)))
+    grace = NodeProfile(machine="aarch64", page_size=65536, glibc=(2, 36),
+                        root_is_native=False)
+    for name in slurmnode.LOGIN_SCENARIOS:
+        argv, extra = slurmnode.SCENARIOS[name]
+        here = [_on_host(node.cases, a) for a in argv]
+        script = Path(here[0])
+        if script.read_bytes().startswith(b"#!/cases/"):
+            # the console script's #! names the guest path; the same script
+            # as pip would have written it here
+            copy = script.with_name(script.name + "-here")
+            copy.write_text("#!" + _on_host(node.cases, script.read_text()[2:]))
+            copy.chmod(0o755)
+            here[0] = str(copy)
+        env = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent",
+               **{k: _on_host(node.cases, v) for k, v in extra.items()}}
+        verdict = decide(Policy(), partition=None, argv=here, env=env, cwd=str(node.cases),
+                         node=grace)
+        predicted = sorted((f.severity.upper(), f.rule, _on_guest(node.cases, f.path))
+                           for f in verdict.findings if f.severity != "info")
+        step = node.steps[name]
+        record = records[name]
+        assert (verdict.action, predicted) == (record["action"], shown(step.stderr)), \
+            (name, verdict.findings, record, step.stderr)
+        action, rules = LOGIN_VERDICTS[name]
+        assert (verdict.action, sorted({r for _s, r, _p in predicted})) == (action, rules)
+        if action == "reject":
+            assert step.rc != 0 and "ran" not in step.stdout, (name, step.stderr)
+        else:
+            assert step.rc == 0 and "ran" in step.stdout, (name, step.stderr)
+    # Without Slurm the node's python fails at the import the plugin named.
+    real = node.steps["login-venv-x86-direct"]
+    assert real.rc != 0 and "ImportError: /cases/venv-sys/lib/python3.11/site-packages/bcrypt/" \
+                              "_bcrypt.abi3.so: cannot open shared object file" in real.stderr

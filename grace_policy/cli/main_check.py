@@ -30,6 +30,7 @@ if TYPE_CHECKING:
     from ..findings import Verdict
     from ..node import NodeProfile
     from ..policy import Policy
+    from ..python.nodeinterp import Basis
 
 
 def configure_parser(sub: argparse._SubParsersAction, name: str, help_text: str) -> None:
@@ -112,14 +113,21 @@ def execute(args: argparse.Namespace, rest: list[str] | None) -> int:
         verdict = decide(policy, partition=args.partition, argv=command, env=env, cwd=cwd,
                          node=node, who=who)
     crashed = bool(verdict.error and verdict.error.startswith("internal error"))
+    assumed = _node_interpreter(command, env, cwd, node)
     if args.json:
         out = verdict.to_json()
         out["node"] = node_json(node)
         out["command"] = command
+        if assumed is not None:
+            out["assumed_interpreter"] = {**assumed.to_json(), "text": assumed.text(node)}
         print(json.dumps(out, indent=2))
     elif not crashed:
         for line in _human(verdict, policy, node, command):
             print(line)
+        if assumed is not None:
+            from ..messages import PREFIX, escape
+
+            print(f"{PREFIX}note: judged as {escape(assumed.text(node))}")
     if crashed:
         # decide() turned a crash into the site's on_error action, which is right
         # for slurmstepd; a person asking wants to know the check did not run.
@@ -129,6 +137,33 @@ def execute(args: argparse.Namespace, rest: list[str] | None) -> int:
         err(f"(the plugin would {verdict.action} this step: on_error={policy.on_error})")
         return EX_SOFTWARE
     return EXIT_FOR_ACTION.get(verdict.action, EX_SOFTWARE)
+
+
+def _node_interpreter(command: list[str], env: dict[str, str], cwd: str,
+                      node: NodeProfile) -> Basis | None:
+    """The node's own interpreter the answer assumed, when the program is a
+    distribution path's python judged for another architecture (the user
+    should know the answer is not about this host's file); else None."""
+    if node.root_is_native:
+        return None
+    from ..budget import Budget, BudgetExceeded
+    from ..launch import build_path, follow
+    from ..python.names import may_run_python
+    from ..python.nodeinterp import basis, is_node_build
+
+    budget = Budget(10_000, 10_000, 1 << 30)
+    try:
+        exe = build_path(command[0], env, cwd, budget)
+        if exe is None:
+            return None
+        last = follow(exe, env, cwd, budget)[-1]
+        if last.kind != "elf" or not may_run_python(last.path) or not is_node_build(
+                last.path, node):
+            return None
+        found = basis(last.path, node, budget)
+    except BudgetExceeded:
+        return None
+    return found if found.version is not None else None
 
 
 def _human(verdict: Verdict, policy: Policy, node: NodeProfile, command: list[str]) -> list[str]:

@@ -5,7 +5,10 @@ A user on the x86_64 login node asks before submitting: every distribution of
 the environment is judged as the partition's nodes would import it (the same
 code the plugin runs for a Python step), with no script needed. Exit 0 when
 everything would load, 1 when some package would fail, 2 when the
-interpreter itself cannot run there.
+interpreter itself cannot run there. It says which interpreter it assumed
+the node runs (:mod:`grace_policy.python.nodeinterp`): for a node of another
+architecture, a distribution path's python is the node's own build, any
+other interpreter the file itself.
 """
 
 from __future__ import annotations
@@ -86,6 +89,9 @@ def execute(args: argparse.Namespace, rest: list[str] | None) -> int:
     budget = Budget(60_000, 100_000, 1 << 34)  # a person asking can wait
     own, groups = environment_report(python, env, cwd, node, budget, imports=args.imports,
                                      cuda_index=part.cuda_index if part else None)
+    from ..python.nodeinterp import basis
+
+    assumed = basis(python, node, budget)
     catalogue = Catalogue.for_policy(policy)
     context = finding_context(node, args.partition)
     own_findings = catalogue.findings(own, context)
@@ -100,6 +106,7 @@ def execute(args: argparse.Namespace, rest: list[str] | None) -> int:
         print(json.dumps({
             "python": python, "node": node_json(node),
             "interpreter": [f.to_json() for f in own_findings],
+            "assumed_interpreter": {**assumed.to_json(), "text": assumed.text(node)},
             "packages": [{"name": g.label, "path": g.path, "imported": g.used,
                           "ok": not any(f.severity in ("error", "warning") for f in found),
                           "findings": [f.to_json() for f in found]} for g, found in rows],
@@ -107,6 +114,7 @@ def execute(args: argparse.Namespace, rest: list[str] | None) -> int:
         return code
     where = f"partition {escape(args.partition)}, " if args.partition else ""
     print(f"{PREFIX}{escape(python)} on {where}{node.describe()}")
+    print(f"{PREFIX}interpreter assumed there: {escape(assumed.text(node))}")
     for f in own_findings:
         print(f"{PREFIX}  interpreter: {f.severity.upper()} {f.rule}: {escape(f.path)}")
         print(f"{PREFIX}    {escape(f.predicted_error)}")

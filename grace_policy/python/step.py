@@ -185,9 +185,16 @@ def shell_env_issues(env: Mapping[str, str], cwd: str, node: NodeProfile, budget
             info = read_elf(python, budget=budget)
         except (ElfError, OSError):
             continue
-        if info.machine != node.machine_number or info.elf_class != node.elf_class:
+        if not node.root_is_native and node_owns(python):
+            # a venv of the distribution's python, seen from another
+            # architecture: the node's own build will start it
+            from .nodeinterp import node_process
+
+            process = node_process(python, info, node, env, cwd, budget)
+        elif info.machine != node.machine_number or info.elf_class != node.elf_class:
             continue  # another machine's env: the env-leak rule speaks for it
-        process = Process(python, info, node, env, cwd=cwd, budget=budget)
+        else:
+            process = Process(python, info, node, env, cwd=cwd, budget=budget)
         found = _environment(python, process, env, cwd, node, budget, causes,
                              cuda_index=cuda_index, all_warnings=True)
         if found is not None:
@@ -333,6 +340,8 @@ class Environment:
         # (a PYTHONPATH directory of plain packages, the script's directory).
         for name, loc in located.items():
             if loc.kind == "missing" and loc.foreign:
+                if self._node_builds(loc.foreign[0]):
+                    continue
                 out.append(Group(name, loc.foreign[0], True,
                                  (self._foreign_issue(name, loc.foreign),)))
             elif (loc.entry not in by_dir and loc.kind in ("package", "extension")
@@ -344,6 +353,14 @@ class Environment:
 
     def _system_entry(self, path: str) -> bool:
         return any(e.system for e in self.paths.entries if e.path == path)
+
+    def _node_builds(self, path: str) -> bool:
+        """Whether the node has its own build where this host holds ``path``:
+        the distribution's Python (its lib-dynload, its dist-packages) seen
+        from a login node of another architecture."""
+        from .sitepath import is_system
+
+        return not self.node.root_is_native and is_system(path)
 
     def _owners(self, names: Sequence[str], search: Sequence[str],
                 by_dir: Mapping[str, tuple[Dist, ...]]) -> tuple[set[str], dict[str, Located]]:

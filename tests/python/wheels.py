@@ -35,6 +35,8 @@ The pinned corpus (small; the numpy ones are 12 MB each):
 - ``bcrypt-4.1.2-abi3-x86_64``: an x86_64 ``.abi3.so`` (``bcrypt/_bcrypt.abi3.so``):
   an aarch64 CPython tries it and fails with "cannot open shared object file"-class
   errors (wrong ELF machine), not ModuleNotFoundError.
+- ``bcrypt-4.1.2-abi3-aarch64``: the same for aarch64 (what an x86_64 node's
+  CPython refuses, tests/python/test_loginnode.py).
 """
 
 from __future__ import annotations
@@ -73,6 +75,9 @@ PINS: tuple[WheelPin, ...] = (
     WheelPin("bcrypt-4.1.2-abi3-x86_64", "bcrypt==4.1.2", "manylinux2014_x86_64", "3.11",
              "bcrypt-4.1.2-cp39-abi3-manylinux_2_17_x86_64.manylinux2014_x86_64.whl",
              "387e7e1af9a4dd636b9505a465032f2f5cb8e61ba1120e79a0e1cd0b512f3dfc"),
+    WheelPin("bcrypt-4.1.2-abi3-aarch64", "bcrypt==4.1.2", "manylinux2014_aarch64", "3.11",
+             "bcrypt-4.1.2-cp39-abi3-manylinux_2_17_aarch64.manylinux2014_aarch64.whl",
+             "68e3c6642077b0c8092580c819c1684161262b2e30c4f45deb000c38947bf483"),
 )
 
 _BY_KEY = {p.key: p for p in PINS}

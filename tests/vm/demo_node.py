@@ -26,6 +26,14 @@ WHAT = {
     "x86-program": "a program built on the x86_64 login node",
     "x86-venv-leak": "a clean program, with VIRTUAL_ENV leaked from an x86_64 venv",
     "4k-build": "an aarch64 program linked for 4 KiB pages",
+    "python-4k-ext": "a venv of the node's python importing an extension linked for 4 KiB",
+    "python-unused": "the same venv, the broken package not imported",
+    "login-venv-x86": "a venv of the login node's python3.11 importing an x86_64 wheel",
+    "login-venv-unused": "the same venv, the x86_64 package not imported",
+    "login-user-site": "python3.11 importing an x86_64 wheel from a PYTHONUSERBASE",
+    "login-pythonpath": "python3.11 importing an x86_64 wheel from PYTHONPATH",
+    "login-console-script": "a console script of that venv importing the x86_64 wheel",
+    "login-clean": "a venv of python3.11 holding aarch64 wheels only",
 }
 
 
@@ -40,7 +48,7 @@ def main() -> int:
     for i, (name, (argv, env)) in enumerate(slurmnode.SCENARIOS.items()):
         step = run.steps.get(name)
         shown_env = " ".join(f"{k}={v}" for k, v in env.items() if k != "PATH")
-        print(f"== {WHAT[name]}\n$ {shown_env + ' ' if shown_env else ''}"
+        print(f"== {WHAT.get(name, name)}\n$ {shown_env + ' ' if shown_env else ''}"
               f"srun -p {slurmnode.PARTITION} {' '.join(argv)}")
         if step is None:
             print("   (no result)\n")

@@ -22,7 +22,7 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from corpus import CorpusUnavailable, _cached_tree, _run
@@ -53,11 +53,29 @@ SCENARIOS: dict[str, tuple[tuple[str, ...], dict[str, str]]] = {
     # extension module was linked for 4 KiB pages, imported or not.
     "python-4k-ext": (("/cases/venv-py/bin/python", "-c", "import ext4k"), {}),
     "python-unused": (("/cases/venv-py/bin/python", "-c", "print('ran')"), {}),
+    # Issue 16: environments a user filled on the x86_64 login node with its
+    # distribution's python (a real `python3.11 -m venv`, real PyPI wheels);
+    # here the node's own /usr/bin/python3.11 runs them. The login node's
+    # prediction for each must be the verdict the plugin gives here.
+    "login-venv-x86": (("/cases/venv-sys/bin/python", "-c", "import bcrypt"), {}),
+    "login-venv-unused": (("/cases/venv-sys/bin/python", "-c",
+                           "import markupsafe._speedups; print('ran')"), {}),
+    "login-user-site": (("/usr/bin/python3.11", "-c", "import bcrypt"),
+                        {"PYTHONUSERBASE": "/cases/userbase-x86"}),
+    "login-pythonpath": (("/usr/bin/python3.11", "-c", "import bcrypt"),
+                         {"PYTHONPATH": "/cases/pp-x86"}),
+    "login-console-script": (("/cases/venv-sys/bin/hash-tool",), {}),
+    "login-clean": (("/cases/venv-arm/bin/python", "-c",
+                     "import bcrypt, markupsafe._speedups; print('ran')"), {}),
 }
+
+#: The scenarios above whose environments come from the login node.
+LOGIN_SCENARIOS = tuple(name for name in SCENARIOS if name.startswith("login-"))
 
 #: name -> argv run as nobody without Slurm: what really happens on this node.
 DIRECT: dict[str, tuple[str, ...]] = {
     "python-4k-ext-direct": ("/cases/venv-py/bin/python", "-c", "import ext4k"),
+    "login-venv-x86-direct": ("/cases/venv-sys/bin/python", "-c", "import bcrypt"),
 }
 
 CONFIG = """\
@@ -295,6 +313,7 @@ def build_cases(work: Path, cache: object) -> Path:
     (venv / "bin/python").symlink_to("python3")
     (venv / "pyvenv.cfg").write_text("home = /usr/bin\nversion = 3.11.2\n")
     _python_venv(cases / "venv-py", cache)
+    _login_envs(cases)
     for path in cases.rglob("*"):
         if not path.is_symlink():
             path.chmod(0o755)
@@ -322,6 +341,34 @@ def _python_venv(venv: Path, cache: object) -> None:
                                  "ext4k-1.0.dist-info/METADATA,,\next4k-1.0.dist-info/RECORD,,\n")
 
 
+#: The login node's distribution python, which makes the venvs of
+#: :func:`_login_envs`: Debian 12's, the same CPython 3.11 as the guest's.
+LOGIN_PYTHON = "/usr/bin/python3.11"
+
+
+def _login_envs(cases: Path) -> None:
+    """What a user makes on the x86_64 login node (issue 16): venvs of the
+    distribution's python (``bin/python -> /usr/bin/python3.11``) filled
+    with pinned PyPI wheels of both machines, a console script, a user base
+    and a PYTHONPATH directory of x86_64 wheels."""
+    from python.wheels import copy_site
+
+    if not os.access(LOGIN_PYTHON, os.X_OK):
+        raise CorpusUnavailable(f"{LOGIN_PYTHON} missing: the login-node venvs need it")
+    site = "lib/python3.11/site-packages"
+    for name, keys in (("venv-sys", ("bcrypt-4.1.2-abi3-x86_64", "markupsafe-2.1.5-aarch64")),
+                       ("venv-arm", ("bcrypt-4.1.2-abi3-aarch64", "markupsafe-2.1.5-aarch64"))):
+        subprocess.run([LOGIN_PYTHON, "-m", "venv", "--without-pip", str(cases / name)],
+                       check=True, capture_output=True, timeout=120)
+        for key in keys:
+            copy_site(key, cases / name / site)
+    tool = cases / "venv-sys/bin/hash-tool"
+    tool.write_text("#!/cases/venv-sys/bin/python\nfrom bcrypt import gensalt\n"
+                    "print('tool ran')\n")
+    copy_site("bcrypt-4.1.2-abi3-x86_64", cases / "userbase-x86" / site)
+    copy_site("bcrypt-4.1.2-abi3-x86_64", cases / "pp-x86")
+
+
 @dataclass(frozen=True)
 class StepResult:
     rc: int
@@ -339,6 +386,8 @@ class NodeRun:
     boot_seconds: float     # qemu start to slurm idle, guest clock
     total_seconds: float    # the whole qemu run, host clock
     console: str
+    #: This host's copy of the guest's /cases.
+    cases: Path | None = None
 
 
 def _b64(text: str) -> str:
@@ -387,4 +436,4 @@ def run_node(work: Path, cache: object) -> NodeRun:
     (work / "serial.txt").write_text(log)
     if "ALLDONE" not in console:
         raise AssertionError(f"the guest did not finish: {console[-1500:]!r}\n{log[-1500:]}")
-    return parse(console, seconds)
+    return replace(parse(console, seconds), cases=cases)

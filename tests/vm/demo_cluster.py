@@ -61,6 +61,14 @@ def main() -> int:
                 print(f"   login-node prediction: {pred['action']} {pred['rules']}\n",
                       flush=True)
                 rows.append((case.name, node, (pred["action"], pred["rules"])))
+                if case.action == "reject":
+                    warned = twoarch_cases.submit(cluster, case, twoarch.WARN_PARTITION)
+                    print(f"   the same on {twoarch.WARN_PARTITION} (warn mode): it runs and fails "
+                          "for real:")
+                    for line in (warned.stdout + warned.stderr).splitlines():
+                        if not line.startswith("grace-policy: "):
+                            print(f"   {line}")
+                    print(f"   exit {warned.rc}\n", flush=True)
             print("scenario | node (action, rules) | prediction")
             for name, node, pred in rows:
                 print(f"{name} | {node} | {pred}")

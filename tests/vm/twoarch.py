@@ -58,8 +58,12 @@ mode = "enforce"
 contact = "the test suite"
 deadline_ms = 120000
 
+[partitions.{PARTITION}]
+cuda_index = "cu130"
+
 [partitions.{WARN_PARTITION}]
 mode = "warn"
+cuda_index = "cu130"
 """
 
 #: The login node's copy: the same policy plus what gb200's nodes are, which
@@ -71,12 +75,14 @@ contact = "the test suite"
 deadline_ms = 120000
 
 [partitions.{PARTITION}]
+cuda_index = "cu130"
 arch = "aarch64"
 page_size = 65536
 glibc = "2.36"
 
 [partitions.{WARN_PARTITION}]
 mode = "warn"
+cuda_index = "cu130"
 arch = "aarch64"
 page_size = 65536
 glibc = "2.36"
@@ -228,7 +234,10 @@ class TwoArchCluster:
             "AccountingStorageType=accounting_storage/none",
             "JobCompType=jobcomp/none",
             "SchedulerType=sched/builtin",
-            "SelectType=select/linear",
+            # cons_tres: --gpus needs it.
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_Core",
+            "GresTypes=gpu",
             "MpiDefault=none",
             "MailProg=/bin/true",
             "ReturnToService=2",
@@ -240,7 +249,7 @@ class TwoArchCluster:
             # Each side has its own plugstack at this path: the login node
             # runs no plugin, the node runs ours.
             f"PlugStackConfig={c / 'plugstack.conf'}",
-            f"NodeName={NODE} NodeAddr={NODE_IP} CPUs=1 State=UNKNOWN",
+            f"NodeName={NODE} NodeAddr={NODE_IP} CPUs=1 Gres=gpu:1 State=UNKNOWN",
             f"PartitionName={PARTITION} Nodes={NODE} Default=YES MaxTime=INFINITE State=UP",
             f"PartitionName={WARN_PARTITION} Nodes={NODE} Default=NO MaxTime=INFINITE State=UP",
         ]) + "\n"
@@ -269,12 +278,17 @@ $B mkdir -p {share}
 $B mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 share {share} || out "MOUNT-FAILED"
 $B mkdir -p {c}/munge {c}/state {c}/spool {c}/run {c}/log /run/munge /var/lib/munge /var/log/munge
 $B cp /etc/slurm/plugstack.conf {c}/plugstack.conf
+$B mkdir -p {c}/dev && $B ln -s /dev/null {c}/dev/nvidia0
+# The root is an extract of the Slurm packages, without coreutils: a real
+# node has uname, busybox's stands in.
+[ -e /usr/bin/uname ] || $B ln -s /bin/busybox /usr/bin/uname
 out "BOOTED $($B cut -d' ' -f1 /proc/uptime) $($B ls /sys/class/net | $B tr '\\n' ' ')"
 /usr/sbin/munged --force --socket={self.munge_socket} > /var/log/munged.stdio 2>&1
 /usr/sbin/slurmd -f {self.conf} -N {NODE} > /var/log/slurmd.stdio 2>&1
 out "SLURMD $?"
 until [ -e {self.node_dir}/poweroff ]; do
-  $B pidof slurmd-wlm slurmd > /dev/null || {{ out "SLURMD-DIED"; $B cat /var/log/slurmd.stdio > /dev/hvc0; break; }}
+  $B pidof slurmd-wlm slurmd > /dev/null || {{
+    out "SLURMD-DIED"; $B cat /var/log/slurmd.stdio > /dev/hvc0; break; }}
   $B sleep 1
 done
 out "POWEROFF"
@@ -284,6 +298,13 @@ $B poweroff -f
 
     def _prepare(self) -> Path:
         """Everything on disk before any daemon: share, home, configs, initrd."""
+        # The user must reach the munge socket and the home through every
+        # parent (srun otherwise retries munge until its timeout, silently).
+        for parent in self.root.resolve().parents:
+            if not os.stat(parent).st_mode & 0o001:
+                raise ClusterError(f"{parent} is not searchable by others: the user "
+                                   f"{USER} could not reach the home or munge's socket "
+                                   "(use a root under /tmp, e.g. tempfile.mkdtemp())")
         for d in (self.share / "etc", self.node_dir, self.home, self.ctl / "munge",
                   self.ctl / "state", self.ctl / "run", self.ctl / "log", self.ctl / "spool"):
             d.mkdir(parents=True, exist_ok=True)
@@ -296,8 +317,13 @@ $B poweroff -f
         key.write_bytes(os.urandom(1024))
         key.chmod(0o600)
         self.conf.write_text(self.slurm_conf())
-        # slurmd reads cgroup.conf next to slurm.conf.
+        # slurmd reads cgroup.conf and gres.conf next to slurm.conf. The GPU
+        # is device-less (the guest has none): a link to /dev/null that the
+        # guest's /init makes, so --gpus steps are scheduled and get Slurm's
+        # GPU variables; with TaskPlugin=task/none nothing opens it.
         (self.conf.parent / "cgroup.conf").write_text(CGROUP_CONF)
+        (self.conf.parent / "gres.conf").write_text(
+            f"NodeName={NODE} Name=gpu File={self.ctl / 'dev/nvidia0'}\n")
         (self.ctl / "plugstack.conf").write_text("# the login node runs no SPANK plugin\n")
         self.login_config.write_text(LOGIN_CONFIG)
         self.login_config.chmod(0o644)

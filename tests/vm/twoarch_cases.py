@@ -73,7 +73,7 @@ CASES: tuple[Case, ...] = (
     Case("jemalloc-4k", "an aarch64 program with a jemalloc built for 4 KiB pages",
          argv=("~/bin/alloc-4k",), action="reject", rules=("page-size-compiled",)),
     Case("torch-cpu-gpus", "a CPU-only torch (pip install --user) imported on a --gpus step",
-         argv=("python3", "-c", "import torch"), srun_opts=("--gpus=1",),
+         argv=("python3", "-c", "import torch; print('torch imported')"), srun_opts=("--gpus=1",),
          predict_env={"SLURM_GPUS_ON_NODE": "1"},
          env={"PYTHONUSERBASE": "~/.local-torch"}, action="warn", rules=("torch-cpu-only",)),
     Case("torchcodec-no-ffmpeg", "torchcodec (pip install --user) where the node has no FFmpeg",

@@ -3,13 +3,15 @@
 # machine. Idempotent and quiet when everything is already there.
 # mmdebstrap: the release matrix's Debian roots (tests/slurm/roots.py);
 # debhelper, dpkg-dev, rpm: make deb / make rpm and their tests.
+# iproute2: the two-architecture cluster's network namespace and tap (ip).
 set -euo pipefail
 need_apt=()
 all_pkgs=(slurmd slurmctld slurm-client libslurm-dev munge gcc-aarch64-linux-gnu
           libc6-dev-arm64-cross qemu-user python3-dev python3-pip python3-venv
           fakeroot patchelf dpkg-dev make bzip2 binutils-aarch64-linux-gnu
           mmdebstrap debhelper rpm
-          qemu-system-arm flex bison bc cpio xz-utils libssl-dev libelf-dev)
+          qemu-system-arm flex bison bc cpio xz-utils libssl-dev libelf-dev
+          iproute2)
 # --packaging deb|rpm: only what make deb / make rpm need (no test tools).
 if [ "${1:-}" = --packaging ]; then
   all_pkgs=(libslurm-dev python3-dev python3-pip build-essential debhelper dpkg-dev)

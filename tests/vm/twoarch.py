@@ -457,7 +457,10 @@ $B poweroff -f
     # -- the user's side -----------------------------------------------------
     def user_env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         """A login shell's environment for the user (then ``extra``)."""
-        env = {"HOME": str(self.home), "USER": USER, "LOGNAME": USER, "SHELL": "/bin/sh",
+        # PWD as a shell keeps it: on 22.05 the plugin learns the job's cwd
+        # from it (docs/SPANK.md), and srun runs in the home.
+        env = {"HOME": str(self.home), "PWD": str(self.home), "USER": USER, "LOGNAME": USER,
+               "SHELL": "/bin/sh",
                "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8",
                "SLURM_CONF": str(self.conf)}
         env.update(extra or {})

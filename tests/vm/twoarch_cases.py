@@ -68,6 +68,8 @@ CASES: tuple[Case, ...] = (
     Case("local-bin-x86-cli", "an x86_64 CLI in ~/.local/bin",
          argv=("tool",), env={"PATH": "~/.local/bin:/usr/bin:/bin"},
          action="reject", rules=("exe-arch-mismatch",)),
+    Case("native-64k", "an aarch64 program built for 64 KiB pages, named from the home",
+         argv=("./bin/hello-64k",)),
     Case("aarch64-4k-build", "an aarch64 program linked for 4 KiB pages",
          argv=("~/bin/hello-4k",), action="reject", rules=("page-congruence", "page-overlap")),
     Case("jemalloc-4k", "an aarch64 program with a jemalloc built for 4 KiB pages",

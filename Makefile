@@ -6,7 +6,7 @@ PREFIX ?= /usr/local
 DESTDIR ?=
 BUILD ?= build
 
-.PHONY: all deps test test-fast lint verify-loader verify-pages demo-node plugin plugin-testhooks install demo bench fuzz clean
+.PHONY: all deps test test-fast lint verify-loader verify-pages demo-node demo-cluster plugin plugin-testhooks install demo bench fuzz clean
 
 all: plugin
 
@@ -36,6 +36,13 @@ verify-pages: deps
 # plugin cross-built for aarch64, what users see (first run: kernel build).
 demo-node: deps
 	$(PYTHON) tests/vm/demo_node.py
+
+# The two-architecture cluster: slurmctld, munge and the login node on this
+# x86_64 machine (in a network namespace of its own), slurmd with the aarch64
+# plugin on the 64 KiB guest, the home over 9p; the seeds' scenarios
+# submitted as a user, with the login node's prediction beside each decision.
+demo-cluster: deps
+	$(PYTHON) tests/vm/demo_cluster.py
 
 # Long fuzz of the ELF reader and the image readers (squashfs, LZO)
 # (hypothesis; ELF failures are kept in its database under

@@ -67,8 +67,11 @@ USERLANDS: dict[str, tuple[str, tuple[int, int], tuple[str, ...]]] = {
 #: What allnoconfig lacks for a 64 KiB guest under ``qemu -M virt``: the page
 #: size, PCI virtio (console; the same transport Debian's 16 KiB kernel has
 #: built in), the PL011 serial for kernel messages, an initramfs, ELF and #!,
-#: the filesystems and syscalls glibc, busybox and Slurm's daemons use, and
-#: loopback networking for the in-VM Slurm (no network device is given).
+#: the filesystems and syscalls glibc, busybox and Slurm's daemons use,
+#: loopback networking for the in-VM Slurm, and for the two-architecture
+#: cluster (issue 17) a virtio NIC and a 9p home over virtio. One config for
+#: every guest: with no ``-netdev``/``-fsdev`` given, the page oracle's guest
+#: still sees only ``lo`` and nothing mounted.
 KERNEL_CONFIG = """\
 CONFIG_ARM64_64K_PAGES=y
 CONFIG_PRINTK=y
@@ -111,6 +114,14 @@ CONFIG_NET=y
 CONFIG_INET=y
 CONFIG_UNIX=y
 CONFIG_CGROUPS=y
+CONFIG_PACKET=y
+CONFIG_NETDEVICES=y
+CONFIG_NET_CORE=y
+CONFIG_VIRTIO_NET=y
+CONFIG_NET_9P=y
+CONFIG_NET_9P_VIRTIO=y
+CONFIG_NETWORK_FILESYSTEMS=y
+CONFIG_9P_FS=y
 """
 
 KERNEL_BUILD_TIMEOUT = 3600
@@ -308,4 +319,6 @@ def kernel_64k() -> Path:
             "cc": subprocess.run([CROSS + "gcc", "-dumpfullversion"], capture_output=True,
                                  text=True, check=False).stdout.strip()
             if shutil.which(CROSS + "gcc") else "missing"}
-    return _cached_tree("vm/kernel-64k", want, build) / "Image"
+    # A name of its own since the network/9p options: a tree built from the
+    # older config (other checkouts) is not rebuilt back and forth with this.
+    return _cached_tree("vm/kernel-64k-net", want, build) / "Image"

@@ -1,0 +1,215 @@
+"""The two-architecture cluster of issue 17: submitted on x86_64, judged on a
+64 KiB aarch64 node, predicted on the x86_64 login node.
+
+One cluster per module (:mod:`vm.twoarch`): slurmctld, munge, srun and sbatch
+on this machine inside a network namespace the test makes, slurmd with the
+aarch64 plugin in the 64 KiB guest, the home shared over 9p, the user
+``nobody`` on both sides. Every case of :data:`vm.twoarch_cases.CASES` is
+submitted as that user from the x86_64 side; the node's audit line must give
+the case's action and rules, and ``grace-policy check --partition gb200
+--json`` on the login node must give the same (prediction == decision).
+Refused cases run again on the warn-mode partition, where they start and
+fail for real the way the plugin's message said they would.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+from corpus import CorpusUnavailable, _give_up
+from fixtures.build import CompileCache
+from vm import twoarch, twoarch_cases
+from vm.twoarch_cases import CASES, Case, Outcome
+
+from grace_policy.node import host_machine
+from grace_policy.rules import Catalogue
+
+pytestmark = [
+    pytest.mark.vm, pytest.mark.slurm, pytest.mark.network, pytest.mark.cross,
+    pytest.mark.skipif(host_machine() != "x86_64",
+                       reason="the login node and controller are this x86_64 machine"),
+]
+PREFIX = "grace-policy: "
+
+#: What really happens on the node without the check (field notes §7 and the
+#: plugin's own "without this check" line), for the warn-mode runs.
+REAL_FAILURE = {
+    "user-site-x86-wheel": "ImportError",
+    "local-bin-x86-cli": "Exec format error",
+    "aarch64-4k-build": "Segmentation fault",
+    "jemalloc-4k": "Unsupported system page size",
+}
+
+
+SEVERITY = Catalogue()
+
+
+def visible(rules: object) -> list[str]:
+    """The rule ids a user is shown (info findings go to the audit log only)."""
+    return [r for r in rules if SEVERITY.severity(r) != "info"]  # type: ignore[attr-defined]
+
+
+class Run:
+    """Everything the module's cluster did, for the tests to read."""
+
+    def __init__(self) -> None:
+        self.enforce: dict[str, Outcome] = {}
+        self.warn: dict[str, Outcome] = {}
+        self.audit: dict[str, list[dict[str, object]]] = {}
+        self.warn_audit: dict[str, list[dict[str, object]]] = {}
+        self.predicted: dict[str, dict[str, object]] = {}
+        self.netns_links: str = ""
+        self.host_links_before: str = ""
+        self.host_links_during: str = ""
+        self.boot_seconds = 0.0
+        self.home = Path()
+
+
+@pytest.fixture(scope="module")
+def run(compile_cache: CompileCache) -> Run:
+    why = twoarch.unavailable()
+    if why:
+        _give_up(why)
+    out = Run()
+    out.host_links_before = twoarch._run(["ip", "-o", "link"]).stdout
+    # Not pytest's tmp_path: its /tmp/pytest-of-root is 0700, and the user
+    # must reach the home and munge's socket.
+    root = Path(tempfile.mkdtemp(prefix="gp-twoarch-"))
+    cluster = twoarch.TwoArchCluster(root)
+    try:
+        try:
+            cluster.start()
+            twoarch_cases.build_home(cluster, compile_cache)
+        except CorpusUnavailable as exc:
+            _give_up(f"two-architecture cluster setup: {exc}")
+        except twoarch.ClusterError as exc:
+            pytest.fail(f"the two-architecture cluster did not come up: {exc}")
+        out.boot_seconds, out.home = cluster.boot_seconds, cluster.home
+        assert cluster.netns is not None
+        out.netns_links = twoarch._run(["ip", "-n", cluster.netns.name, "-o", "addr"]).stdout
+        out.host_links_during = twoarch._run(["ip", "-o", "link"]).stdout
+        for case in CASES:
+            before = len(cluster.audit_lines())
+            out.enforce[case.name] = twoarch_cases.submit(cluster, case)
+            out.audit[case.name] = twoarch_cases.node_record(cluster, before)
+            out.predicted[case.name] = twoarch_cases.predict(cluster, case)
+            if case.name in REAL_FAILURE:
+                before = len(cluster.audit_lines())
+                out.warn[case.name] = twoarch_cases.submit(cluster, case,
+                                                           twoarch.WARN_PARTITION)
+                out.warn_audit[case.name] = twoarch_cases.node_record(cluster, before)
+    finally:
+        cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    print(f"\ntwo-arch cluster: node idle {out.boot_seconds:.0f} s after start; steps: "
+          + ", ".join(f"{k} {v.seconds:.0f} s" for k, v in out.enforce.items()))
+    print("scenario | node action+rules | prediction action+rules")
+    for case in CASES:
+        rec = out.audit[case.name]
+        p = out.predicted[case.name]
+        print(f"{case.name} | {[(r['action'], r['rules']) for r in rec]} | "
+              f"{p['action']} {p['rules']}")
+    return out
+
+
+def said(text: str) -> str:
+    lines = [line[len(PREFIX):] for line in text.splitlines() if line.startswith(PREFIX)]
+    return " ".join(" ".join(lines).split())
+
+
+def one_record(run: Run, case: Case) -> dict[str, object]:
+    records = run.audit[case.name]
+    assert len(records) == 1, records
+    return records[0]
+
+
+def test_the_network_is_only_inside_the_namespace(run: Run) -> None:
+    """tap0 and the addresses live in the test's namespace; the machine's
+    own interfaces are the same before and during the run."""
+    assert f"inet {twoarch.HOST_IP}/{twoarch.PREFIX_LEN}" in run.netns_links
+    assert "tap0" in run.netns_links
+    def names(text: str) -> list[str]:
+        return sorted(line.split(":")[1].strip() for line in text.splitlines())
+
+    assert names(run.host_links_during) == names(run.host_links_before)
+    assert "tap0" not in run.host_links_during
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_node_decides_as_the_case_says(run: Run, case: Case) -> None:
+    step = run.enforce[case.name]
+    record = one_record(run, case)
+    assert record["node"] == twoarch.NODE and record["partition"] == twoarch.PARTITION
+    assert (record["action"], tuple(visible(record["rules"]))) == (case.action, case.rules), \
+        step.stderr
+    if case.action == "reject":
+        assert step.rc != 0 and "hello" not in step.stdout
+        if case.kind == "srun":
+            assert f"{PREFIX}ERROR {case.rules[0]}: " in step.stderr, step.stderr
+        else:
+            assert step.job_state == "FAILED"
+    else:
+        assert step.rc == 0, step.stderr + step.job_state
+        # It ran on the node: each such case prints (uname -m, sys.prefix, ...).
+        assert step.stdout.strip(), (step.stdout, step.stderr)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_login_node_prediction_equals_the_node_decision(run: Run, case: Case) -> None:
+    """The same action and the same rules. The node may add info findings
+    on its own files (Debian 12 arm64's libnsl.so.2, which the standard
+    library loads: relro-tail), which the login node does not have to judge
+    and no user sees; any other difference fails."""
+    record = one_record(run, case)
+    predicted = run.predicted[case.name]
+    assert predicted["action"] == record["action"], predicted
+    assert visible(predicted["rules"]) == visible(record["rules"]), (predicted, record)
+    extra = list(record["rules"])  # type: ignore[call-overload]
+    for rule in predicted["rules"]:  # type: ignore[attr-defined]
+        extra.remove(rule)
+    assert all(SEVERITY.severity(r) == "info" for r in extra), (extra, record)
+    pred_paths = {f["path"] for f in predicted["findings"]}  # type: ignore[attr-defined]
+    node_only = [p for p in record["paths"] if p not in pred_paths]  # type: ignore[attr-defined]
+    assert not [p for p in node_only if p.startswith(str(run.home))], (node_only, predicted)
+    assert bool(extra) == bool(node_only), (extra, node_only)
+    assert predicted["node"]["machine"] == "aarch64"  # type: ignore[index]
+    assert predicted["node"]["page_size"] == 65536  # type: ignore[index]
+
+
+def test_page_size_came_from_the_node(run: Run) -> None:
+    """Neither the node's config nor this 4 KiB host says 64 KiB: the
+    message's figure is what the plugin detected on the guest."""
+    assert "page_size" not in twoarch.NODE_CONFIG
+    step = run.enforce["aarch64-4k-build"]
+    assert "pages smaller than this node's 64 KiB" in said(step.stderr)
+
+
+def test_venv_leak_is_stripped_and_the_step_runs(run: Run) -> None:
+    step = run.enforce["venv-leak"]
+    assert step.rc == 0 and step.stdout == "aarch64\n", step.stderr
+    assert "removed from the step's environment: VIRTUAL_ENV" in said(step.stderr)
+    record = one_record(run, next(c for c in CASES if c.name == "venv-leak"))
+    assert "VIRTUAL_ENV" in record["env_unset"]  # type: ignore[operator]
+    assert "VIRTUAL_ENV" in run.predicted["venv-leak"]["env"]["unset"]  # type: ignore[index]
+
+
+def test_clean_sbatch_is_silent(run: Run) -> None:
+    step = run.enforce["clean-sbatch"]
+    assert step.job_state == "COMPLETED" and step.stdout == "aarch64\n"
+    assert PREFIX not in step.stdout
+
+
+@pytest.mark.parametrize("name", sorted(REAL_FAILURE))
+def test_warn_mode_runs_and_fails_as_predicted(run: Run, name: str) -> None:
+    step = run.warn[name]
+    assert step.rc != 0, step.stdout + step.stderr
+    assert f"{PREFIX}WARNING" in step.stderr or f"{PREFIX}ERROR" in step.stderr
+    real = "\n".join(line for line in (step.stdout + step.stderr).splitlines()
+                     if not line.startswith(PREFIX))
+    assert REAL_FAILURE[name] in real, real
+    assert REAL_FAILURE[name].split()[0] in said(step.stderr), said(step.stderr)
+    (record,) = run.warn_audit[name]
+    assert record["action"] == "warn"

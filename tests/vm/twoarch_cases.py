@@ -1,0 +1,198 @@
+"""What the user of the two-architecture cluster has in the shared home, and
+what they submit from the x86_64 login node (issue 17, item 2).
+
+:func:`build_home` writes the home as the login node leaves it: a venv made
+with the login node's python3, an x86_64 wheel installed with ``pip install
+--user``, an x86_64 CLI in ``~/.local/bin``, and aarch64 programs someone
+built for 4 KiB pages (one plain, one with a 4 KiB jemalloc inside). Each
+:class:`Case` is one submission; :func:`submit` runs it with srun or sbatch
+and :func:`predict` asks ``grace-policy check --partition P --json`` on the
+login node, with the same environment, what the node will do.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from corpus import build_jemalloc
+from fixtures.build import CompileCache, compile_c, src
+from python import torch_layouts
+from python.wheels import copy_site
+
+from .twoarch import PARTITION, TwoArchCluster
+
+SITE = ".local/lib/python3.11/site-packages"
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    what: str
+    #: srun: the step's argv; sbatch: the script's text.
+    argv: tuple[str, ...] = ()
+    script: str = ""
+    #: srun's options besides the partition (e.g. --gpus=1).
+    srun_opts: tuple[str, ...] = ()
+    #: What the step's options put in its environment, given to the
+    #: prediction (``check`` has no --gpus: the user writes what srun sets).
+    predict_env: dict[str, str] = field(default_factory=dict)
+    #: The login shell's additions (``~`` is the home).
+    env: dict[str, str] = field(default_factory=dict)
+    #: What the node must do in enforce mode: the action and the rule ids the
+    #: user is shown (info findings, e.g. on the node's own libraries, aside).
+    action: str = "allow"
+    rules: tuple[str, ...] = ()
+
+    @property
+    def kind(self) -> str:
+        return "sbatch" if self.script else "srun"
+
+
+VENV = {"VIRTUAL_ENV": "~/venv-login", "PATH": "~/venv-login/bin:/usr/bin:/bin"}
+SYSVENV = {"VIRTUAL_ENV": "~/venv-sys", "PATH": "~/venv-sys/bin:/usr/bin:/bin"}
+
+CASES: tuple[Case, ...] = (
+    Case("venv-leak", "an x86_64 venv (--copies) activated on the login node, then a "
+         "plain command", argv=("uname", "-m"), env=VENV, action="warn", rules=("env-leak",)),
+    Case("system-venv", "a venv of the system python3 made on the login node, its python "
+         "run on the node (issue 16)",
+         argv=("python3", "-c", "import sys; print(sys.prefix)"), env=SYSVENV),
+    Case("user-site-x86-wheel", "an x86_64 wheel from pip install --user, imported",
+         argv=("python3", "-c", "import bcrypt; print(bcrypt.__version__)"),
+         action="reject", rules=("py-ext-arch",)),
+    Case("local-bin-x86-cli", "an x86_64 CLI in ~/.local/bin",
+         argv=("tool",), env={"PATH": "~/.local/bin:/usr/bin:/bin"},
+         action="reject", rules=("exe-arch-mismatch",)),
+    Case("native-64k", "an aarch64 program built for 64 KiB pages, named from the home",
+         argv=("./bin/hello-64k",)),
+    Case("aarch64-4k-build", "an aarch64 program linked for 4 KiB pages",
+         argv=("~/bin/hello-4k",), action="reject", rules=("page-congruence", "page-overlap")),
+    Case("jemalloc-4k", "an aarch64 program with a jemalloc built for 4 KiB pages",
+         argv=("~/bin/alloc-4k",), action="reject", rules=("page-size-compiled",)),
+    Case("torch-cpu-gpus", "a CPU-only torch (pip install --user) imported on a --gpus step",
+         argv=("python3", "-c", "import torch; print('torch imported')"), srun_opts=("--gpus=1",),
+         predict_env={"SLURM_GPUS_ON_NODE": "1"},
+         env={"PYTHONUSERBASE": "~/.local-torch"}, action="warn", rules=("torch-cpu-only",)),
+    Case("torchcodec-no-ffmpeg", "torchcodec (pip install --user) where the node has no FFmpeg",
+         argv=("python3", "-c", "import torchcodec"),
+         env={"PYTHONUSERBASE": "~/.local-codec"}, action="reject",
+         rules=("torchcodec-no-ffmpeg",)),
+    Case("clean-sbatch", "the recommended sbatch lines in a clean job",
+         script=f"#!/bin/sh\n#SBATCH -p {PARTITION}\n#SBATCH -o ~/clean-sbatch-%j.out\n"
+                "unset CONDA_PREFIX CONDA_DEFAULT_ENV CONDA_EXE VIRTUAL_ENV\nuname -m\n"),
+    Case("sbatch-x86-cli", "a batch script whose line runs the x86_64 CLI of ~/.local/bin",
+         script=f"#!/bin/sh\n#SBATCH -p {PARTITION}\n#SBATCH -o ~/sbatch-x86-cli-%j.out\n"
+                "export PATH=~/.local/bin:/usr/bin:/bin\ntool\n",
+         action="reject", rules=("exe-arch-mismatch",)),
+)
+
+
+def expand(text: str, home: Path) -> str:
+    return text.replace("~", str(home))
+
+
+def build_home(cluster: TwoArchCluster, cache: CompileCache | None) -> None:
+    """The user's home as the x86_64 login node left it."""
+    home = cluster.home
+    # /usr/bin/python3: the login node's distribution python, not the tests'.
+    subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", "--copies",
+                    str(home / "venv-login")], check=True, capture_output=True)
+    subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip",
+                    str(home / "venv-sys")], check=True, capture_output=True)
+    copy_site("bcrypt-4.1.2-abi3-x86_64", home / SITE)
+    # Per-case user bases (PYTHONUSERBASE), so one case's packages are not
+    # in another's user site.
+    torch_layouts.copy_tree(torch_layouts.cpu_files(), home / ".local-torch" / SITE[7:])
+    torch_layouts.copy_tree(torch_layouts.torchcodec_site(), home / ".local-codec" / SITE[7:])
+    kw = {"cache": cache}
+    compile_c(src("hello.c"), home / ".local/bin/tool", arch="x86_64", **kw)
+    compile_c(src("hello.c"), home / "bin/hello-4k", arch="aarch64", page_size=4096, **kw)
+    compile_c(src("hello.c"), home / "bin/hello-64k", arch="aarch64", page_size=65536, **kw)
+    lib = build_jemalloc(12) / "lib" / "libjemalloc.a"
+    subprocess.run(["aarch64-linux-gnu-gcc", "-O1", "-o", str(home / "bin/alloc-4k"),
+                    str(src("jemalloc_use.c")), str(lib), "-lpthread",
+                    "-Wl,-z,max-page-size=65536"], check=True, capture_output=True)
+    for path in [home, *home.rglob("*")]:
+        os.lchown(path, 65534, 65534)
+
+
+def case_env(cluster: TwoArchCluster, case: Case) -> dict[str, str]:
+    return cluster.user_env({k: expand(v, cluster.home) for k, v in case.env.items()})
+
+
+def _sbatch_path(cluster: TwoArchCluster, case: Case) -> Path:
+    path = cluster.home / f"{case.name}.sh"
+    if not path.exists():
+        path.write_text(expand(case.script, cluster.home))
+        path.chmod(0o755)
+        os.chown(path, 65534, 65534)
+    return path
+
+
+@dataclass(frozen=True)
+class Outcome:
+    rc: int
+    stdout: str
+    stderr: str
+    seconds: float
+    job_state: str = ""
+
+
+def submit(cluster: TwoArchCluster, case: Case, partition: str = PARTITION) -> Outcome:
+    env = case_env(cluster, case)
+    if case.kind == "srun":
+        argv = [expand(a, cluster.home) for a in case.argv]
+        res = cluster.as_user(["srun", "-p", partition, "-N1", "-n1", *case.srun_opts, *argv],
+                              env,
+                              timeout=180)
+        return Outcome(res.rc, res.stdout, res.stderr, res.seconds)
+    script = _sbatch_path(cluster, case)
+    res = cluster.as_user(["sbatch", "--parsable", "-p", partition, str(script)], env)
+    if res.rc != 0:
+        return Outcome(res.rc, res.stdout, res.stderr, res.seconds, "SUBMIT-FAILED")
+    job = int(res.stdout.strip().split(";")[0])
+    state = cluster.wait_job(job)
+    out = cluster.home / f"{case.name}-{job}.out"
+    text = out.read_text(errors="replace") if out.exists() else ""
+    return Outcome(0 if state == "COMPLETED" else 1, text, "", res.seconds, state)
+
+
+def predict(cluster: TwoArchCluster, case: Case, partition: str = PARTITION) -> dict[str, object]:
+    """``grace-policy check --partition P --json`` as the user on the login
+    node, with the environment the submission had (``--env-file``, so the
+    checker's own environment is not judged)."""
+    env = {**case_env(cluster, case), **case.predict_env}
+    with tempfile.NamedTemporaryFile("w", suffix=".env", delete=False,
+                                     dir=cluster.root) as fh:
+        fh.write("".join(f"{k}={v}\n" for k, v in env.items()))
+    os.chmod(fh.name, 0o644)
+    try:
+        cmd = [str(cluster.login_tool), "check", "--config", str(cluster.login_config),
+               "--partition", partition, "--env-file", fh.name, "--cwd", str(cluster.home),
+               "--json"]
+        if case.kind == "srun":
+            cmd += ["--", *(expand(a, cluster.home) for a in case.argv)]
+        else:
+            cmd += ["--batch", str(_sbatch_path(cluster, case))]
+        tool_env = {"PATH": "/usr/bin:/bin", "HOME": env["HOME"], "LANG": "C.UTF-8"}
+        res = cluster.as_user(cmd, tool_env, netns=False, timeout=120)
+    finally:
+        os.unlink(fh.name)
+    try:
+        verdict = json.loads(res.stdout)
+    except ValueError:
+        return {"action": f"(check failed rc={res.rc})", "rules": [], "stderr": res.stderr,
+                "raw": res.stdout}
+    verdict["rules"] = [f["rule"] for f in verdict.get("findings", [])]
+    return verdict
+
+
+def node_record(cluster: TwoArchCluster, before: int) -> list[dict[str, object]]:
+    """The audit lines the node wrote since ``before`` lines."""
+    return [json.loads(line) for line in cluster.audit_lines()[before:]]
+

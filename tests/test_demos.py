@@ -10,6 +10,7 @@ config's ``contact``), not the tests' own.
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 from pathlib import Path
@@ -28,8 +29,11 @@ PREFIX = "grace-policy: "
 
 
 def _make(target: str, timeout: float) -> str:
+    # As a newcomer types it in a shell: not as a sub-make of `make test`,
+    # whose MAKELEVEL/MAKEFLAGS would add "make[1]: Entering directory" lines.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
     done = subprocess.run(["make", target], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout, check=False)
+                          timeout=timeout, check=False, env=env)
     out = done.stdout + done.stderr
     assert done.returncode == 0, f"make {target} exited {done.returncode}:\n{out[-6000:]}"
     # The demo's own crash goes to stderr; what the steps print (a node's

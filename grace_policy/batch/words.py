@@ -76,12 +76,15 @@ def _text(node: Any) -> str:
     return node.text.decode("utf-8", "surrogateescape")
 
 
-def _unescape_unquoted(text: str) -> str:
+def _unescape(text: str, escapable: str | None) -> str:
+    """Backslash removal as bash does it: before any character outside quotes
+    (``escapable`` None), before ``$ ` " \\`` and newline inside double quotes;
+    a backslash-newline joins lines."""
     out: list[str] = []
     i = 0
     while i < len(text):
         ch = text[i]
-        if ch == "\\" and i + 1 < len(text):
+        if ch == "\\" and i + 1 < len(text) and (escapable is None or text[i + 1] in escapable):
             if text[i + 1] != "\n":
                 out.append(text[i + 1])
             i += 2
@@ -89,21 +92,14 @@ def _unescape_unquoted(text: str) -> str:
         out.append(ch)
         i += 1
     return "".join(out)
+
+
+def _unescape_unquoted(text: str) -> str:
+    return _unescape(text, None)
 
 
 def _unescape_dquoted(text: str) -> str:
-    out: list[str] = []
-    i = 0
-    while i < len(text):
-        ch = text[i]
-        if ch == "\\" and i + 1 < len(text) and text[i + 1] in '$`"\\\n':
-            if text[i + 1] != "\n":
-                out.append(text[i + 1])
-            i += 2
-            continue
-        out.append(ch)
-        i += 1
-    return "".join(out)
+    return _unescape(text, '$`"\\\n')
 
 
 def _special(name: str, shell: ShellVars, quoted: bool) -> list[str] | str:

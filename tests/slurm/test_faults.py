@@ -456,7 +456,8 @@ def _testhooks_prefix(env: SlurmEnv) -> Path:
 def test_failed_env_edit_follows_on_error(faults: SlurmEnv, on_error: str) -> None:
     """A foreign VIRTUAL_ENV is to be removed, and removing it fails. deny:
     refused, never run. allow: the step runs, and the user is told that the
-    change was not made (not that it was); one log and one audit line."""
+    change was not made (not that it was); one log and one audit line, so
+    grace-policy report counts the step once, as an env failure."""
     prefix = _testhooks_prefix(faults)
     foreign = faults.files / "venv-foreign"
     faults.set_plugin_line(prefix / "lib" / "slurm" / "spank_grace_policy.so",
@@ -467,19 +468,29 @@ def test_failed_env_edit_follows_on_error(faults: SlurmEnv, on_error: str) -> No
                               user="nobody", env={"VIRTUAL_ENV": str(foreign)})
     assert "Traceback" not in res.stderr + res.stdout
     assert "removed from the step's environment" not in res.stderr, res.stderr
-    # The verdict's own line (Python writes it before C applies the edits),
-    # then C's: the edit failed, and what on_error did.
-    records = [json.loads(line) for line in faults.audit_lines()[before:]]
-    assert [r.get("failure") for r in records] == [None, "env"], records
-    assert records[0]["env_unset"] == ["VIRTUAL_ENV"], records
-    assert records[1]["action"] == ("reject" if on_error == "deny" else "allow"), records
-    assert "cannot remove VIRTUAL_ENV" in records[1]["error"]
+    # C's line only: the edit failed, and what on_error did. The verdict's
+    # own line (which would say the variable was removed) is not written.
+    lines = faults.audit_lines()[before:]
+    [record] = [json.loads(line) for line in lines]
+    assert record["failure"] == "env", record
+    assert record["action"] == ("reject" if on_error == "deny" else "allow"), record
+    assert "cannot remove VIRTUAL_ENV" in record["error"]
+    step_log = faults.side_file(f"env-edit-{on_error}.jsonl")
+    step_log.write_text("".join(line + "\n" for line in lines))
+    report = subprocess.run([str(faults.prefix / "bin" / "grace-policy"), "report", "--json",
+                             str(step_log)], env={}, capture_output=True, text=True,
+                            check=False)
+    assert report.returncode == 0, report.stderr
+    data = json.loads(report.stdout)
+    assert (data["steps"], data["failures"]) == (1, {"steps": 1, "kinds": {"env": 1}}), data
+    assert data["lines"]["invalid"] == 0, data["lines"]
     if on_error == "deny":
         _refused = f"{PREFIX}this step was refused: the site's launch check could not run"
         assert res.returncode != 0 and _refused in res.stderr, res.stderr
         assert "VENV=" not in res.stdout
         return
     assert res.returncode == 0, res.stderr
+    assert record["job_id"] == str(_job(res)), record
     assert f"VENV={foreign}" in res.stdout
     told = " ".join(line for line in res.stderr.splitlines() if line.startswith(PREFIX))
     assert "without all of the environment changes" in told, res.stderr

@@ -8,8 +8,9 @@
  *   run the check, both under one C deadline, store the entry of a clean
  *   allow,
  *   apply the env edits with spank_unsetenv/spank_setenv (so every task and
- *   slurmstepd's PATH lookup of argv[0] see them), print the user's lines,
- *   and keep the verdict in C memory.
+ *   slurmstepd's PATH lookup of argv[0] see them), write the step's one
+ *   audit line (the verdict's, which Python rendered, or grace_fail's),
+ *   print the user's lines, and keep the verdict in C memory.
  * task_init (per task, in the forked child, just before execve):
  *   no Python; return -1 if the step was rejected, which stops the exec.
  *

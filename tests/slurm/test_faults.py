@@ -37,9 +37,7 @@ JOB_CMD = ["sh", "-c", "echo JOBID=$SLURM_JOB_ID"]
 def faults(slurm: SlurmEnv) -> Iterator[SlurmEnv]:
     """Each test sets its own plugstack; afterwards: base config, node healthy."""
     yield slurm
-    slurm.use("base")
-    state = slurm.cluster.settled_node_state()
-    assert state in ("idle", "mixed", "allocated"), (state, slurm.cluster.node_reason())
+    slurm.restore_and_check_node()
 
 
 def _job(res: subprocess.CompletedProcess[str]) -> int:
@@ -435,30 +433,13 @@ def test_control_characters_in_log_lines_are_escaped(faults: SlurmEnv) -> None:
 
 # -- env edits that fail -------------------------------------------------------------
 
-def _testhooks_prefix(env: SlurmEnv) -> Path:
-    """A copy of the install whose stub is the test build (make
-    plugin-testhooks: -DGRACE_TEST_HOOKS). 22.05's spank_setenv/unsetenv fail
-    only for a NULL argument or outside remote context, which the plugin never
-    produces, so the failure is injected at the one call site: everything
-    after it (on_error, what the user is told, the audit) is the real code."""
-    prefix = env.copy_prefix("prefix-testhooks")
-    build = env.cluster.root.parent / "build-testhooks"
-    done = subprocess.run(["make", "-C", str(Path(__file__).resolve().parents[2]),
-                           "plugin-testhooks", f"BUILD={build}"],
-                          capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    shutil.copy2(build / "testhooks" / "spank_grace_policy.so",
-                 prefix / "lib" / "slurm" / "spank_grace_policy.so")
-    return prefix
-
-
 @pytest.mark.parametrize("on_error", ["allow", "deny"])
 def test_failed_env_edit_follows_on_error(faults: SlurmEnv, on_error: str) -> None:
     """A foreign VIRTUAL_ENV is to be removed, and removing it fails. deny:
     refused, never run. allow: the step runs, and the user is told that the
     change was not made (not that it was); one log and one audit line, so
     grace-policy report counts the step once, as an env failure."""
-    prefix = _testhooks_prefix(faults)
+    prefix = faults.testhooks_prefix("prefix-testhooks")  # 22.05's edits never fail
     foreign = faults.files / "venv-foreign"
     faults.set_plugin_line(prefix / "lib" / "slurm" / "spank_grace_policy.so",
                            f"config={faults.configs['base']}", f"audit={faults.audit_log}",

@@ -11,7 +11,8 @@ Run as ``/usr/bin/python3 -I -S bench/_warm.py PKGDIR CONFIG MODE RUNS ARGV...``
   checker that forks per miss pays);
 * ``profile``: as ``fork``, once, under cProfile; prints the top functions.
 
-Prints one line of milliseconds (``RUNS`` of them) for the first two.
+Prints two lines of milliseconds (``RUNS`` of them) for the first two: wall
+time, then CPU time (which moves less with the machine's load).
 Kept free of imports of its own before the clock, like bench/_step.py.
 """
 
@@ -26,17 +27,18 @@ from grace_policy import slurm_bridge  # noqa: E402
 CONFIG, MODE, RUNS, ARGV = sys.argv[2], sys.argv[3], int(sys.argv[4]), tuple(sys.argv[5:])
 
 
-def step() -> float:
-    """One run_step of ARGV, its wall ms; exits 1 if the step is not clean."""
+def step() -> tuple[float, float]:
+    """One run_step of ARGV: its wall and CPU ms (the CPU figure moves less
+    with the machine's load); exits 1 if the step is not clean."""
     import time
 
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/nonexistent"}
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     out = slurm_bridge.run_step(slurm_bridge.StepInput(
         config=CONFIG, on_error="allow", partition="enforce", cwd="/", user_mode=None,
         node="bench", argv=ARGV, env=env, job_id=1, step_id=0, uid=os.geteuid(),
         batch=False, code="bench|-"))
-    ms = (time.perf_counter() - t0) * 1000
+    ms = (time.perf_counter() - t0) * 1000, (time.process_time() - c0) * 1000
     if out.action != "allow" or out.user or out.log:
         print(f"not a clean step: {out}", file=sys.stderr)
         os._exit(1)
@@ -71,7 +73,7 @@ def forked(profile: str = "") -> str:
             prof.dump_stats(profile)
             out = profile
         else:
-            out = f"{step():.3f}"
+            out = "%.3f %.3f" % step()
         os.write(wfd, out.encode())
         os._exit(0)
     os.close(wfd)
@@ -86,10 +88,12 @@ def forked(profile: str = "") -> str:
 
 
 if MODE == "fresh":
-    print(f"{step():.3f}")
+    print("%.3f\n%.3f" % step())
 elif MODE == "fork":
     preload()
-    print(" ".join(forked() for _ in range(RUNS)))
+    pairs = [forked().split() for _ in range(RUNS)]
+    print(" ".join(p[0] for p in pairs))
+    print(" ".join(p[1] for p in pairs))
 elif MODE == "profile":
     import io
     import pstats

@@ -5,19 +5,22 @@ the parent, if the parent imports them before the first step; each child
 then starts with them. :func:`preload` does that. It reads no config, no
 user file and no node file (ld.so.cache, the interpreter, its libraries:
 those are the step's inputs and must be read by the step's own check, as
-the step's user), so calling it changes no verdict and no cache entry.
+the step's user), so calling it changes no verdict. It also builds
+CPython's syntax-tree types (the first parse of a process pays for them).
 
 :data:`STEP` is what a clean step's check imports (``/bin/true``,
 ``python3 -c pass`` with and without a venv, an executable with 100
 libraries: tests/test_warm.py checks that nothing is left over);
 :data:`LATER` is what rarer paths import (a finding and its wording, an
-exemption, a login-node or 64 KiB check, torch, editable installs), which
-a long-lived parent can afford to hold too.
+exemption, a login-node or 64 KiB check, torch, editable installs), on
+request only (see :func:`preload`).
 """
 
 from __future__ import annotations
 
 from .slurm_bridge import PRELOAD
+
+_PYCF_ONLY_AST = 0x400
 
 #: Imported by a clean step's check, in the order the check needs them: the
 #: list the C prestart of grace_python.c walks one module at a time.
@@ -31,10 +34,16 @@ LATER = ("grace_policy.rules", "grace_policy.exempt", "grace_policy.pagecode",
          "grace_policy.python.gpus", "grace_policy.python.nodeinterp")
 
 
-def preload(*, later: bool = True) -> list[str]:
-    """Import :data:`STEP` (and :data:`LATER` unless ``later`` is False).
-    Returns the names that failed to import (a broken install: the check
-    reports it itself when it needs the module); never raises for them."""
+def preload(*, later: bool = False) -> list[str]:
+    """Import :data:`STEP` (and :data:`LATER` with ``later``). Returns the
+    names that failed to import (a broken install: the check reports it
+    itself when it needs the module); never raises for them.
+
+    ``later`` is off by default: every verdict-cache entry records the
+    package's modules loaded in the process that wrote it
+    (``slurm_bridge.code_files``, so a reinstall is a miss), and each one
+    held without need is one more file to stat on every miss and every hit
+    (measured: +0.6 ms on a forked ``/bin/true`` miss with all of LATER)."""
     import importlib
 
     failed = []
@@ -43,4 +52,8 @@ def preload(*, later: bool = True) -> list[str]:
             importlib.import_module(name)
         except Exception:
             failed.append(name)
+    # The first syntax tree of a process builds CPython's AST node types
+    # (~1 ms); every Python step parses its -c text or script
+    # (python/usage.py), so do it once here, on a text of our own.
+    compile("import _\n", "<grace-policy preload>", "exec", _PYCF_ONLY_AST)
     return failed

@@ -73,7 +73,8 @@ def forked(profile: str = "") -> str:
             prof.dump_stats(profile)
             out = profile
         else:
-            out = "%.3f %.3f" % step()
+            wall, cpu = step()
+            out = f"{wall:.3f} {cpu:.3f}"
         os.write(wfd, out.encode())
         os._exit(0)
     os.close(wfd)
@@ -88,7 +89,8 @@ def forked(profile: str = "") -> str:
 
 
 if MODE == "fresh":
-    print("%.3f\n%.3f" % step())
+    wall, cpu = step()
+    print(f"{wall:.3f}\n{cpu:.3f}")
 elif MODE == "fork":
     preload()
     pairs = [forked().split() for _ in range(RUNS)]

@@ -4,7 +4,8 @@ Figures: ELF files/s of :func:`grace_policy.elf.read_elf` over the system
 library directory; a full check of the 500-file tree and of the 100-library
 executable (medians of repeated ``check_step`` calls, and the first call of
 a process, which parses ld.so.cache too); the wall time of a clean step's
-Python side in a fresh ``-I -S`` interpreter next to ``-c pass``; and the
+Python side in a fresh ``-I -S`` interpreter next to ``-c pass``; the
+check's own time in a forked child of a preloaded process; and the
 profiles (``-X importtime``, cProfile of one ``decide``).
 """
 
@@ -22,6 +23,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 STEP_SCRIPT = Path(__file__).resolve().parent / "_step.py"
+WARM_SCRIPT = Path(__file__).resolve().parent / "_warm.py"
 PY = "/usr/bin/python3"
 
 
@@ -107,6 +109,33 @@ def fresh_step_ms(pkgdir: str, config: str, argv: list[str], runs: int = 21
             subprocess.run(cmd, check=True)
             into.append((time.perf_counter() - t0) * 1000)
     return statistics.median(with_t), statistics.median(bare_t)
+
+
+def warm_check_ms(pkgdir: str, config: str, argv: list[str], runs: int = 21
+                  ) -> tuple[float, float, float, float]:
+    """The check's own time (``slurm_bridge.run_step``: config, check, audit,
+    cache entry) of one clean step, as medians of wall and CPU ms: in a
+    forked child of a process that imported everything
+    (``grace_policy.warm.preload``) but never checked, what a pre-started
+    per-node checker pays per miss; and the first call of a fresh process
+    (the bridge imported before the clock), what the in-process check pays.
+    Returns (forked wall, forked CPU, fresh wall, fresh CPU)."""
+    base = [PY, "-I", "-S", str(WARM_SCRIPT), pkgdir, config]
+
+    def run(mode: str, n: int) -> tuple[list[float], list[float]]:
+        out = subprocess.run([*base, mode, str(n), *argv], check=True, capture_output=True,
+                             text=True).stdout.splitlines()
+        return [float(x) for x in out[0].split()], [float(x) for x in out[1].split()]
+
+    fork_w, fork_c = run("fork", runs)
+    fresh_w: list[float] = []
+    fresh_c: list[float] = []
+    for _ in range(max(5, runs // 3)):
+        w, c = run("fresh", 1)
+        fresh_w += w
+        fresh_c += c
+    med = statistics.median
+    return med(fork_w), med(fork_c), med(fresh_w), med(fresh_c)
 
 
 def importtime(pkgdir: str, config: str, argv: list[str], top: int = 25) -> str:

@@ -9,7 +9,9 @@ Run as ``/usr/bin/python3 -I -S bench/_warm.py PKGDIR CONFIG MODE RUNS ARGV...``
   bridge's ``PRELOAD`` list on a tree without it) but run no check, then fork
   a child per step and time ``run_step`` in the child (what a per-node
   checker that forks per miss pays);
-* ``profile``: as ``fork``, once, under cProfile; prints the top functions.
+* ``fork-prefault``: as ``fork``, but each child runs ``warm.prefault``
+  before the clock starts (a checker that forks its next child ahead);
+* ``profile``: as ``fork``, under cProfile; prints the top functions.
 
 Prints two lines of milliseconds (``RUNS`` of them) for the first two: wall
 time, then CPU time (which moves less with the machine's load).
@@ -57,12 +59,18 @@ def preload() -> None:
         warm.preload()
 
 
-def forked(profile: str = "") -> str:
-    """Fork, run one step in the child, hand its figure back through a pipe."""
+def forked(profile: str = "", touch: bool = False) -> str:
+    """Fork, run one step in the child, hand its figure back through a pipe.
+    ``touch``: the child first runs ``warm.prefault`` (not timed: a checker
+    that forks ahead does that before the step arrives)."""
     rfd, wfd = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(rfd)
+        if touch:
+            from grace_policy import warm
+
+            warm.prefault()
         if profile:
             import cProfile
 
@@ -91,9 +99,9 @@ def forked(profile: str = "") -> str:
 if MODE == "fresh":
     wall, cpu = step()
     print(f"{wall:.3f}\n{cpu:.3f}")
-elif MODE == "fork":
+elif MODE in ("fork", "fork-prefault"):
     preload()
-    pairs = [forked().split() for _ in range(RUNS)]
+    pairs = [forked(touch=MODE == "fork-prefault").split() for _ in range(RUNS)]
     print(" ".join(p[0] for p in pairs))
     print(" ".join(p[1] for p in pairs))
 elif MODE == "profile":

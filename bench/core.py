@@ -112,14 +112,15 @@ def fresh_step_ms(pkgdir: str, config: str, argv: list[str], runs: int = 21
 
 
 def warm_check_ms(pkgdir: str, config: str, argv: list[str], runs: int = 21
-                  ) -> tuple[float, float, float, float]:
+                  ) -> dict[str, tuple[float, float]]:
     """The check's own time (``slurm_bridge.run_step``: config, check, audit,
-    cache entry) of one clean step, as medians of wall and CPU ms: in a
-    forked child of a process that imported everything
+    cache entry) of one clean step, as medians of (wall, CPU) ms, by mode:
+    ``fork``: in a forked child of a process that imported everything
     (``grace_policy.warm.preload``) but never checked, what a pre-started
-    per-node checker pays per miss; and the first call of a fresh process
-    (the bridge imported before the clock), what the in-process check pays.
-    Returns (forked wall, forked CPU, fresh wall, fresh CPU)."""
+    per-node checker pays per miss; ``prefault``: the same child after
+    ``warm.prefault`` (a checker that forks its next child ahead of the
+    step); ``fresh``: the first call of a fresh process (the bridge imported
+    before the clock), what the in-process check pays."""
     base = [PY, "-I", "-S", str(WARM_SCRIPT), pkgdir, config]
 
     def run(mode: str, n: int) -> tuple[list[float], list[float]]:
@@ -127,15 +128,15 @@ def warm_check_ms(pkgdir: str, config: str, argv: list[str], runs: int = 21
                              text=True).stdout.splitlines()
         return [float(x) for x in out[0].split()], [float(x) for x in out[1].split()]
 
-    fork_w, fork_c = run("fork", runs)
-    fresh_w: list[float] = []
-    fresh_c: list[float] = []
+    got: dict[str, tuple[list[float], list[float]]] = {
+        "fork": run("fork", runs), "prefault": run("fork-prefault", runs)}
+    fresh: tuple[list[float], list[float]] = ([], [])
     for _ in range(max(5, runs // 3)):
-        w, c = run("fresh", 1)
-        fresh_w += w
-        fresh_c += c
-    med = statistics.median
-    return med(fork_w), med(fork_c), med(fresh_w), med(fresh_c)
+        wall, cpu = run("fresh", 1)
+        fresh[0].extend(wall)
+        fresh[1].extend(cpu)
+    got["fresh"] = fresh
+    return {mode: (statistics.median(w), statistics.median(c)) for mode, (w, c) in got.items()}
 
 
 def importtime(pkgdir: str, config: str, argv: list[str], top: int = 25) -> str:

@@ -168,11 +168,13 @@ def main() -> int:
             print(rows[-1], flush=True)
         for argv in (["/bin/true"], ["python3", "-c", "pass"], [str(exes["lib100"])]):
             # What a pre-started checker pays per miss (issue 18 item 3).
-            fw, fc, rw, rc = core.warm_check_ms(pkgdir, str(cfg), argv, runs=max(11, RUNS // 2))
-            rows.append(_row(f"check's own time, clean step `{' '.join(argv)[-40:]}`: forked "
-                             "child of a preloaded process / first call of a fresh one, wall "
-                             "(CPU)", "(informational)", "",
-                             f"{fw:.1f} ({fc:.1f}) / {rw:.1f} ({rc:.1f}) ms", "", "", ""))
+            ms = core.warm_check_ms(pkgdir, str(cfg), argv, runs=max(11, RUNS // 2))
+            rows.append(_row(f"check's own time, clean step `{' '.join(argv)[-40:]}`, wall "
+                             "(CPU): forked child of a preloaded process / the same after "
+                             "warm.prefault / first call of a fresh process", "(informational)",
+                             "", " / ".join(f"{w:.1f} ({c:.1f})" for w, c in (
+                                 ms["fork"], ms["prefault"], ms["fresh"])) + " ms",
+                             "", "", ""))
             print(rows[-1], flush=True)
         # ---- batch scripts (issue 21) ----------------------------------------
         typical = batch.typical_script(root)

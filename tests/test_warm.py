@@ -5,8 +5,9 @@ first step and forks a child per step; whatever a check still imports is
 paid on the launch path by every child. Each case runs the real bridge
 (``slurm_bridge.run_step``, with a compiled config and the verdict-cache
 entry, as slurmstepd does) in a fresh ``-I -S`` interpreter, once in the
-parent after preload() and once in a forked child of a parent that
-preloaded but never checked, and compares ``sys.modules`` before and after.
+parent after preload(), in a forked child of a parent that preloaded but
+never checked, and in such a child after ``warm.prefault()``, and compares
+``sys.modules`` before and after.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import os, sys
 sys.path.insert(0, sys.argv[1])
 from grace_policy import slurm_bridge, warm
 assert warm.preload(later=False) == []
-config, forked, argv = sys.argv[2], sys.argv[3] == "fork", tuple(sys.argv[4:])
+config, mode, argv = sys.argv[2], sys.argv[3], tuple(sys.argv[4:])
 
 def check():
     before = set(sys.modules)
@@ -39,13 +40,15 @@ def check():
     assert out.cache, "a clean step hands C an entry (the entry's imports count too)"
     return " ".join(sorted(set(sys.modules) - before))
 
-if not forked:
+if mode == "first":
     print("new:", check())
 else:
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:
         os.close(r)
+        if mode == "prefault":
+            assert warm.prefault() > 1000
         os.write(w, check().encode())
         os._exit(0)
     os.close(w)
@@ -88,7 +91,7 @@ def venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return where
 
 
-@pytest.mark.parametrize("mode", ["first", "fork"])
+@pytest.mark.parametrize("mode", ["first", "fork", "prefault"])
 @pytest.mark.parametrize("kind", ["program", "python", "venv", "own-libraries"])
 def test_a_check_after_preload_imports_nothing(kind: str, mode: str, config: Path,
                                                request: pytest.FixtureRequest) -> None:
@@ -104,7 +107,7 @@ def test_a_check_after_preload_imports_nothing(kind: str, mode: str, config: Pat
         argv = [str(request.getfixturevalue("own_libraries"))]
     done = subprocess.run(
         [sys.executable, "-I", "-S", "-c", _SCRIPT, str(REPO), str(config),
-         "fork" if mode == "fork" else "first", *argv],
+         mode, *argv],
         capture_output=True, text=True, timeout=120, check=False)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "new:", done.stdout

@@ -11,7 +11,9 @@ Run as ``/usr/bin/python3 -I -S bench/_warm.py PKGDIR CONFIG MODE RUNS ARGV...``
   checker that forks per miss pays);
 * ``fork-prefault``: as ``fork``, but each child runs ``warm.prefault``
   before the clock starts (a checker that forks its next child ahead);
-* ``profile``: as ``fork``, under cProfile; prints the top functions.
+* ``profile``: as ``fork-prefault``, under cProfile (``RUNS`` children's
+  stats summed; ``SORT`` and ``TOP`` from the environment); prints the top
+  functions.
 
 Prints two lines of milliseconds (``RUNS`` of them) for the first two: wall
 time, then CPU time (which moves less with the machine's load).
@@ -114,7 +116,7 @@ elif MODE == "profile":
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(RUNS):
             name = f"{tmp}/{i}"
-            forked(profile=name)
+            forked(profile=name, touch=True)
             stats = pstats.Stats(name) if stats is None else stats.add(name)
     text = io.StringIO()
     stats.stream = text  # type: ignore[union-attr]

@@ -113,15 +113,17 @@ class Outcome:
         return cls(action="error", log=[reason])
 
 
-# What a cold check of a clean step imports (measured: /bin/true and
-# `python3 -c pass`); the pre-started helper imports them before the step
-# arrives (grace_python.c grace_python_preload, in this order, until the step
-# comes). Modules only: importing them reads no config and no user file.
+# What a cold check of a clean step imports (grace_policy/warm.py STEP, which
+# tests/test_warm.py keeps complete); the pre-started helper imports them
+# before the step arrives (grace_python.c grace_python_preload, in this
+# order, until the step comes). Modules only: importing them reads no config
+# and no user file.
 PRELOAD = ("grace_policy.compiled", "grace_policy.policy", "grace_policy.decide",
            "grace_policy.check", "grace_policy.launch", "grace_policy.audit",
-           "grace_policy.verdict_cache", "grace_policy.python.step",
+           "grace_policy.verdict_cache", "grace_policy.nodeowned", "grace_policy.python.step",
            "grace_policy.python.interp", "grace_policy.python.judge",
-           "grace_policy.messages")
+           "grace_policy.python.sitepath", "grace_policy.python.usage", "grace_policy.messages",
+           "encodings.ascii")
 
 
 def _one_line(text: str, limit: int = 900) -> str:

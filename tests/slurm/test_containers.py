@@ -1,9 +1,11 @@
 """Container steps on a real Slurm (issue 15): pyxis 0.24.0 + enroot 4.1.2.
 
 pyxis and enroot are built in the test run from the pinned tarballs in
-``shared/third_party/`` (tests/slurm/containers.py), the images are made
-here with ``mksquashfs`` from a pinned Debian busybox, this machine's glibc
-and programs compiled here. plugstack.conf lists ``required spank_pyxis.so``
+``shared/third_party/`` (tests/slurm/containers.py); the images are real
+Debian bookworm roots of each architecture (``mmdebstrap``, cached) with
+programs compiled here, squashed with ``mksquashfs`` (lzo, enroot's
+default); runc's bundles are smaller roots (a pinned Debian busybox and this
+machine's glibc). plugstack.conf lists ``required spank_pyxis.so``
 before grace-policy, as the packaged snippet's name now makes it sort.
 
 What each scenario would show without the change it tests: a false
@@ -100,8 +102,10 @@ def pyxis(slurm: SlurmEnv) -> Iterator[Pyxis]:
         plugin = containers.pyxis_plugin()
         containers.busybox("amd64")
         containers.busybox("arm64")
+        containers.debian_root("amd64")
+        containers.debian_root("arm64")
     except containers.CorpusUnavailable as exc:
-        pytest.skip(f"pyxis/enroot/busybox not available: {exc}")
+        pytest.skip(f"pyxis/enroot/busybox/Debian roots not available: {exc}")
     if shutil.which("mksquashfs") is None:
         pytest.skip("mksquashfs not installed (bash packaging/install-deps.sh)")
     work = slurm.cluster.root.parent / "pyxis"
@@ -140,15 +144,22 @@ def pyxis(slurm: SlurmEnv) -> Iterator[Pyxis]:
         "pages64k": ("amd64", {"/opt/app/bin/tool": native64k}),
     }
     for name, (arch, files) in roots.items():
-        root = work / f"root-{name}"
-        if root.exists():
-            shutil.rmtree(root)
-        containers.make_root(root, arch, files=files)
+        root = containers.make_image_root(work / f"root-{name}", arch, files=files)
         images[name] = containers.mksquashfs(root, shared / f"{name}.sqsh")
+    # A simulated GB200 node: [node] says aarch64 with 64 KiB pages (this
+    # x86_64 machine cannot run the arm64 image; the check judges it as that
+    # node would run it).
+    arm = slurm.configs["base"].parent / "grace-arm64-64k.toml"
+    text = slurm.configs["grace64k"].read_text()
+    assert "[node]\n" in text
+    arm.write_text(text.replace("[node]\n", '[node]\narch = "aarch64"\n', 1))
+    arm.chmod(0o644)
+    slurm.configs["arm64-64k"] = arm
     env = Pyxis(slurm=slurm, plugin=local, work=work, images=images)
     try:
         yield env
     finally:
+        slurm.configs.pop("arm64-64k", None)
         slurm.use("base")
 
 
@@ -198,6 +209,27 @@ def test_4k_program_in_the_image_on_a_64k_partition(pyxis: Pyxis) -> None:
     assert "side-effect program ran" not in res.stdout
     res = pyxis.srun(["-p", "gb200sim", "--container-image=./pages64k.sqsh", "tool"])
     assert f"{PREFIX}ERROR page-congruence" not in res.stderr
+
+
+def test_4k_aarch64_program_in_the_arm64_image_on_a_64k_partition(pyxis: Pyxis) -> None:
+    """The Debian arm64 image on the simulated GB200 partition (aarch64,
+    64 KiB pages): its 4 KiB-linked program is refused in the loader's words;
+    the image's 64 KiB-linked one and its own glibc (Debian's arm64 build)
+    raise nothing, so what is refused is the program, not the image."""
+    pyxis.use(config="arm64-64k")
+    image = f"{pyxis.slurm.cluster.shared}/arm64.sqsh"
+    res = pyxis.srun(["-p", "gb200sim", "--container-image=./arm64.sqsh", "tool-4k"])
+    assert res.returncode != 0
+    assert f"{PREFIX}ERROR page-congruence: {image}:/opt/app/bin/tool-4k" in res.stderr
+    assert "image-arch-mismatch" not in res.stderr  # the partition is aarch64
+    assert "pyxis: printing enroot log file" not in res.stderr  # refused before it started
+    before = len(pyxis.slurm.audit_lines())
+    res = pyxis.srun(["-p", "gb200sim", "--container-image=./arm64.sqsh", "tool"])
+    assert PREFIX not in res.stderr
+    [rec] = pyxis.records(before)
+    assert (rec["action"], rec["rules"], rec["skipped"]) == ("allow", [], None)
+    # (This x86_64 node then cannot exec it: enroot's own failure, not ours.)
+    assert ENROOT_EXEC_ERROR in res.stderr
 
 
 def test_unreadable_image_is_skipped_with_one_audit_reason(pyxis: Pyxis) -> None:

@@ -124,6 +124,31 @@ def enroot_prefix() -> Path:
     return _cached_tree(name, {"sha256": THIRD_PARTY["enroot"][1], "recipe": 2}, build)
 
 
+def install_enroot(dest: Path) -> Path:
+    """enroot installed at ``dest`` from the cached build, for any user.
+
+    The cache is under root's home (mode 700 here): a job of another user
+    could run nothing there. enroot bakes its prefix into ``bin/enroot``
+    (its config, library and sysconf paths) and the commented defaults of
+    ``enroot.conf``, nowhere else (the helpers are C programs without
+    paths); the copy says ``dest`` instead, as ``make install prefix=DEST``
+    would. Returns ``dest``."""
+    cached = enroot_prefix()
+    if dest.exists():
+        shutil.rmtree(dest)
+    shutil.copytree(cached, dest, symlinks=True)
+    old, new = str(cached).encode(), str(dest).encode()
+    for path in (dest / "bin" / "enroot", dest / "etc" / "enroot" / "enroot.conf"):
+        data = path.read_bytes()
+        if old not in data:
+            raise CorpusUnavailable(f"{path}: the cached prefix is not in it (enroot changed?)")
+        path.write_bytes(data.replace(old, new))
+    for path in (dest, *dest.rglob("*")):
+        if not path.is_symlink():
+            path.chmod(0o755 if path.is_dir() or os.access(path, os.X_OK) else 0o644)
+    return dest
+
+
 def _spank_h_digest() -> str:
     h = hashlib.sha256()
     for name in ("spank.h", "slurm_version.h"):

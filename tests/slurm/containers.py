@@ -13,10 +13,11 @@
   unpacked, no maintainer script run: the foreign architecture needs no
   qemu), cached and pinned by suite; the tests add ``/etc/environment`` (the
   PATH an image's ``ENV`` would give) and programs compiled here.
-* Smaller roots for runc's bundles (:func:`make_root`): a static busybox from
-  Debian (pinned by version and sha256, per architecture) as ``/bin/sh`` and
-  the architecture's glibc loader and libc from the Debian packages on this
-  machine.
+  runc's bundles (:func:`make_bundle`) have the same roots as ``rootfs/``.
+* Smaller roots (:func:`make_root`, no longer used by test_containers): a
+  static busybox from Debian (pinned by version and sha256, per
+  architecture) as ``/bin/sh`` and the architecture's glibc loader and libc
+  from the Debian packages on this machine.
 
 Imports nothing from the rest of the test package but ``corpus`` and
 ``vm.images`` (Debian mirror and cache helpers).
@@ -347,13 +348,13 @@ def enroot_env(prefix: Path, data: Path) -> dict[str, str]:
 def make_bundle(dest: Path, arch: str, files: Mapping[str, Path],
                 environment: Mapping[str, str] | None = None) -> Path:
     """An OCI bundle: ``runc spec``'s config.json (no terminal, the image's
-    PATH in process.env) and ``rootfs/`` made by :func:`make_root`."""
+    PATH in process.env) and ``rootfs/`` made by :func:`make_image_root`."""
     import json
 
     if shutil.which("runc") is None:
         raise CorpusUnavailable("runc not installed (bash packaging/install-deps.sh)")
     dest.mkdir(parents=True, exist_ok=True)
-    make_root(dest / "rootfs", arch, files=files, environment=environment)
+    make_image_root(dest / "rootfs", arch, files=files, environment=environment)
     spec = dest / "config.json"
     if spec.exists():
         spec.unlink()

@@ -4,9 +4,9 @@ pyxis and enroot are built in the test run from the pinned tarballs in
 ``shared/third_party/`` (tests/slurm/containers.py); the images are real
 Debian bookworm roots of each architecture (``mmdebstrap``, cached) with
 programs compiled here, squashed with ``mksquashfs`` (lzo, enroot's
-default); runc's bundles are smaller roots (a pinned Debian busybox and this
-machine's glibc). plugstack.conf lists ``required spank_pyxis.so``
-before grace-policy, as the packaged snippet's name now makes it sort.
+default); runc's bundles have the same roots as ``rootfs/``.
+plugstack.conf lists ``required spank_pyxis.so`` before grace-policy, as the
+packaged snippet's name now makes it sort.
 
 What each scenario would show without the change it tests: a false
 ``exe-not-found`` warning for every container step (the program exists only
@@ -133,12 +133,10 @@ def pyxis(slurm: SlurmEnv) -> Iterator[Pyxis]:
     try:
         containers.enroot_prefix()
         plugin = containers.pyxis_plugin()
-        containers.busybox("amd64")
-        containers.busybox("arm64")
         containers.debian_root("amd64")
         containers.debian_root("arm64")
     except containers.CorpusUnavailable as exc:
-        pytest.skip(f"pyxis/enroot/busybox/Debian roots not available: {exc}")
+        pytest.skip(f"pyxis/enroot/Debian roots not available: {exc}")
     if shutil.which("mksquashfs") is None:
         pytest.skip("mksquashfs not installed (bash packaging/install-deps.sh)")
     work = slurm.cluster.root.parent / "pyxis"

@@ -10,6 +10,11 @@ inside the container's mount namespace. So the check reads the squashfs
 itself (:func:`grace_policy.image.open_image`, never mounted): the image's
 PATH and loader, this node's CPU and page size, no host path.
 
+``sbatch --container-image=IMG`` (pyxis' ``sbatch_support``, on by
+default): pyxis starts the container for the batch step too, with slurmd's
+copy of the script bind-mounted at its own path, and the script runs in
+it; its ``#!`` interpreter is the image's.
+
 An image pyxis imports from a registry, or a named container, exists on
 this node only after pyxis' task_init: not judged here (the audit line says
 so). What pyxis fails to import or start is pyxis' error to report.
@@ -45,7 +50,7 @@ def mounts(args: Mapping[str, str], env: Mapping[str, str]) -> list[tuple[str, s
 
 def plan_pyxis(image: str | None, local: bool, reason: str, argv: Sequence[str],
                env: Mapping[str, str], cwd: str, *, max_inodes: int | None = None,
-               args: Mapping[str, str] | None = None) -> Plan:
+               args: Mapping[str, str] | None = None, batch: bool = False) -> Plan:
     if not local or not image:
         return Plan(None, tuple(argv), dict(env), cwd,
                     skipped=f"{reason}: not judged: not a local image (pyxis imports or "
@@ -65,6 +70,11 @@ def plan_pyxis(image: str | None, local: bool, reason: str, argv: Sequence[str],
     inner = img.step_env(job)
     args = args or {}
     binds = mounts(args, env)
+    if batch and argv and argv[0].startswith("/"):
+        # pyxis' user_init, batch step: slurmd's copy of the script is
+        # bind-mounted read-only at the same path inside the container, which
+        # runs it (pyxis_slurmstepd.c, stepid == SLURM_BATCH_SCRIPT).
+        binds.append((argv[0], argv[0]))
     if binds:
         img = img.with_mounts(binds)
     workdir = args.get("workdir")

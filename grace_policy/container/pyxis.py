@@ -32,20 +32,41 @@ _DENIED = ("PATH", "LD_LIBRARY_PATH", "LD_PRELOAD")
 
 
 def mounts(args: Mapping[str, str], env: Mapping[str, str]) -> list[tuple[str, str]]:
-    """(inner, host) of ``--container-mounts SRC:DST[:FLAGS],...`` (pyxis
-    args.c: ``SRC`` alone mounts at the same path) and, with
-    ``--container-mount-home``, the job's HOME at the same path."""
+    """(inner, host) of what is mounted from the host, in mount order:
+    enroot's own (``mounts.d``, the home mount; :mod:`.enroot`), then
+    ``--container-mounts SRC:DST[:FLAGS],...`` (pyxis args.c: ``SRC`` alone
+    mounts at the same path). ``--container-mount-home`` /
+    ``--no-container-mount-home`` (or pyxis' ``PYXIS_CONTAINER_MOUNT_HOME``)
+    decide the home mount; without either, enroot's setting does."""
+    from .enroot import enroot_mounts
+
+    home_flag = {"1": True, "0": False}.get(args.get("mount_home", ""))
+    if home_flag is None:
+        home_flag = _bool(env.get("PYXIS_CONTAINER_MOUNT_HOME"))
+    site = enroot_mounts(env, home_flag)
     out: list[tuple[str, str]] = []
+    home = env.get("HOME")
+    if site is not None:
+        out.extend(site)
+    elif home_flag and home and home.startswith("/"):
+        out.append((home, home))  # no enroot found to ask: its default hook
     for item in (args.get("mounts") or "").split(","):
         parts = item.split(":")
         src = parts[0]
         dst = parts[1] if len(parts) > 1 and parts[1] else src
         if src.startswith("/") and dst.startswith("/"):
             out.append((dst, src))
-    home = env.get("HOME")
-    if args.get("mount_home") == "1" and home and home.startswith("/"):
-        out.append((home, home))
     return out
+
+
+def _bool(value: str | None) -> bool | None:
+    """pyxis' boolean environment values (config.c parse_bool: exact words)."""
+    word = value or ""
+    if word in ("1", "true", "yes", "y"):
+        return True
+    if word in ("0", "false", "no", "n"):
+        return False
+    return None
 
 
 def plan_pyxis(image: str | None, local: bool, reason: str, argv: Sequence[str],

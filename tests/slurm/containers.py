@@ -118,6 +118,30 @@ def enroot_prefix() -> Path:
     return _cached_tree(name, {"sha256": THIRD_PARTY["enroot"][1], "recipe": 2}, build)
 
 
+def site_enroot(dest: Path) -> Path:
+    """A site's install of the built enroot: ``dest/bin/enroot`` with its
+    configuration in ``dest/etc/enroot`` (a copy of the built one: mounts.d,
+    hooks.d, enroot.conf), as ``make sysconfdir=DEST/etc`` would bake it;
+    the libraries and helpers stay the cached build's. An admin's mounts.d
+    files then go into ``dest/etc/enroot/mounts.d``."""
+    prefix = enroot_prefix()
+    sysconf = dest / "etc" / "enroot"
+    if sysconf.exists():
+        shutil.rmtree(sysconf)
+    shutil.copytree(prefix / "etc" / "enroot", sysconf, symlinks=True)
+    (dest / "bin").mkdir(parents=True, exist_ok=True)
+    script = (prefix / "bin" / "enroot").read_text()
+    old = f'"{prefix}/etc/enroot'
+    if script.count(old) < 2:
+        raise CorpusUnavailable(f"{prefix}/bin/enroot does not name its sysconfdir {old}")
+    out = dest / "bin" / "enroot"
+    out.write_text(script.replace(old, f'"{sysconf}'))
+    out.chmod(0o755)
+    for path in (dest, dest / "bin", dest / "etc", sysconf):
+        path.chmod(0o755)
+    return out
+
+
 def _spank_h_digest() -> str:
     h = hashlib.sha256()
     for name in ("spank.h", "slurm_version.h"):

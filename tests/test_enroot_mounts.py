@@ -113,3 +113,13 @@ def test_no_enroot_found_keeps_the_flags_own_rule(tmp_path: Path,
         ("/home/u", "/home/u"), ("/b", "/a")]
     assert mounts({"mount_home": "0"}, {**env, "PYXIS_CONTAINER_MOUNT_HOME": "1"}) == []
     assert mounts({}, {**env, "PYXIS_CONTAINER_MOUNT_HOME": "1"}) == [("/home/u", "/home/u")]
+
+
+def test_the_images_own_fstab_comes_first(tmp_path: Path) -> None:
+    """enroot reads the image's /etc/fstab before mounts.d (runtime.sh)."""
+    env = {"HOME": str(tmp_path), "DATA": "/lustre/data", "PATH": "/job/bin"}
+    got = mounts({"mounts": "/x:/opt/x"}, env,
+                 "${DATA} /data none x-create=dir,bind\n${PATH} /p none bind\n")
+    # PATH is one of what pyxis withholds from enroot: empty there.
+    assert got[0] == ("/data", "/lustre/data") and ("/p", "/job/bin") not in got
+    assert got[-1] == ("/opt/x", "/x")

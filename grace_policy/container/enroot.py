@@ -16,7 +16,8 @@ enroot 4.1.2's source:
   ``ENROOT_REMAP_ROOT`` set over it), then ``enroot.conf``, then
   ``enroot.conf.d/*.conf``, then the defaults. A value spelled ``n``, ``no``,
   ``f``, ``false`` (any case enroot accepts) unsets it (``config::fini``).
-* Mounts (runtime.sh ``_do_mounts_init``): the image's ``/etc/fstab``, then
+* Mounts (runtime.sh ``_do_mounts_init``): the image's ``/etc/fstab``
+  (:func:`fstab_binds`, read in the image by the caller), then
   ``$ENROOT_SYSCONF_PATH/mounts.d/*.fstab`` and
   ``$ENROOT_CONFIG_PATH/mounts.d/*.fstab`` (default
   ``$XDG_CONFIG_HOME/enroot``, that ``$HOME/.config``), each file in name
@@ -108,10 +109,15 @@ def _load(path: str, settings: dict[str, str], env: Mapping[str, str]) -> None:
 
 
 def _fstab(path: str, env: Mapping[str, str]) -> list[tuple[str, str]]:
-    """(inner, host) of the host-path bind mounts in one fstab file."""
+    return fstab_binds(_read(path) or "", env)
+
+
+def fstab_binds(text: str, env: Mapping[str, str]) -> list[tuple[str, str]]:
+    """(inner, host) of the host-path bind mounts in one fstab text (a
+    mounts.d file, or the image's own ``/etc/fstab``, which enroot reads
+    first), ``${VAR}`` replaced from ``env`` as enroot's envsubst does."""
     out: list[tuple[str, str]] = []
-    text = _read(path)
-    for line in (text or "").splitlines():
+    for line in text.splitlines():
         line = re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", lambda m: env.get(m.group(1), ""),
                       line).strip()
         if not line or line.startswith("#"):

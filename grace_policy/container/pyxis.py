@@ -31,20 +31,22 @@ from . import Plan
 _DENIED = ("PATH", "LD_LIBRARY_PATH", "LD_PRELOAD")
 
 
-def mounts(args: Mapping[str, str], env: Mapping[str, str]) -> list[tuple[str, str]]:
+def mounts(args: Mapping[str, str], env: Mapping[str, str], image_fstab: str = ""
+           ) -> list[tuple[str, str]]:
     """(inner, host) of what is mounted from the host, in mount order:
-    enroot's own (``mounts.d``, the home mount; :mod:`.enroot`), then
+    the image's ``/etc/fstab`` (``image_fstab``), enroot's own (``mounts.d``,
+    the home mount; :mod:`.enroot`), then
     ``--container-mounts SRC:DST[:FLAGS],...`` (pyxis args.c: ``SRC`` alone
     mounts at the same path). ``--container-mount-home`` /
     ``--no-container-mount-home`` (or pyxis' ``PYXIS_CONTAINER_MOUNT_HOME``)
     decide the home mount; without either, enroot's setting does."""
-    from .enroot import enroot_mounts
+    from .enroot import PYXIS_DENIED, enroot_mounts, fstab_binds
 
     home_flag = {"1": True, "0": False}.get(args.get("mount_home", ""))
     if home_flag is None:
         home_flag = _bool(env.get("PYXIS_CONTAINER_MOUNT_HOME"))
     site = enroot_mounts(env, home_flag)
-    out: list[tuple[str, str]] = []
+    out = fstab_binds(image_fstab, {k: v for k, v in env.items() if k not in PYXIS_DENIED})
     home = env.get("HOME")
     if site is not None:
         out.extend(site)
@@ -90,7 +92,13 @@ def plan_pyxis(image: str | None, local: bool, reason: str, argv: Sequence[str],
     job = {k: v for k, v in env.items() if k not in _DENIED}
     inner = img.step_env(job)
     args = args or {}
-    binds = mounts(args, env)
+    from ..image.view import MAX_ENV_BYTES, read_view_file
+
+    try:  # enroot mounts what the image's own fstab binds from the host
+        fstab = read_view_file(img.view, "/etc/fstab", MAX_ENV_BYTES) or b""
+    except (ImageError, OSError):
+        fstab = b""
+    binds = mounts(args, env, fstab.decode("utf-8", "surrogateescape"))
     if batch and argv and argv[0].startswith("/"):
         # pyxis' user_init, batch step: slurmd's copy of the script is
         # bind-mounted read-only at the same path inside the container, which

@@ -44,6 +44,14 @@ def site(pyxis: Pyxis) -> Iterator[dict[str, Path]]:  # noqa: F811
     home_bin = pyxis.work / "home" / "bin"
     home_bin.mkdir(parents=True, exist_ok=True)
     shutil.copy2(pyxis.work / "src" / "foreign", home_bin / "foreign")
+    # An image whose own /etc/fstab binds the same host directory (enroot
+    # reads it before mounts.d).
+    root = pyxis.work / "root-fstab"
+    if root.exists():
+        shutil.rmtree(root)
+    containers.make_root(root, "amd64")
+    (root / "etc/fstab").write_text(f"{apps} /opt/imgfstab none x-create=dir,bind,ro 0 -1\n")
+    containers.mksquashfs(root, pyxis.slurm.cluster.shared / "fstab.sqsh")
     link = pyxis.slurm.cluster.bin_dir / "enroot"
     before = link.readlink() if link.is_symlink() else None
     link.unlink(missing_ok=True)
@@ -104,3 +112,13 @@ def test_home_mounted_by_enroot_mount_home(pyxis: Pyxis,  # noqa: F811
     assert res.returncode != 0
     assert f"{PREFIX}WARNING exe-not-found" in res.stderr, res.stderr
     assert "exe-arch-mismatch" not in res.stderr
+
+
+def test_the_images_own_fstab_mount(pyxis: Pyxis, site: dict[str, Path]) -> None:  # noqa: F811
+    pyxis.use()
+    res = pyxis.srun(["--container-image=./fstab.sqsh", "/opt/imgfstab/native"])
+    assert res.returncode == 0, res.stderr
+    assert "side-effect program ran" in res.stdout and PREFIX not in res.stderr, res.stderr
+    res = pyxis.srun(["--container-image=./fstab.sqsh", "/opt/imgfstab/foreign"])
+    assert res.returncode != 0
+    assert f"{PREFIX}ERROR exe-arch-mismatch" in res.stderr, res.stderr

@@ -73,6 +73,14 @@ def test_enroot_conf_and_what_pyxis_withholds(site: Path, tmp_path: Path) -> Non
         got = enroot_mounts({"HOME": str(tmp_path), "ENROOT_CONFIG_PATH": str(tmp_path)},
                             search=str(site / "bin")) or []
         assert ("/data", "/data") not in got
+        # Values as admins write them: quoted, with $VAR / ${VAR} (eval echo).
+        conf.write_text(saved + '#ENROOT_CONFIG_PATH /nope\nENROOT_CONFIG_PATH="$WHERE/${LEAF}"\n')
+        got = enroot_mounts({"HOME": str(tmp_path), "WHERE": str(tmp_path), "LEAF": "elsewhere"},
+                            search=str(site / "bin")) or []
+        assert ("/data", "/data") in got
+        conf.write_text(saved + "ENROOT_CONFIG_PATH $(echo /x)\n")  # not guessed: the default
+        got = enroot_mounts({"HOME": str(tmp_path)}, search=str(site / "bin")) or []
+        assert ("/data", "/data") not in got
     finally:
         conf.write_text(saved)
     got = enroot_mounts({"HOME": str(tmp_path), "ENROOT_SYSCONF_PATH": str(other)},

@@ -37,7 +37,6 @@ path is then judged in the image, as before this module.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Mapping
 
 #: What pyxis keeps from enroot's environment (pyxis_slurmstepd.c): these
@@ -48,8 +47,11 @@ PYXIS_DENIED = frozenset({
     "ENROOT_ZSTD_OPTIONS", "ENROOT_TRANSFER_RETRIES", "ENROOT_CONNECT_TIMEOUT",
     "ENROOT_MAX_CONNECTIONS", "ENROOT_ALLOW_HTTP",
 })
-_FALSE = re.compile(r"^(no?|N[oO]?|[fF](alse)?|FALSE)$")
-_KEY = re.compile(r"^ENROOT_[A-Z_]+$")
+#: config::fini's ``^(no?|N[oO]?|[fF](alse)?|FALSE)$``, spelled out (no
+#: ``re`` on a step's path: it costs tens of milliseconds to import).
+_FALSE = frozenset({"n", "no", "N", "No", "NO", "f", "false", "F", "False", "FALSE"})
+_UPPER = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZ_")
+_NAME = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 _DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 _SKIP_POINTS = ("/proc", "/sys", "/dev")
 _MAX_FILE = 256 * 1024
@@ -77,12 +79,57 @@ def _enroot_script(search: str | None) -> str | None:
     return None
 
 
+def _is_key(word: str) -> bool:
+    """enroot's ``^ENROOT_[[:upper:]_]+$``."""
+    return word.startswith("ENROOT_") and len(word) > 7 and all(c in _UPPER for c in word)
+
+
+def _quoted_path(line: str, head: str) -> str | None:
+    """``X`` of a line ``HEAD "X"`` with no expansion in X."""
+    if not line.startswith(head):
+        return None
+    rest = line[len(head):].strip()
+    if len(rest) < 3 or rest[0] != '"' or rest[-1] != '"' or any(c in rest[1:-1]
+                                                               for c in '"$`'):
+        return None
+    return rest[1:-1]
+
+
 def _baked(script: str) -> tuple[str | None, str | None]:
     """(enroot.conf path, default ENROOT_SYSCONF_PATH) from the script."""
-    text = _read(script) or ""
-    conf = re.search(r'^config::init "([^"$`]+)"\s*$', text, re.M)
-    sysconf = re.search(r'^config::export ENROOT_SYSCONF_PATH\s+"([^"$`]+)"\s*$', text, re.M)
-    return (conf.group(1) if conf else None, sysconf.group(1) if sysconf else None)
+    conf = sysconf = None
+    for line in (_read(script) or "").splitlines():
+        conf = conf or _quoted_path(line, "config::init ")
+        if line.startswith("config::export ENROOT_SYSCONF_PATH ") and sysconf is None:
+            sysconf = _quoted_path(line, "config::export ENROOT_SYSCONF_PATH ")
+    return conf, sysconf
+
+
+def _subst(text: str, env: Mapping[str, str], bare: bool) -> str:
+    """``${VAR}`` (and, with ``bare``, ``$VAR``) replaced from ``env``."""
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if c == "$" and text.startswith("{", i + 1):
+            end = text.find("}", i + 2)
+            name = text[i + 2:end] if end > 0 else ""
+            if name and not name[0].isdigit() and all(ch in _NAME for ch in name):
+                out.append(env.get(name, ""))
+                i = end + 1
+                continue
+        elif c == "$" and bare:
+            j = i + 1
+            while j < len(text) and text[j] in _NAME:
+                j += 1
+            name = text[i + 1:j]
+            if name and not name[0].isdigit():
+                out.append(env.get(name, ""))
+                i = j
+                continue
+        out.append(c)
+        i += 1
+    return "".join(out)
 
 
 def _expand(value: str, env: Mapping[str, str]) -> str | None:
@@ -93,19 +140,22 @@ def _expand(value: str, env: Mapping[str, str]) -> str | None:
     value = value.strip()
     if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
         value = value[1:-1]
-    return re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)",
-                  lambda m: env.get(m.group(1) or m.group(2), ""), value)
+    return _subst(value, env, bare=True)
 
 
 def _load(path: str, settings: dict[str, str], env: Mapping[str, str]) -> None:
-    text = _read(path)
-    for line in (text or "").splitlines():
-        parts = re.split(r"[ \t=]+", line.strip(), maxsplit=1)
-        if len(parts) != 2 or not _KEY.match(parts[0]) or parts[0] in settings:
+    """One config file, read as ``IFS=$' \\t=' read -r key value`` does."""
+    for line in (_read(path) or "").splitlines():
+        line = line.strip(" \t")
+        cut = next((i for i, c in enumerate(line) if c in " \t="), -1)
+        if cut <= 0:
             continue
-        value = _expand(parts[1], {**env, **settings})
-        if value is not None:
-            settings[parts[0]] = value
+        key, value = line[:cut], line[cut:].lstrip(" \t=")
+        if not _is_key(key) or key in settings or not value:
+            continue
+        expanded = _expand(value, {**env, **settings})
+        if expanded is not None:
+            settings[key] = expanded
 
 
 def _fstab(path: str, env: Mapping[str, str]) -> list[tuple[str, str]]:
@@ -118,8 +168,7 @@ def fstab_binds(text: str, env: Mapping[str, str]) -> list[tuple[str, str]]:
     first), ``${VAR}`` replaced from ``env`` as enroot's envsubst does."""
     out: list[tuple[str, str]] = []
     for line in text.splitlines():
-        line = re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", lambda m: env.get(m.group(1), ""),
-                      line).strip()
+        line = _subst(line, env, bare=False).strip()
         if not line or line.startswith("#"):
             continue
         fields = line.split()
@@ -162,7 +211,7 @@ def enroot_mounts(job_env: Mapping[str, str], mount_home: bool | None = None,
     for name, value in (("ENROOT_MOUNT_HOME", mount_home), ("ENROOT_REMAP_ROOT", remap_root)):
         if value is not None:
             env[name] = "y" if value else "n"
-    settings = {k: v for k, v in env.items() if _KEY.match(k)}
+    settings = {k: v for k, v in env.items() if _is_key(k)}
     if conf:
         _load(conf, settings, env)
         for dropin in _files(conf + ".d", ".conf"):
@@ -173,7 +222,7 @@ def enroot_mounts(job_env: Mapping[str, str], mount_home: bool | None = None,
     xdg = env.get("XDG_CONFIG_HOME") or (f"{home}/.config" if home else "")
     if "ENROOT_CONFIG_PATH" not in settings and xdg:
         settings["ENROOT_CONFIG_PATH"] = f"{xdg}/enroot"
-    settings = {k: v for k, v in settings.items() if not _FALSE.match(v)}
+    settings = {k: v for k, v in settings.items() if v not in _FALSE}
     full = {**env, **settings}
     out: list[tuple[str, str]] = []
     for key in ("ENROOT_SYSCONF_PATH", "ENROOT_CONFIG_PATH"):

@@ -13,7 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "slurm"))
 
-from grace_policy.container.enroot import enroot_mounts
+from grace_policy.container.enroot import enroot_environ, enroot_mounts
 from grace_policy.container.pyxis import mounts
 
 
@@ -131,3 +131,18 @@ def test_the_images_own_fstab_comes_first(tmp_path: Path) -> None:
     # PATH is one of what pyxis withholds from enroot: empty there.
     assert got[0] == ("/data", "/lustre/data") and ("/p", "/job/bin") not in got
     assert got[-1] == ("/opt/x", "/x")
+
+
+def test_environ_d_of_the_site_then_the_user(site: Path, tmp_path: Path) -> None:
+    home = tmp_path / "h"
+    (home / ".config/enroot/environ.d").mkdir(parents=True)
+    (home / ".config/enroot/environ.d/x.env").write_text("B=user\n")
+    envd = site / "etc/enroot/environ.d"
+    (envd / "50-site.env").write_text("PATH=/opt/site/bin:${SITE_TAIL}\nB=site\nexport C='c'\n")
+    try:
+        got = dict(enroot_environ({"HOME": str(home), "SITE_TAIL": "/usr/bin"},
+                                  search=str(site / "bin")))
+    finally:
+        (envd / "50-site.env").unlink()
+    # enroot's own 10-terminal.env (TERM=${TERM}) is there too.
+    assert got == {"TERM": "", "PATH": "/opt/site/bin:/usr/bin", "B": "user", "C": "c"}

@@ -25,6 +25,10 @@ enroot 4.1.2's source:
   TYPE OPTS``, DST inside the container. Bind mounts of a host path are what
   changes a program's file; pseudo file systems (/proc, /sys, /dev) and
   tmpfs are not read for programs and are left out.
+* Environment (runtime.sh ``_do_environ``): the image's
+  ``/etc/environment``, then ``environ.d/*.env`` of both directories
+  (:func:`enroot_environ`): a site that puts its tools on the container's
+  PATH there changes what argv[0] finds.
 * Home (hooks.d/10-home.sh, run when ``ENROOT_MOUNT_HOME`` is set and the
   hook is installed): ``$HOME`` at ``$HOME``, or at ``/root`` with
   ``ENROOT_REMAP_ROOT``.
@@ -194,15 +198,11 @@ def _files(directory: str, suffix: str) -> list[str]:
     return [os.path.join(directory, n) for n in names[:_MAX_FILES]]
 
 
-def enroot_mounts(job_env: Mapping[str, str], mount_home: bool | None = None,
-                  remap_root: bool | None = None, *, search: str | None = None
-                  ) -> list[tuple[str, str]] | None:
-    """(inner, host) of what enroot mounts from the host for a pyxis step,
-    in enroot's order (a later mount at the same point wins); None when no
-    ``enroot`` is found there.
-    ``mount_home``/``remap_root``: pyxis' own choice (None: not given, the
-    environment and enroot's configuration decide). ``search``: the PATH
-    pyxis finds ``enroot`` on (slurmstepd's)."""
+def _settings(job_env: Mapping[str, str], mount_home: bool | None,
+              remap_root: bool | None, search: str | None
+              ) -> tuple[dict[str, str], dict[str, str]] | None:
+    """(enroot's ENROOT_* settings, the environment enroot runs with), or
+    None when no ``enroot`` is found."""
     script = _enroot_script(search if search is not None else os.environ.get("PATH"))
     if script is None:
         return None
@@ -223,15 +223,55 @@ def enroot_mounts(job_env: Mapping[str, str], mount_home: bool | None = None,
     if "ENROOT_CONFIG_PATH" not in settings and xdg:
         settings["ENROOT_CONFIG_PATH"] = f"{xdg}/enroot"
     settings = {k: v for k, v in settings.items() if v not in _FALSE}
-    full = {**env, **settings}
-    out: list[tuple[str, str]] = []
+    return settings, {**env, **settings}
+
+
+def _config_files(settings: Mapping[str, str], sub: str, suffix: str) -> list[str]:
+    """``SUB/*SUFFIX`` of the site's, then the user's enroot configuration."""
+    out: list[str] = []
     for key in ("ENROOT_SYSCONF_PATH", "ENROOT_CONFIG_PATH"):
         where = settings.get(key, "")
         if where.startswith("/"):
-            for path in _files(os.path.join(where, "mounts.d"), ".fstab"):
-                out.extend(_fstab(path, full))
+            out.extend(_files(os.path.join(where, sub), suffix))
+    return out
+
+
+def enroot_mounts(job_env: Mapping[str, str], mount_home: bool | None = None,
+                  remap_root: bool | None = None, *, search: str | None = None
+                  ) -> list[tuple[str, str]] | None:
+    """(inner, host) of what enroot mounts from the host for a pyxis step,
+    in enroot's order (a later mount at the same point wins); None when no
+    ``enroot`` is found there.
+    ``mount_home``/``remap_root``: pyxis' own choice (None: not given, the
+    environment and enroot's configuration decide). ``search``: the PATH
+    pyxis finds ``enroot`` on (slurmstepd's)."""
+    found = _settings(job_env, mount_home, remap_root, search)
+    if found is None:
+        return None
+    settings, full = found
+    out: list[tuple[str, str]] = []
+    for path in _config_files(settings, "mounts.d", ".fstab"):
+        out.extend(_fstab(path, full))
+    home = full.get("HOME", "")
     hook = os.path.join(settings.get("ENROOT_SYSCONF_PATH", ""), "hooks.d", "10-home.sh")
     if settings.get("ENROOT_MOUNT_HOME") and home.startswith("/") and os.access(hook, os.X_OK):
         out.append(("/root" if settings.get("ENROOT_REMAP_ROOT") else home, home))
     return out
 
+
+def enroot_environ(job_env: Mapping[str, str], *, search: str | None = None
+                   ) -> list[tuple[str, str]]:
+    """What ``environ.d/*.env`` of the site's and the user's configuration
+    set in the container, after the image's ``/etc/environment``
+    (runtime.sh ``_do_environ``; ``${VAR}`` from enroot's environment), in
+    order: a later value wins."""
+    from ..image.view import parse_env_lines
+
+    found = _settings(job_env, None, None, search)
+    if found is None:
+        return []
+    settings, full = found
+    out: list[tuple[str, str]] = []
+    for path in _config_files(settings, "environ.d", ".env"):
+        out.extend(parse_env_lines(_subst(_read(path) or "", full, bare=False)))
+    return out

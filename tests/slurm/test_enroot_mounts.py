@@ -44,6 +44,9 @@ def site(pyxis: Pyxis) -> Iterator[dict[str, Path]]:  # noqa: F811
     home_bin = pyxis.work / "home" / "bin"
     home_bin.mkdir(parents=True, exist_ok=True)
     shutil.copy2(pyxis.work / "src" / "foreign", home_bin / "foreign")
+    # The site's environ.d puts its tools first on the container's PATH.
+    (dest / "etc/enroot/environ.d/50-site.env").write_text(
+        "PATH=/opt/site:/opt/app/bin:/usr/bin:/bin\n")
     # An image whose own /etc/fstab binds the same host directory (enroot
     # reads it before mounts.d).
     root = pyxis.work / "root-fstab"
@@ -122,3 +125,17 @@ def test_the_images_own_fstab_mount(pyxis: Pyxis, site: dict[str, Path]) -> None
     res = pyxis.srun(["--container-image=./fstab.sqsh", "/opt/imgfstab/foreign"])
     assert res.returncode != 0
     assert f"{PREFIX}ERROR exe-arch-mismatch" in res.stderr, res.stderr
+
+
+def test_site_environ_d_path_finds_the_mounted_program(pyxis: Pyxis,  # noqa: F811
+                                                       site: dict[str, Path]) -> None:
+    """``foreign`` by name: the site's environ.d PATH finds /opt/site/foreign
+    (the image has no such program): refused, not a missing-program warning."""
+    pyxis.use()
+    res = pyxis.srun(["--container-image=./clean.sqsh", "foreign"])
+    assert res.returncode != 0
+    assert f"{PREFIX}ERROR exe-arch-mismatch" in res.stderr, res.stderr
+    assert "/opt/site/foreign" in res.stderr and "exe-not-found" not in res.stderr
+    res = pyxis.srun(["--container-image=./clean.sqsh", "native"])
+    assert res.returncode == 0, res.stderr
+    assert "side-effect program ran" in res.stdout and PREFIX not in res.stderr, res.stderr

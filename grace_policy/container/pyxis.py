@@ -91,6 +91,9 @@ def plan_pyxis(image: str | None, local: bool, reason: str, argv: Sequence[str],
                     skipped=f"{reason}: not judged: {exc.strerror or exc}")
     job = {k: v for k, v in env.items() if k not in _DENIED}
     inner = img.step_env(job)
+    from .enroot import enroot_environ
+
+    inner.update(enroot_environ(env))  # environ.d of the site and the user, after the image's
     args = args or {}
     from ..image.view import MAX_ENV_BYTES, read_view_file
 

@@ -114,9 +114,12 @@ def decide(
                                   image)
             finally:
                 probes.extend(fsprobe.stop())
-        if image is None and argv and _wraps_an_image(argv[0]) and verdict.action == "allow" \
-                and not verdict.findings:
-            # `apptainer exec IMG CMD`: the host program is fine; now CMD in IMG.
+        if image is None and argv and _wraps_an_image(argv[0]) and verdict.error is None \
+                and verdict.skipped is None and not any(f.severity == "error"
+                                                        for f in verdict.findings):
+            # `apptainer exec IMG CMD`: the host program can start; now CMD in
+            # IMG. (Its warnings and notes, e.g. the host glibc's 4 KiB
+            # layout on a simulated 64 KiB node, are kept beside the image's.)
             return _apptainer(policy, mode, partition, argv, env, cwd, node, who, today,
                               verdict)
         return verdict
@@ -144,8 +147,14 @@ def _apptainer(policy: Policy, mode: str, partition: str | None, argv: Sequence[
         return host  # not an exec of a local image this parser is sure of
     if todo.image is None:
         return replace(host, skipped=todo.skipped)
-    return _decide(policy, mode, partition, list(todo.argv), todo.env, todo.cwd, node, who,
-                   today, todo.image)
+    inner = _decide(policy, mode, partition, list(todo.argv), todo.env, todo.cwd, node, who,
+                    today, todo.image)
+    if not host.findings and not host.exempted:
+        return inner
+    findings = (*host.findings, *inner.findings)
+    action = inner.action if inner.error else action_for(mode, findings)
+    return replace(inner, findings=findings, action=action,
+                   exempted=(*host.exempted, *inner.exempted))
 
 
 def _decide(policy: Policy, mode: str, partition: str | None, argv: Sequence[str],

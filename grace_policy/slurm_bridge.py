@@ -189,7 +189,7 @@ def run_step(step: StepInput) -> Outcome:
 
         todo = plan(step.container_kind, step.container_image, step.container_local,
                     step.container or step.container_kind, argv, env, cwd,
-                    args=step.container_args)
+                    args=step.container_args, batch=step.batch)
         container, image = todo.skipped, todo.image
         argv, env, cwd = list(todo.argv), todo.env, todo.cwd
         program = argv[0] if argv else None  # the program in the image

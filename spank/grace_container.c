@@ -172,9 +172,14 @@ static void grace_pyxis_args(spank_t sp, struct grace_container *c)
 		/* --container-mount-home is a flag: no argument */
 		struct spank_option flag = { (char *)"container-mount-home", NULL, "", 0, 0, NULL };
 
+		struct spank_option no = { (char *)"no-container-mount-home", NULL, "", 0, 0, NULL };
+
 		if (spank_option_getopt(sp, &flag, NULL) == ESPANK_SUCCESS)
 			used += (size_t)snprintf(c->args + used, sizeof(c->args) - used,
 						 "mount_home=1\n");
+		else if (spank_option_getopt(sp, &no, NULL) == ESPANK_SUCCESS)
+			used += (size_t)snprintf(c->args + used, sizeof(c->args) - used,
+						 "mount_home=0\n");
 	}
 }
 

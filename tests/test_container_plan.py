@@ -112,3 +112,41 @@ def test_slurm_oci_bundle_as_newer_slurm_runs_it(tmp_path: Path) -> None:
     assert todo.env == {"PATH": "/opt/app/bin", "B": "2", "C": "3"}
     outside = plan("oci-bundle", str(tmp_path / "nope"), True, "oci step", ["tool"], {}, "/")
     assert outside.image is None and "not judged" in str(outside.skipped)
+
+
+def test_pyxis_batch_step_runs_slurmds_script_inside_the_image(tmp_path: Path) -> None:
+    """``sbatch --container-image``: pyxis bind-mounts slurmd's copy of the
+    script at its own path, so the script is found in the container and its
+    ``#!`` interpreter is the image's (not the host's)."""
+    from grace_policy.decide import decide
+    from grace_policy.node import detect
+    from grace_policy.policy import Policy
+
+    if shutil.which("mksquashfs") is None:
+        pytest.skip("mksquashfs not installed (bash packaging/install-deps.sh)")
+    root = _root(tmp_path)
+    src = tmp_path / "main.c"
+    src.write_text("int main(void) { return 0; }\n")
+    subprocess.run(["gcc", "-static", "-O1", "-o", str(root / "opt/app/bin/sh"), str(src)],
+                   check=True, capture_output=True)
+    image = tmp_path / "batch.sqsh"
+    subprocess.run(["mksquashfs", str(root), str(image), "-comp", "gzip", "-quiet",
+                    "-no-progress", "-all-root"], check=True, capture_output=True)
+    script = tmp_path / "spool" / "job00012" / "slurm_script"
+    script.parent.mkdir(parents=True)
+    script.write_text("#!/opt/app/bin/sh\n")  # the image's: the host has no /opt/app
+    script.chmod(0o700)
+
+    def judged(batch: bool) -> list[tuple[str, str]]:
+        todo = plan("pyxis", str(image), True, "pyxis step", [str(script)], {}, "/",
+                    batch=batch)
+        verdict = decide(Policy(), partition=None, argv=list(todo.argv), env=todo.env,
+                         cwd=todo.cwd, node=detect(), image=todo.image)
+        return [(f.rule, f.path) for f in verdict.findings]
+
+    assert judged(batch=True) == []
+    # Without the script's mount the image has no such file (what an srun
+    # step naming that path would meet).
+    assert judged(batch=False) == [("exe-not-found", f"{image}:{script}")]
+    script.write_text("#!/usr/bin/python3\n")  # the host has one; the image does not
+    assert judged(batch=True) == [("interp-missing", f"{image}:{script}")]

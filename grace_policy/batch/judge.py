@@ -19,6 +19,7 @@ from ..policy import Policy
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from ..check import StepReport
     from ..exempt import Who
     from ..node import NodeProfile
     from .walk import Command, Reading
@@ -243,6 +244,8 @@ def _judge(policy: Policy, reading: Reading, node: NodeProfile, partition: str |
                                     env_vars=policy.env.vars,
                                     env_strip=policy.env.strip if cmd.srun else "never",
                                     budget=budget, cuda_index=cuda)
+                if not report.issues and report.limit is None:
+                    report = _in_image(argv, cmd, node, policy, budget, cuda) or report
                 issues = tuple(_own_causes(i, cmd.env, start_env) for i in report.issues
                                if i.rule not in _NOT_FOR_LINES)
                 seen[key] = issues
@@ -264,6 +267,26 @@ def _judge(policy: Policy, reading: Reading, node: NodeProfile, partition: str |
     strong = {(f.path, c.line) for f, c in out if f.rule != "py-dist-broken"}
     out = [(f, c) for f, c in out if f.rule != "py-dist-broken" or (f.path, c.line) not in strong]
     return out, limit
+
+
+def _in_image(argv: Sequence[str], cmd: Command, node: NodeProfile, policy: Policy,
+              budget: Budget, cuda: str | None) -> StepReport | None:
+    """``apptainer exec IMG CMD`` on a line: the host's apptainer was clean,
+    so CMD is judged in IMG as the plugin judges such an srun step
+    (decide.py); None when the line is no exec of a local image this
+    parser is sure of, or the image cannot be read (the host verdict stands)."""
+    from ..container.apptainer import is_apptainer, plan_apptainer
+
+    if not argv or not is_apptainer(argv[0]):
+        return None
+    todo = plan_apptainer(argv, cmd.env, cmd.cwd)
+    if todo is None or todo.image is None:
+        return None
+    from ..check import check_step
+
+    return check_step(list(todo.argv), todo.env, todo.cwd, node, env_vars=policy.env.vars,
+                      env_strip=policy.env.strip if cmd.srun else "never", budget=budget,
+                      cuda_index=cuda, image=todo.image)
 
 
 def _own_causes(issue: Issue, env: Mapping[str, str], start: Mapping[str, str]) -> Issue:

@@ -10,15 +10,16 @@ from . import Plan
 
 def plan(kind: str, image: str | None, local: bool, reason: str, argv: Sequence[str],
          env: Mapping[str, str], cwd: str, *, max_inodes: int | None = None,
-         args: str | None = None) -> Plan:
+         args: str | None = None, batch: bool = False) -> Plan:
     """The step as it will run in its container. Never raises. ``args``: the
-    runtime's own options as C read them ("key=value" lines)."""
+    runtime's own options as C read them ("key=value" lines); ``batch``:
+    the job's batch step (argv[0] is slurmd's copy of the script)."""
     try:
         if kind == "pyxis":
             from .pyxis import plan_pyxis
 
             return plan_pyxis(image, local, reason, argv, env, cwd, max_inodes=max_inodes,
-                              args=_lines(args))
+                              args=_lines(args), batch=batch)
         if kind == "oci":
             from .slurm_oci import plan_oci
 

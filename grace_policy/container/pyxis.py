@@ -10,6 +10,11 @@ inside the container's mount namespace. So the check reads the squashfs
 itself (:func:`grace_policy.image.open_image`, never mounted): the image's
 PATH and loader, this node's CPU and page size, no host path.
 
+``sbatch --container-image=IMG`` (pyxis' ``sbatch_support``, on by
+default): pyxis starts the container for the batch step too, with slurmd's
+copy of the script bind-mounted at its own path, and the script runs in
+it; its ``#!`` interpreter is the image's.
+
 An image pyxis imports from a registry, or a named container, exists on
 this node only after pyxis' task_init: not judged here (the audit line says
 so). What pyxis fails to import or start is pyxis' error to report.
@@ -26,26 +31,49 @@ from . import Plan
 _DENIED = ("PATH", "LD_LIBRARY_PATH", "LD_PRELOAD")
 
 
-def mounts(args: Mapping[str, str], env: Mapping[str, str]) -> list[tuple[str, str]]:
-    """(inner, host) of ``--container-mounts SRC:DST[:FLAGS],...`` (pyxis
-    args.c: ``SRC`` alone mounts at the same path) and, with
-    ``--container-mount-home``, the job's HOME at the same path."""
-    out: list[tuple[str, str]] = []
+def mounts(args: Mapping[str, str], env: Mapping[str, str], image_fstab: str = ""
+           ) -> list[tuple[str, str]]:
+    """(inner, host) of what is mounted from the host, in mount order:
+    the image's ``/etc/fstab`` (``image_fstab``), enroot's own (``mounts.d``,
+    the home mount; :mod:`.enroot`), then
+    ``--container-mounts SRC:DST[:FLAGS],...`` (pyxis args.c: ``SRC`` alone
+    mounts at the same path). ``--container-mount-home`` /
+    ``--no-container-mount-home`` (or pyxis' ``PYXIS_CONTAINER_MOUNT_HOME``)
+    decide the home mount; without either, enroot's setting does."""
+    from .enroot import PYXIS_DENIED, enroot_mounts, fstab_binds
+
+    home_flag = {"1": True, "0": False}.get(args.get("mount_home", ""))
+    if home_flag is None:
+        home_flag = _bool(env.get("PYXIS_CONTAINER_MOUNT_HOME"))
+    site = enroot_mounts(env, home_flag)
+    out = fstab_binds(image_fstab, {k: v for k, v in env.items() if k not in PYXIS_DENIED})
+    home = env.get("HOME")
+    if site is not None:
+        out.extend(site)
+    elif home_flag and home and home.startswith("/"):
+        out.append((home, home))  # no enroot found to ask: its default hook
     for item in (args.get("mounts") or "").split(","):
         parts = item.split(":")
         src = parts[0]
         dst = parts[1] if len(parts) > 1 and parts[1] else src
         if src.startswith("/") and dst.startswith("/"):
             out.append((dst, src))
-    home = env.get("HOME")
-    if args.get("mount_home") == "1" and home and home.startswith("/"):
-        out.append((home, home))
     return out
+
+
+def _bool(value: str | None) -> bool | None:
+    """pyxis' boolean environment values (config.c parse_bool: exact words)."""
+    word = value or ""
+    if word in ("1", "true", "yes", "y"):
+        return True
+    if word in ("0", "false", "no", "n"):
+        return False
+    return None
 
 
 def plan_pyxis(image: str | None, local: bool, reason: str, argv: Sequence[str],
                env: Mapping[str, str], cwd: str, *, max_inodes: int | None = None,
-               args: Mapping[str, str] | None = None) -> Plan:
+               args: Mapping[str, str] | None = None, batch: bool = False) -> Plan:
     if not local or not image:
         return Plan(None, tuple(argv), dict(env), cwd,
                     skipped=f"{reason}: not judged: not a local image (pyxis imports or "
@@ -63,8 +91,22 @@ def plan_pyxis(image: str | None, local: bool, reason: str, argv: Sequence[str],
                     skipped=f"{reason}: not judged: {exc.strerror or exc}")
     job = {k: v for k, v in env.items() if k not in _DENIED}
     inner = img.step_env(job)
+    from .enroot import enroot_environ
+
+    inner.update(enroot_environ(env))  # environ.d of the site and the user, after the image's
     args = args or {}
-    binds = mounts(args, env)
+    from ..image.view import MAX_ENV_BYTES, read_view_file
+
+    try:  # enroot mounts what the image's own fstab binds from the host
+        fstab = read_view_file(img.view, "/etc/fstab", MAX_ENV_BYTES) or b""
+    except (ImageError, OSError):
+        fstab = b""
+    binds = mounts(args, env, fstab.decode("utf-8", "surrogateescape"))
+    if batch and argv and argv[0].startswith("/"):
+        # pyxis' user_init, batch step: slurmd's copy of the script is
+        # bind-mounted read-only at the same path inside the container, which
+        # runs it (pyxis_slurmstepd.c, stepid == SLURM_BATCH_SCRIPT).
+        binds.append((argv[0], argv[0]))
     if binds:
         img = img.with_mounts(binds)
     workdir = args.get("workdir")

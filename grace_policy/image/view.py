@@ -269,7 +269,11 @@ class DirView(TreeView):
     def __init__(self, root: str, name: str | None = None) -> None:
         self.root = os.path.realpath(root)
         self.name = name or self.root
-        self._modes: dict[str, str] = {self.root: "d"}
+        try:  # a bind-mounted file (pyxis mounts the batch script) is a file
+            kind = _kind_of(os.stat(self.root).st_mode)
+        except (OSError, ValueError):
+            kind = "d"
+        self._modes: dict[str, str] = {self.root: kind}
 
     def _root(self) -> object:
         return self.root

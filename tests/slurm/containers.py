@@ -148,6 +148,28 @@ def install_enroot(dest: Path) -> Path:
         if not path.is_symlink():
             path.chmod(0o755 if path.is_dir() or os.access(path, os.X_OK) else 0o644)
     return dest
+def site_enroot(dest: Path) -> Path:
+    """A site's install of the built enroot: ``dest/bin/enroot`` with its
+    configuration in ``dest/etc/enroot`` (a copy of the built one: mounts.d,
+    hooks.d, enroot.conf), as ``make sysconfdir=DEST/etc`` would bake it;
+    the libraries and helpers stay the cached build's. An admin's mounts.d
+    files then go into ``dest/etc/enroot/mounts.d``."""
+    prefix = enroot_prefix()
+    sysconf = dest / "etc" / "enroot"
+    if sysconf.exists():
+        shutil.rmtree(sysconf)
+    shutil.copytree(prefix / "etc" / "enroot", sysconf, symlinks=True)
+    (dest / "bin").mkdir(parents=True, exist_ok=True)
+    script = (prefix / "bin" / "enroot").read_text()
+    old = f'"{prefix}/etc/enroot'
+    if script.count(old) < 2:
+        raise CorpusUnavailable(f"{prefix}/bin/enroot does not name its sysconfdir {old}")
+    out = dest / "bin" / "enroot"
+    out.write_text(script.replace(old, f'"{sysconf}'))
+    out.chmod(0o755)
+    for path in (dest, dest / "bin", dest / "etc", sysconf):
+        path.chmod(0o755)
+    return out
 
 
 def _spank_h_digest() -> str:

@@ -50,12 +50,15 @@ SRC = "/src/grace-policy"
 #: user namespace and pyxis moves tasks into the container's mount namespace:
 #: neither works in a chroot): test_containers_in_the_newest_release runs it,
 #: after installing them.
-CONTAINERS = "tests/slurm/test_containers.py"
-INNER_IGNORE = ("tests/slurm/test_matrix.py", "tests/slurm/test_packages.py", CONTAINERS)
+#: Apptainer (the root's own package), pyxis' batch step and enroot's mounts
+#: run there too.
+CONTAINERS = ("tests/slurm/test_containers.py", "tests/slurm/test_apptainer_slurm.py",
+              "tests/slurm/test_pyxis_batch.py", "tests/slurm/test_enroot_mounts.py")
+INNER_IGNORE = ("tests/slurm/test_matrix.py", "tests/slurm/test_packages.py", *CONTAINERS)
 #: What tests/slurm/test_containers.py needs in a root besides what the root
 #: has (packaging/install-deps.sh's container line; mmdebstrap for the SIFs).
 CONTAINER_DEBS = ("squashfs-tools", "parallel", "gawk", "makeself", "libmd-dev", "libbsd-dev",
-                  "jq", "zstd", "curl", "libcap2-bin", "runc", "mmdebstrap")
+                  "jq", "zstd", "curl", "libcap2-bin", "runc", "mmdebstrap", "apptainer")
 #: What runs again under contain_spank: launch, verdict, env, batch, no drain,
 #: cache, concurrent steps, the faults and the hung mounts (the check's helper
 #: forked from the clone child); test_bypass's paths do not depend on where user_init runs.
@@ -293,7 +296,7 @@ def _newest() -> str:
 
 
 def test_containers_in_the_newest_release(release_root: Root) -> None:
-    """tests/slurm/test_containers.py (pyxis 0.24.0 + enroot 4.1.2 built here,
+    """The container files (CONTAINERS: pyxis 0.24.0 + enroot 4.1.2 built here,
     runc, Apptainer's SIFs) inside the newest release's root, entered by
     pivot_root: clean images run, the other architecture and 4 KiB programs
     are refused, nothing skipped. Its deps are installed into the overlay."""
@@ -314,8 +317,8 @@ def test_containers_in_the_newest_release(release_root: Root) -> None:
         _give_up(str(exc))
     inside = "/src/third_party"
     shutil.copytree(third_party, release_root.path / inside.lstrip("/"), dirs_exist_ok=True)
-    files = (CONTAINERS,)
-    others = tuple(i for i in INNER_IGNORE if i != CONTAINERS)
+    files = CONTAINERS
+    others = tuple(i for i in INNER_IGNORE if i not in CONTAINERS)
     counts, skipped = _inner_pytest(release_root, files, "/tmp/junit-containers.xml",
                                     env={"GRACE_THIRD_PARTY": inside}, ignore=others,
                                     pivot=True)

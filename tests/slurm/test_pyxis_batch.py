@@ -55,7 +55,7 @@ def test_batch_script_in_a_clean_image_runs_in_silence(pyxis: Pyxis) -> None:  #
     """The script and ``tool`` (only in the image) are judged inside it."""
     pyxis.use()
     before = len(pyxis.slurm.audit_lines())
-    state, text, side = _sbatch(pyxis, "pb-clean", "#!/bin/sh\ntouch {side}\ntool\n",
+    state, text, side = _sbatch(pyxis, "pb-clean", "#!/bin/sh\n: > {side}\ntool\n",
                                 "--container-image=./clean.sqsh")
     assert state == "COMPLETED", text
     assert "side-effect program ran" in text, text  # tool ran, in the image
@@ -67,11 +67,11 @@ def test_batch_script_in_a_clean_image_runs_in_silence(pyxis: Pyxis) -> None:  #
 
 
 def test_batch_script_in_an_image_of_the_other_architecture(pyxis: Pyxis) -> None:  # noqa: F811
-    """The script's ``#!/bin/sh`` is the image's aarch64 busybox: refused
+    """The script's ``#!/bin/sh`` is the image's aarch64 dash: refused
     before the script starts, with our image-arch-mismatch."""
     pyxis.use()
     before = len(pyxis.slurm.audit_lines())
-    state, text, side = _sbatch(pyxis, "pb-arm64", "#!/bin/sh\ntouch {side}\ntool\n",
+    state, text, side = _sbatch(pyxis, "pb-arm64", "#!/bin/sh\n: > {side}\ntool\n",
                                 "--container-image=./arm64.sqsh")
     assert state == "FAILED", text
     image = f"{pyxis.slurm.cluster.shared}/arm64.sqsh"

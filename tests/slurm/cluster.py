@@ -233,6 +233,23 @@ class Cluster:
             self.stop()
             raise
 
+    def restart_slurmd(self, timeout: float = 60.0) -> None:
+        """Stop slurmd (TERM, as at a shutdown) and start it again: what it
+        does once at its own start (slurm_spank_init in slurmd's context)
+        runs again with today's plugstack.conf."""
+        seen = len(self.slurmd_log_text())
+        proc = self.procs.pop("slurmd", None)
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=5)
+        self._spawn("slurmd", [_sbin("slurmd"), "-D", "-f", str(self.conf), "-N", NODE])
+        self._wait(lambda: " started on " in self.slurmd_log_text()[seen:] and self.node_ready(),
+                   timeout, "node idle after a slurmd restart")
+
     def _wait(self, ready: object, timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

@@ -106,5 +106,41 @@ def peak_rss(env: SlurmEnv, runs: int, plugin_args: Sequence[str] = ()
     return with_kib, without_kib
 
 
+def start_node_checker(env: SlurmEnv, timeout: float = 60.0) -> tuple[tuple[str, ...], int]:
+    """Restart slurmd with checker=node (it starts the server at its own
+    start) and wait for the server. Returns the plugstack arguments that
+    send misses to it and the server's pid."""
+    sock = env.cluster.root / "run" / "grace-checker" / "socket"
+    args = ("checker=node", f"checker_socket={sock}")
+    env.use("base", *args)
+    env.cluster.restart_slurmd()
+    want = f"--socket\0{sock}\0".encode()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for entry in Path("/proc").iterdir():
+            try:
+                if entry.name.isdigit() and want in (entry / "cmdline").read_bytes() \
+                        and sock.exists():
+                    return args, int(entry.name)
+            except OSError:
+                continue
+        time.sleep(0.1)
+    raise RuntimeError(f"no node checker on {sock} after a slurmd restart")
+
+
+def rss_kib(pid: int) -> tuple[int, int]:
+    """(VmRSS, Pss) of a process in KiB: what the node checker holds idle
+    (Pss shares the interpreter's pages with every child it forks)."""
+    status = Path(f"/proc/{pid}/status").read_text().split()
+    rss = int(status[status.index("VmRSS:") + 1])
+    pss = 0
+    try:
+        rollup = Path(f"/proc/{pid}/smaps_rollup").read_text().split()
+        pss = int(rollup[rollup.index("Pss:") + 1])
+    except (OSError, ValueError):
+        pass
+    return rss, pss
+
+
 def median(values: Sequence[float]) -> float:
     return statistics.median(values)

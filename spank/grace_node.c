@@ -66,8 +66,10 @@ void grace_node_start(const struct grace_context *ctx)
 	if (grace_node_life >= 0 || ctx->plugin_dir[0] == '\0' || ctx->checker_socket == NULL)
 		return;
 	snprintf(pkgdir, sizeof(pkgdir), "%s/../grace-policy/python", ctx->plugin_dir);
+	/* As grace_stepd.c names the install of each step: the server judges
+	 * only steps of the install it loaded. */
 	snprintf(code, sizeof(code), "%s|%s", ctx->plugin_dir,
-		 ctx->python_path ? ctx->python_path : "");
+		 ctx->python_path ? ctx->python_path : "-");
 	argv[n++] = GRACE_PY_EXE;
 	argv[n++] = "-I";
 	argv[n++] = "-S";

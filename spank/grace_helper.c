@@ -1271,7 +1271,14 @@ int grace_helper_run(struct grace_context *ctx, const struct grace_step *step,
 	 * helper; only a miss hands the step over (and the helper, which never
 	 * saw it, is killed otherwise). */
 	pre = grace_pre_pid > 0 || ctx->checker_fd >= 0;
-	rc = grace_fork_child(ctx, step, started, &until, pre, out);
+	if (pre && ctx->cache_fd < 0) {
+		/* No cache to look in (cache_dir=none, or it could not be
+		 * opened; grace_cache_lookup would say miss): no lookup child. */
+		out->miss = 1;
+		rc = 0;
+	} else {
+		rc = grace_fork_child(ctx, step, started, &until, pre, out);
+	}
 	if (rc != 0 || !out->miss) {
 		grace_pre_dismiss();
 		grace_node_close(ctx);

@@ -130,16 +130,14 @@ def parse_args(entry: PluginLine) -> None:
             entry.cache_dir = None if (val or "none") == "none" else val
         elif key == "container_env":
             entry.container_env = val or None
-        elif key == "prestart":
-            if val in ("on", "off"):
+        elif key in ("prestart", "checker"):
+            options = ("on", "off") if key == "prestart" else ("node", "step")
+            if val not in options:
+                fail(f"{key} must be {options[0]} or {options[1]}, not '{val}'")
+            elif key == "prestart":
                 entry.prestart = val == "on"
             else:
-                fail(f"prestart must be on or off, not '{val}'")
-        elif key == "checker":
-            if val in ("node", "step"):
                 entry.checker = val
-            else:
-                fail(f"checker must be node or step, not '{val}'")
         elif key == "checker_socket":
             entry.checker_socket = val
             if not val.startswith("/"):

@@ -66,6 +66,18 @@ def _sbin(name: str) -> str:
 
 
 @dataclass
+def _terminate(proc: subprocess.Popen[bytes] | None) -> None:
+    """TERM (the daemon's own shutdown), then KILL after a grace time."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=5)
+
+
 class Cluster:
     """A local Slurm; ``start()`` brings it up, ``stop()`` ends what it started."""
 
@@ -238,14 +250,7 @@ class Cluster:
         does once at its own start (slurm_spank_init in slurmd's context)
         runs again with today's plugstack.conf."""
         seen = len(self.slurmd_log_text())
-        proc = self.procs.pop("slurmd", None)
-        if proc is not None and proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
+        _terminate(self.procs.pop("slurmd", None))
         self._spawn("slurmd", [_sbin("slurmd"), "-D", "-f", str(self.conf), "-N", NODE])
         self._wait(lambda: " started on " in self.slurmd_log_text()[seen:] and self.node_ready(),
                    timeout, "node idle after a slurmd restart")
@@ -287,15 +292,7 @@ class Cluster:
             except (OSError, subprocess.SubprocessError):
                 pass  # stopping must go on whatever the client says
         for name in ("slurmd", "slurmctld", "munged"):
-            proc = self.procs.get(name)
-            if proc is None or proc.poll() is not None:
-                continue
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
+            _terminate(self.procs.get(name))
         self.procs.clear()
 
     # -- client commands ----------------------------------------------------

@@ -99,6 +99,21 @@ class SlurmEnv:
         shutil.copytree(self.prefix, dest, symlinks=True)
         return dest
 
+    def testhooks_prefix(self, name: str) -> Path:
+        """A copy of the install whose stub is the test build (make
+        plugin-testhooks: -DGRACE_TEST_HOOKS compiles in the fault hooks);
+        everything around a hook is the real code."""
+        prefix = self.copy_prefix(f"prefix-{name}")
+        build = self.cluster.root.parent / f"build-{name}"
+        done = subprocess.run(["make", "-C", str(Path(__file__).resolve().parents[2]),
+                               "plugin-testhooks", f"BUILD={build}"],
+                              capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise SetupError(done.stdout[-2000:] + done.stderr[-2000:])
+        shutil.copy2(build / "testhooks" / "spank_grace_policy.so",
+                     prefix / "lib" / "slurm" / "spank_grace_policy.so")
+        return prefix
+
     def use(self, config: str | Path | None = "base", *extra: str) -> None:
         """Point plugstack.conf at the plugin with ``config`` (a name from
         ``configs`` or a path) and extra ``key=value`` arguments. ``audit=`` names

@@ -441,15 +441,7 @@ def _testhooks_prefix(env: SlurmEnv) -> Path:
     only for a NULL argument or outside remote context, which the plugin never
     produces, so the failure is injected at the one call site: everything
     after it (on_error, what the user is told, the audit) is the real code."""
-    prefix = env.copy_prefix("prefix-testhooks")
-    build = env.cluster.root.parent / "build-testhooks"
-    done = subprocess.run(["make", "-C", str(Path(__file__).resolve().parents[2]),
-                           "plugin-testhooks", f"BUILD={build}"],
-                          capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    shutil.copy2(build / "testhooks" / "spank_grace_policy.so",
-                 prefix / "lib" / "slurm" / "spank_grace_policy.so")
-    return prefix
+    return env.testhooks_prefix("testhooks")
 
 
 @pytest.mark.parametrize("on_error", ["allow", "deny"])

@@ -93,15 +93,7 @@ def _start(env: SlurmEnv, plugin: Path | str, *extra: str) -> int:
 @pytest.fixture(scope="module")
 def hooks_prefix(slurm: SlurmEnv) -> Path:
     """The test build of the stub in a copy of the install."""
-    prefix = slurm.copy_prefix("prefix-nodecheck-hooks")
-    build = slurm.cluster.root.parent / "build-nodecheck-hooks"
-    done = subprocess.run(["make", "-C", str(Path(__file__).resolve().parents[2]),
-                           "plugin-testhooks", f"BUILD={build}"],
-                          capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    shutil.copy2(build / "testhooks" / "spank_grace_policy.so",
-                 prefix / "lib" / "slurm" / "spank_grace_policy.so")
-    return prefix
+    return slurm.testhooks_prefix("nodecheck-hooks")
 
 
 @pytest.fixture

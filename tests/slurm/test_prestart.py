@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -46,15 +45,7 @@ def pre(slurm: SlurmEnv) -> Iterator[SlurmEnv]:
 @pytest.fixture(scope="module")
 def hooks_plugin(slurm: SlurmEnv) -> Path:
     """The test build of the stub in a copy of the install."""
-    prefix = slurm.copy_prefix("prefix-prestart-hooks")
-    build = slurm.cluster.root.parent / "build-prestart-hooks"
-    done = subprocess.run(["make", "-C", str(Path(__file__).resolve().parents[2]),
-                           "plugin-testhooks", f"BUILD={build}"],
-                          capture_output=True, text=True, check=False)
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    plugin = prefix / "lib" / "slurm" / "spank_grace_policy.so"
-    shutil.copy2(build / "testhooks" / "spank_grace_policy.so", plugin)
-    return plugin
+    return slurm.testhooks_prefix("prestart-hooks") / "lib" / "slurm" / "spank_grace_policy.so"
 
 
 def _use(env: SlurmEnv, plugin: Path | str, *extra: str) -> None:

@@ -65,7 +65,6 @@ def _sbin(name: str) -> str:
     return str(Path("/usr/sbin", name))
 
 
-@dataclass
 def _terminate(proc: subprocess.Popen[bytes] | None) -> None:
     """TERM (the daemon's own shutdown), then KILL after a grace time."""
     if proc is None or proc.poll() is not None:
@@ -78,6 +77,7 @@ def _terminate(proc: subprocess.Popen[bytes] | None) -> None:
         proc.wait(timeout=5)
 
 
+@dataclass
 class Cluster:
     """A local Slurm; ``start()`` brings it up, ``stop()`` ends what it started."""
 

@@ -231,46 +231,10 @@ def main() -> int:
                                  f"{mw / mwo:.2f}×", ok))
                 print(rows[-1], flush=True)
             # checker=node (issue 18 item 3): the pre-started checker per
-            # node, which slurmd starts at its own start; side by side with
-            # the rows above (checker=step, today's default).
-            try:
-                node_args, server = sl.start_node_checker(env)
-            except Exception as exc:
-                node_args, server = (), 0
-                rows.append(_row("checker=node figures", "", "", "", "", "",
-                                 f"not run: {type(exc).__name__}: {exc}"))
-            for title, argv, args, target in (
-                    ("`srun /bin/true`, cache warm, checker=node", ["/bin/true"], (),
-                     "ratio ≤ 1.05"),
-                    ("`srun /bin/true`, cache cold, checker=node", ["/bin/true"], cold,
-                     "ratio ≤ 1.25"),
-                    ("`srun python3 -c pass`, cache cold, checker=node",
-                     ["python3", "-c", "pass"], cold, "ratio ≤ 1.25")) if server else ():
-                w, wo, (hits, decisions) = sl.alternate(env, argv, RUNS,
-                                                        plugin_args=(*node_args, *args))
-                mw, mwo = sl.median(w), sl.median(wo)
-                limit = float(target.split("≤")[1])
-                rows.append(_row(f"{title} (median of {RUNS}; {hits}/{decisions} cache hits)",
-                                 target, f"{mwo:.1f} ms", f"{mw:.1f} ms", f"{mw - mwo:+.1f} ms",
-                                 f"{mw / mwo:.2f}×", "holds" if mw / mwo <= limit else
-                                 "**misses**"))
-                print(rows[-1], flush=True)
-            if server:
-                rw, rwo = sl.peak_rss(env, max(5, RUNS // 3), plugin_args=(*node_args, *cold))
-                mw, mwo = sl.median(rw) / 1024, sl.median(rwo) / 1024
-                rows.append(_row("slurmstepd peak RSS (VmHWM seen by the task), cache cold, "
-                                 "checker=node", "≤ 16 MiB added", f"{mwo:.1f} MiB",
-                                 f"{mw:.1f} MiB", f"{mw - mwo:+.1f} MiB", f"{mw / mwo:.2f}×",
-                                 "holds" if mw - mwo <= 16 else "**misses**"))
-                rss, pss = sl.rss_kib(server)
-                rows.append(_row("node checker server, idle, once per node: VmRSS / Pss",
-                                 "(informational)", "", f"{rss / 1024:.1f} / {pss / 1024:.1f} MiB",
-                                 "", "", ""))
-                print(rows[-2], rows[-1], sep="\n", flush=True)
-                # The rest of the bench runs as without it (no checker= line
-                # from here on; the server ends with this slurmd).
-                env.cluster.set_plugstack(["# bench: no plugin"])
-                env.cluster.restart_slurmd()
+            # node, side by side with the rows above (checker=step).
+            for line in sl.node_checker_rows(env, RUNS, _row):
+                rows.append(line)
+                print(line, flush=True)
             # A pyxis container step (issue 15): added time next to pyxis'
             # own start from the image. Needs the tests' pyxis/enroot build.
             try:

@@ -207,6 +207,24 @@ def test_other_install_is_not_served(node: SlurmEnv, hooks_prefix: Path) -> None
     assert len(said) == 1 and "the node checker is stale" in said[0], said
 
 
+def test_changed_install_ends_the_server(node: SlurmEnv) -> None:
+    """A module file the server loaded gets a new identity (a reinstall):
+    the next miss is checked by today's helper, says why, and the server
+    exits rather than judge with code that is no longer the install's."""
+    prefix = node.copy_prefix("prefix-nodecheck-stale")
+    plugin = prefix / "lib" / "slurm" / "spank_grace_policy.so"
+    server = _start(node, plugin, "cache_dir=none")
+    module = prefix / "lib" / "grace-policy" / "python" / "grace_policy" / "decide.py"
+    module.write_bytes(module.read_bytes())  # same text, new mtime
+    since = len(node.cluster.slurmd_log_text())
+    res, record = _srun(node, [str(node.files / "foreign")])
+    assert res.returncode != 0 and REFUSED not in res.stderr, res.stderr
+    assert record is not None and record["action"] == "reject", record
+    said = _fallbacks(node, since)
+    assert len(said) == 1 and "decide.py changed since the checker started" in said[0], said
+    _wait(lambda: not Path(f"/proc/{server}").exists(), timeout=20)
+
+
 @pytest.mark.parametrize("on_error", ["allow", "deny"])
 def test_hung_checker_costs_the_deadline_and_on_error_decides(
         node: SlurmEnv, hooks_prefix: Path, on_error: str) -> None:

@@ -166,6 +166,23 @@ def test_node_checker_judges_as_the_helper_does(node: SlurmEnv) -> None:
                 **_same(record)} == seen[name], name
 
 
+def test_concurrent_steps_each_get_a_child(node: SlurmEnv) -> None:
+    """Four cold steps at once: four children, four verdicts, no fallback."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    _start(node, node.plugin, "cache_dir=none")
+    since = len(node.cluster.slurmd_log_text())
+    before = len(node.audit_lines())
+    cmds = [["sh", "-c", f"echo JOBID=$SLURM_JOB_ID; exit {i % 2}"] for i in range(4)]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = list(pool.map(
+            lambda argv: node.cluster.srun(argv, user="nobody", timeout=120), cmds))
+    assert [r.returncode for r in results] == [0, 1, 0, 1], [r.stderr for r in results]
+    records = [json.loads(line) for line in node.audit_lines()[before:]]
+    assert sorted(r["action"] for r in records) == ["allow"] * 4, records
+    assert _fallbacks(node, since) == []
+
+
 def test_warm_step_never_reaches_the_checker_and_cold_stores(node: SlurmEnv) -> None:
     """A cold step judged by the node checker stores its entry (C writes the
     'C' record the child sent); the same step then hits."""

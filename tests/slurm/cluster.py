@@ -249,11 +249,18 @@ class Cluster:
         """Stop slurmd (TERM, as at a shutdown) and start it again: what it
         does once at its own start (slurm_spank_init in slurmd's context)
         runs again with today's plugstack.conf."""
+        # A step that has just ended may still be completing: a slurmd
+        # stopped in the middle of that leaves the node busy for a while.
+        self.settled_node_state()
         seen = len(self.slurmd_log_text())
         _terminate(self.procs.pop("slurmd", None))
         self._spawn("slurmd", [_sbin("slurmd"), "-D", "-f", str(self.conf), "-N", NODE])
-        self._wait(lambda: " started on " in self.slurmd_log_text()[seen:] and self.node_ready(),
-                   timeout, "node idle after a slurmd restart")
+        try:
+            self._wait(lambda: " started on " in self.slurmd_log_text()[seen:]
+                       and self.node_ready(), timeout, "node idle after a slurmd restart")
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}\nnode state: {self.node_state()!r} "
+                               f"({self.node_reason()!r})") from None
 
     def _wait(self, ready: object, timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout

@@ -298,6 +298,17 @@ def preload() -> None:
             pass
 
 
+def _say(text: str) -> None:
+    print(text, file=sys.stderr)
+    try:
+        import syslog
+
+        syslog.openlog("grace-policy", 0, syslog.LOG_DAEMON)
+        syslog.syslog(syslog.LOG_ERR, text)
+    except Exception:
+        pass
+
+
 def main(argv: Sequence[str]) -> int:
     """``--socket PATH --code CODE --life FD [--test hang]`` (grace_node.c)."""
     opts = dict(zip(argv[::2], argv[1::2]))
@@ -314,7 +325,9 @@ def main(argv: Sequence[str]) -> int:
         server.listen()
         return server.serve()
     except (Refused, OSError) as exc:
-        print(f"grace-policy: node checker: {exc}", file=sys.stderr)
+        # stderr is /dev/null (slurmd's start): the system log is where an
+        # admin who reads "not reachable" in slurmd's log can find why.
+        _say(f"grace-policy: node checker on {server.path} not started: {exc}")
         return 1
     finally:
         server.close()

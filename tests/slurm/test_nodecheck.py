@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 import shutil
 import signal
@@ -289,6 +290,47 @@ print("CONNECT ok", "EOF" if s.recv(1) == b"" else "DATA")
 """
 
 
+def test_socket_directory_of_a_user_is_refused(node: SlurmEnv) -> None:
+    """A checker_socket whose directory a user owns (who could then swap the
+    socket): no server starts there; steps are checked by today's helper."""
+    theirs = node.cluster.root / "run" / "nobody-checker"
+    theirs.mkdir(exist_ok=True)
+    os.chown(theirs, int(subprocess.run(["id", "-u", "nobody"], capture_output=True,
+                                        text=True, check=True).stdout), 0)
+    sock = theirs / "socket"
+    node.set_plugin_line(node.plugin, f"config={node.configs['base']}",
+                         f"audit={node.audit_log}", "checker=node", f"checker_socket={sock}",
+                         "cache_dir=none")
+    node.cluster.restart_slurmd()
+    since = len(node.cluster.slurmd_log_text())
+    time.sleep(2)  # time enough for a server to bind, if one would
+    assert not sock.exists()
+    res, record = _srun(node, ["sh", "-c", SAY])
+    assert res.returncode == 0 and record is not None, res.stderr
+    assert record["action"] == "allow" and record.get("failure") is None, record
+    said = _fallbacks(node, since)
+    assert len(said) == 1 and "not reachable" in said[0], said
+    # The user binds a socket of their own there: slurmstepd will not talk
+    # to it (SO_PEERCRED: not root's) and checks the step itself.
+    Path(f"{sock}.down").unlink()
+    fake = subprocess.Popen(["/usr/bin/python3", "-I", "-c",
+                             "import socket,sys,time; s=socket.socket(socket.AF_UNIX); "
+                             "s.bind(sys.argv[1]); s.listen(8); time.sleep(120)", str(sock)],
+                            user="nobody", group=pwd.getpwnam("nobody").pw_gid,
+                            extra_groups=[], cwd="/")
+    try:
+        _wait(sock.exists)
+        since = len(node.cluster.slurmd_log_text())
+        res, record = _srun(node, [str(node.files / "foreign")])
+        assert res.returncode != 0 and REFUSED not in res.stderr, res.stderr
+        assert record is not None and record["action"] == "reject", record
+        said = _fallbacks(node, since)
+        assert len(said) == 1 and "the process at the socket is not root's" in said[0], said
+    finally:
+        fake.kill()
+        fake.wait(timeout=10)
+
+
 def test_unprivileged_user_cannot_reach_the_server(node: SlurmEnv) -> None:
     """nobody cannot connect (root's 0700 directory, a 0600 socket); with
     both opened up, the server still hangs up on a peer that is not root,
@@ -346,13 +388,19 @@ def test_child_reads_with_the_users_uid_and_groups(node: SlurmEnv) -> None:
     assert record is not None and _same(record) == verdict_node, record
 
 
-def test_checker_takes_node_or_step(node: SlurmEnv) -> None:
+@pytest.mark.parametrize(("arg", "said"), [
+    ("checker=yes", "checker must be node or step, not 'yes'"),
+    ("checker_socket=run/sock", "checker_socket must be an absolute path, not 'run/sock'"),
+    # The hook exists only in the test build (make plugin-testhooks).
+    ("test_checker=hang", "unknown plugstack argument 'test_checker=hang'"),
+])
+def test_checker_arguments_are_checked(node: SlurmEnv, arg: str, said: str) -> None:
     node.set_plugin_line(node.plugin, f"config={node.configs['base']}",
-                         f"audit={node.audit_log}", "checker=yes")
+                         f"audit={node.audit_log}", arg)
     res = node.cluster.srun(["sh", "-c", "echo JOBID=$SLURM_JOB_ID"], user="nobody",
                             timeout=60)
     job = re.search(r"JOBID=(\d+)", res.stdout)
     assert job, res.stdout + res.stderr
     log = [line for line in node.cluster.slurmd_log_text().splitlines()
            if f"{PREFIX}error: job {job.group(1)} step 0:" in line]
-    assert len(log) == 1 and "checker must be node or step, not 'yes'" in log[0], log
+    assert len(log) == 1 and said in log[0], log

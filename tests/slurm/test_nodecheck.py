@@ -134,6 +134,17 @@ def _fallbacks(env: SlurmEnv, since: int) -> list[str]:
     return [line for line in text.splitlines() if "(failure checker)" in line]
 
 
+def _judged_by_fallback(env: SlurmEnv, why: str) -> None:
+    """A foreign binary is still refused (the check really ran, in today's
+    helper), and slurmd's log says once why the node checker was not used."""
+    since = len(env.cluster.slurmd_log_text())
+    res, record = _srun(env, [str(env.files / "foreign")])
+    assert res.returncode != 0 and REFUSED not in res.stderr, res.stderr
+    assert record is not None and record["action"] == "reject", record
+    said = _fallbacks(env, since)
+    assert len(said) == 1 and why in said[0], said
+
+
 def _cases(env: SlurmEnv) -> dict[str, tuple[list[str], dict[str, str]]]:
     return {
         "clean": (["sh", "-c", SAY], {}),
@@ -217,12 +228,7 @@ def test_other_install_is_not_served(node: SlurmEnv, hooks_prefix: Path) -> None
     _start(node, node.plugin, "cache_dir=none")
     _line(node, hooks_prefix / "lib" / "slurm" / "spank_grace_policy.so", "node",
           "cache_dir=none")
-    since = len(node.cluster.slurmd_log_text())
-    res, record = _srun(node, [str(node.files / "foreign")])
-    assert res.returncode != 0 and REFUSED not in res.stderr, res.stderr
-    assert record is not None and record["action"] == "reject", record
-    said = _fallbacks(node, since)
-    assert len(said) == 1 and "the node checker is stale" in said[0], said
+    _judged_by_fallback(node, "the node checker is stale")
 
 
 def test_changed_install_ends_the_server(node: SlurmEnv) -> None:
@@ -234,12 +240,7 @@ def test_changed_install_ends_the_server(node: SlurmEnv) -> None:
     server = _start(node, plugin, "cache_dir=none")
     module = prefix / "lib" / "grace-policy" / "python" / "grace_policy" / "decide.py"
     module.write_bytes(module.read_bytes())  # same text, new mtime
-    since = len(node.cluster.slurmd_log_text())
-    res, record = _srun(node, [str(node.files / "foreign")])
-    assert res.returncode != 0 and REFUSED not in res.stderr, res.stderr
-    assert record is not None and record["action"] == "reject", record
-    said = _fallbacks(node, since)
-    assert len(said) == 1 and "decide.py changed since the checker started" in said[0], said
+    _judged_by_fallback(node, "decide.py changed since the checker started")
     _wait(lambda: not Path(f"/proc/{server}").exists(), timeout=20)
 
 
@@ -320,12 +321,7 @@ def test_socket_directory_of_a_user_is_refused(node: SlurmEnv) -> None:
                             extra_groups=[], cwd="/")
     try:
         _wait(sock.exists)
-        since = len(node.cluster.slurmd_log_text())
-        res, record = _srun(node, [str(node.files / "foreign")])
-        assert res.returncode != 0 and REFUSED not in res.stderr, res.stderr
-        assert record is not None and record["action"] == "reject", record
-        said = _fallbacks(node, since)
-        assert len(said) == 1 and "the process at the socket is not root's" in said[0], said
+        _judged_by_fallback(node, "the process at the socket is not root's")
     finally:
         fake.kill()
         fake.wait(timeout=10)

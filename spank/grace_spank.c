@@ -307,7 +307,9 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
 				  step_id != SLURM_EXTERN_CONT;
 			if (checked && context.checker_node)
 				grace_node_connect(&context, sp);
-			if (checked && context.prestart)
+			/* prestart=on beside checker=node: only if the node
+			 * checker cannot be reached (it has the interpreter). */
+			if (checked && context.prestart && context.checker_fd < 0)
 				grace_helper_prestart(&context);
 		}
 	}

@@ -195,6 +195,31 @@ def test_concurrent_steps_each_get_a_child(node: SlurmEnv) -> None:
     assert _fallbacks(node, since) == []
 
 
+def test_batch_step_is_judged_by_the_node_checker(node: SlurmEnv) -> None:
+    """The batch step (its script read too) goes the same way: one audit
+    record as checker=step writes it, no fallback."""
+    seen = []
+    for checker in ("node", "step"):
+        if checker == "node":
+            _start(node, node.plugin)
+        else:
+            _line(node, node.plugin, "step")
+        since = len(node.cluster.slurmd_log_text())
+        before = len(node.audit_lines())
+        out = node.side_file(f"nodecheck-batch-{checker}.out")
+        job = node.cluster.sbatch("#!/bin/sh\necho batch-ran\n", ["-o", str(out)],
+                                  user="nobody")
+        assert node.cluster.wait_job(job) == "COMPLETED"
+        assert out.read_text().strip() == "batch-ran"
+        records = [json.loads(line) for line in node.audit_lines()[before:]]
+        [record] = [r for r in records if r.get("step_id") == "batch"]
+        assert _fallbacks(node, since) == []
+        same = _same(record)
+        same["program"] = os.path.basename(str(same["program"]))  # job<N>/slurm_script
+        seen.append(same)
+    assert seen[0] == seen[1] and seen[0]["action"] == "allow", seen
+
+
 def test_warm_step_never_reaches_the_checker_and_cold_stores(node: SlurmEnv) -> None:
     """A cold step judged by the node checker stores its entry (C writes the
     'C' record the child sent); the same step then hits."""

@@ -328,18 +328,10 @@ def executable(path: str) -> bool:
     return os.access(path, os.X_OK)
 
 
-#: The bytes ``encode`` keeps as they are: printable ASCII but ``%``.
-_PLAIN = bytes(b for b in range(0x21, 0x7F) if b != 0x25)
-
-
 def encode(text: str) -> str:
     """Percent-encode every byte outside printable ASCII (and ``%``) so a
     record is one line of tokens whatever the path holds."""
     raw = os.fsencode(text)
-    if not raw.translate(None, _PLAIN):
-        # Nothing to escape (nearly every path): one C pass, not one
-        # generator step per byte (a cold check encodes a few hundred paths).
-        return raw.decode("ascii")
     return "".join(chr(b) if 0x21 <= b <= 0x7E and b != 0x25 else f"%{b:02X}" for b in raw)
 
 

@@ -4,7 +4,8 @@ Figures: ELF files/s of :func:`grace_policy.elf.read_elf` over the system
 library directory; a full check of the 500-file tree and of the 100-library
 executable (medians of repeated ``check_step`` calls, and the first call of
 a process, which parses ld.so.cache too); the wall time of a clean step's
-Python side in a fresh ``-I -S`` interpreter next to ``-c pass``; and the
+Python side in a fresh ``-I -S`` interpreter next to ``-c pass``; the
+check's own time in a forked child of a preloaded process; and the
 profiles (``-X importtime``, cProfile of one ``decide``).
 """
 
@@ -22,6 +23,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 STEP_SCRIPT = Path(__file__).resolve().parent / "_step.py"
+WARM_SCRIPT = Path(__file__).resolve().parent / "_warm.py"
 PY = "/usr/bin/python3"
 
 
@@ -107,6 +109,34 @@ def fresh_step_ms(pkgdir: str, config: str, argv: list[str], runs: int = 21
             subprocess.run(cmd, check=True)
             into.append((time.perf_counter() - t0) * 1000)
     return statistics.median(with_t), statistics.median(bare_t)
+
+
+def warm_check_ms(pkgdir: str, config: str, argv: list[str], runs: int = 21
+                  ) -> dict[str, tuple[float, float]]:
+    """The check's own time (``slurm_bridge.run_step``: config, check, audit,
+    cache entry) of one clean step, as medians of (wall, CPU) ms, by mode:
+    ``fork``: in a forked child of a process that imported everything
+    (``grace_policy.warm.preload``) but never checked, what a pre-started
+    per-node checker pays per miss; ``prefault``: the same child after
+    ``warm.prefault`` (a checker that forks its next child ahead of the
+    step); ``fresh``: the first call of a fresh process (the bridge imported
+    before the clock), what the in-process check pays."""
+    base = [PY, "-I", "-S", str(WARM_SCRIPT), pkgdir, config]
+
+    def run(mode: str, n: int) -> tuple[list[float], list[float]]:
+        out = subprocess.run([*base, mode, str(n), *argv], check=True, capture_output=True,
+                             text=True).stdout.splitlines()
+        return [float(x) for x in out[0].split()], [float(x) for x in out[1].split()]
+
+    got: dict[str, tuple[list[float], list[float]]] = {
+        "fork": run("fork", runs), "prefault": run("fork-prefault", runs)}
+    fresh: tuple[list[float], list[float]] = ([], [])
+    for _ in range(max(5, runs // 3)):
+        wall, cpu = run("fresh", 1)
+        fresh[0].extend(wall)
+        fresh[1].extend(cpu)
+    got["fresh"] = fresh
+    return {mode: (statistics.median(w), statistics.median(c)) for mode, (w, c) in got.items()}
 
 
 def importtime(pkgdir: str, config: str, argv: list[str], top: int = 25) -> str:

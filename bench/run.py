@@ -166,6 +166,16 @@ def main() -> int:
                              f"{bare:.1f} ms", f"{step:.1f} ms", f"{step - bare:+.1f} ms",
                              f"{step / bare:.2f}×", ""))
             print(rows[-1], flush=True)
+        for argv in (["/bin/true"], ["python3", "-c", "pass"], [str(exes["lib100"])]):
+            # What a pre-started checker pays per miss (issue 18 item 3).
+            ms = core.warm_check_ms(pkgdir, str(cfg), argv, runs=max(11, RUNS // 2))
+            rows.append(_row(f"check's own time, clean step `{' '.join(argv)[-40:]}`, wall "
+                             "(CPU): forked child of a preloaded process / the same after "
+                             "warm.prefault / first call of a fresh process", "(informational)",
+                             "", " / ".join(f"{w:.1f} ({c:.1f})" for w, c in (
+                                 ms["fork"], ms["prefault"], ms["fresh"])) + " ms",
+                             "", "", ""))
+            print(rows[-1], flush=True)
         # ---- batch scripts (issue 21) ----------------------------------------
         typical = batch.typical_script(root)
         sub = batch.submit_ms(prefix, cfg, typical, max(11, RUNS // 2))

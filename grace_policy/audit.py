@@ -26,7 +26,17 @@ from .findings import Verdict
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # keep typing off the clean path; annotations are strings
     from collections.abc import Mapping
-    from typing import Any
+    from typing import Any, TypedDict, Unpack
+
+    class Where(TypedDict, total=False):
+        """Which step a line is about: :func:`record_fields`' keywords."""
+
+        job_id: str | int | None
+        step_id: str | int | None
+        uid: int | None
+        node: str | None
+        elapsed_ms: float | None
+        program: str | None
 
 #: Every line has exactly these keys (None where not applicable), so tools can
 #: rely on them; ``time`` and ``event`` are added by the writers.
@@ -136,27 +146,28 @@ def _lean_line(fields: Mapping[str, Any], now: float | None = None) -> str:
     return json.dumps(event, **_DUMPS)
 
 
-class _FdLogger:
-    """A structlog logger writing each rendered line with one ``os.write``.
+class _Kept:
+    """A structlog logger that keeps the rendered line instead of writing it:
+    the caller writes it with one ``os.write`` (structlog's WriteLogger goes
+    through a buffered file object, which may split a long line into several
+    writes that interleave with another step's on a shared O_APPEND file), or
+    hands it to the plugin's C side to write (:func:`render_decision`)."""
 
-    structlog's own WriteLogger writes through a buffered file object, which
-    may split a long line into several writes; on a shared O_APPEND file that
-    could interleave with another step's line."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
+    def __init__(self) -> None:
+        self.line = ""
 
     def msg(self, message: str) -> None:
-        _write_all(self.fd, (message + "\n").encode("ascii"))
+        self.line = message
 
     info = warning = error = msg
 
 
-def _structlog_line(fields: Mapping[str, Any], fd: int) -> None:
+def _structlog_line(fields: Mapping[str, Any]) -> str:
     import structlog  # only decisions that explain something pay for this
 
+    kept = _Kept()
     logger = structlog.wrap_logger(
-        _FdLogger(fd),
+        kept,
         processors=[
             structlog.processors.TimeStamper(fmt="iso", utc=True, key="time"),
             structlog.processors.JSONRenderer(**_DUMPS),
@@ -165,6 +176,7 @@ def _structlog_line(fields: Mapping[str, Any], fd: int) -> None:
         context_class=dict,
     )
     logger.info(EVENT, **fields)
+    return kept.line
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -181,37 +193,45 @@ def needs_structlog(verdict: Verdict) -> bool:
     return bool(verdict.findings or verdict.error)
 
 
+def render_decision(verdict: Verdict, **where: Unpack[Where]) -> str:
+    """The decision line of ``verdict``, newline included, without writing
+    it: the plugin's check hands it to slurmstepd, which writes it only once
+    the verdict has been applied (a failed env edit writes C's failure line
+    instead), so every step leaves exactly one line. Raises what building
+    the record raises; :func:`write_decision` is the never-raising writer."""
+    fields = record_fields(verdict, **where)
+    line = None
+    if needs_structlog(verdict):
+        try:
+            line = _structlog_line(fields)
+        except ImportError:
+            pass
+    return (line if line is not None else _lean_line(fields)) + "\n"
+
+
 def write_decision(
     path: str | None,
     verdict: Verdict,
     *,
-    job_id: str | int | None = None,
-    step_id: str | int | None = None,
-    uid: int | None = None,
-    node: str | None = None,
-    elapsed_ms: float | None = None,
     mode: int = 0o640,
     fd: int | None = None,
-    program: str | None = None,
+    **where: Unpack[Where],
 ) -> str | None:
-    """Append one line for ``verdict`` to ``path``.
+    """Append one line for ``verdict`` to ``path`` (``where``: the step's
+    ids, node, time and program, as :func:`record_fields` takes them).
 
     Never raises: the audit log must not decide whether a step runs. Returns
     None on success, else a one-line reason for the caller to log once. A
     ``path`` of None (no ``[audit] path`` in the config) writes nothing.
 
-    ``fd``: an O_APPEND descriptor of ``path`` opened by someone else (the
-    plugin opens it as root before the check runs as the user); it is
+    ``fd``: an O_APPEND descriptor of ``path`` opened by someone else; it is
     written to and left open, and ``path`` only names it in messages.
     """
     if not path:
         return None
     given = fd
     try:
-        fields = record_fields(
-            verdict, job_id=job_id, step_id=step_id, uid=uid, node=node, elapsed_ms=elapsed_ms,
-            program=program,
-        )
+        data = render_decision(verdict, **where).encode("ascii")
         if fd is None:
             fd = os.open(path, _OPEN_FLAGS, mode)
     except OSError as exc:
@@ -219,13 +239,7 @@ def write_decision(
     except Exception as exc:  # a bug in building the record must not fail the step
         return f"audit log {path}: {type(exc).__name__}: {exc}"
     try:
-        if needs_structlog(verdict):
-            try:
-                _structlog_line(fields, fd)
-            except ImportError:
-                _write_all(fd, (_lean_line(fields) + "\n").encode("ascii"))
-        else:
-            _write_all(fd, (_lean_line(fields) + "\n").encode("ascii"))
+        _write_all(fd, data)
     except OSError as exc:
         return f"audit log {path}: cannot write: {exc.strerror or exc}"
     except Exception as exc:

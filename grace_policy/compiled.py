@@ -106,29 +106,9 @@ def _write_compiled(out: str, policy: Policy, toml_st: os.stat_result) -> None:
         "source_stat": _stat_key(toml_st),
         "policy": policy.to_json(),
     }
-    import tempfile  # writing happens once per config change, not per step
+    from .atomicfile import replace  # writing happens once per config change, not per step
 
-    data = json.dumps(doc, indent=1).encode() + b"\n"
-    directory = os.path.dirname(out) or "."
-    fd, tmp = tempfile.mkstemp(prefix=".grace-policy-", suffix=".tmp", dir=directory)
-    try:
-        os.fchmod(fd, 0o644)
-        view = memoryview(data)
-        while view:
-            n = os.write(fd, view)
-            view = view[n:]
-        os.fsync(fd)
-        os.close(fd)
-        fd = -1
-        os.replace(tmp, out)
-    except BaseException:
-        if fd >= 0:
-            os.close(fd)
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    replace(out, json.dumps(doc, indent=1).encode() + b"\n")
 
 
 def _stat_config(path: str) -> os.stat_result:

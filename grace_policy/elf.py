@@ -144,6 +144,16 @@ class ElfInfo:
         return min(seg.align for seg in self.load_segments)
 
 
+#: (is 64-bit, byte order) -> (ELF header after e_ident, one program header),
+#: compiled once: the formats are parsed per file otherwise.
+_STRUCTS = {
+    (True, "<"): (struct.Struct("<HHIQQQIHHH"), struct.Struct("<IIQQQQQQ")),
+    (True, ">"): (struct.Struct(">HHIQQQIHHH"), struct.Struct(">IIQQQQQQ")),
+    (False, "<"): (struct.Struct("<HHIIIIIHHH"), struct.Struct("<IIIIIIII")),
+    (False, ">"): (struct.Struct(">HHIIIIIHHH"), struct.Struct(">IIIIIIII")),
+}
+
+
 def machine_name(machine: int) -> str:
     return MACHINE_NAMES.get(machine, f"em-{machine}")
 
@@ -237,16 +247,11 @@ def _parse(r: _Reader, path: str) -> ElfInfo:
         raise ElfError(f"invalid ELF data encoding {data}")
     end = "<" if data == ELFDATA2LSB else ">"
     is64 = elf_class == ELFCLASS64
-    if is64:
-        ehdr = r.read(16, 48, "ELF header")
-        (e_type, e_machine, _ver, _entry, e_phoff, _shoff, _flags, _ehsize, e_phentsize,
-         e_phnum) = struct.unpack(end + "HHIQQQIHHH", ehdr[:42])
-        ph_fmt, ph_size = end + "IIQQQQQQ", 56
-    else:
-        ehdr = r.read(16, 36, "ELF header")
-        (e_type, e_machine, _ver, _entry, e_phoff, _shoff, _flags, _ehsize, e_phentsize,
-         e_phnum) = struct.unpack(end + "HHIIIIIHHH", ehdr[:30])
-        ph_fmt, ph_size = end + "IIIIIIII", 32
+    ehdr_struct, ph_struct = _STRUCTS[(is64, end)]
+    ehdr = r.read(16, 48 if is64 else 36, "ELF header")
+    (e_type, e_machine, _ver, _entry, e_phoff, _shoff, _flags, _ehsize, e_phentsize,
+     e_phnum) = ehdr_struct.unpack_from(ehdr)
+    ph_size = ph_struct.size
     if e_phnum > MAX_PHNUM:
         raise ElfError(f"too many program headers ({e_phnum})")
     if e_phnum and e_phentsize < ph_size:
@@ -259,14 +264,14 @@ def _parse(r: _Reader, path: str) -> ElfInfo:
     relro: tuple[int, int] | None = None
     if e_phnum:
         table = r.read(e_phoff, e_phnum * e_phentsize, "program header table")
+        unpack = ph_struct.unpack_from
         for i in range(e_phnum):
-            raw = table[i * e_phentsize : i * e_phentsize + ph_size]
             if is64:
                 p_type, p_flags, p_offset, p_vaddr, _pa, p_filesz, p_memsz, p_align = (
-                    struct.unpack(ph_fmt, raw))
+                    unpack(table, i * e_phentsize))
             else:
                 p_type, p_offset, p_vaddr, _pa, p_filesz, p_memsz, p_flags, p_align = (
-                    struct.unpack(ph_fmt, raw))
+                    unpack(table, i * e_phentsize))
             if p_type == PT_LOAD:
                 loads.append(LoadSegment(p_offset, p_vaddr, p_filesz, p_memsz, p_flags, p_align))
             elif p_type == PT_INTERP and interp_off is None:

@@ -331,6 +331,11 @@ def executable(path: str) -> bool:
 def encode(text: str) -> str:
     """Percent-encode every byte outside printable ASCII (and ``%``) so a
     record is one line of tokens whatever the path holds."""
+    if text.isascii() and text.isprintable() and " " not in text and "%" not in text:
+        # The common case (every byte in 0x21-0x7E, no "%"): nothing to
+        # escape. An entry encodes a few hundred paths; this skips the
+        # per-byte loop for all of them.
+        return text
     raw = os.fsencode(text)
     return "".join(chr(b) if 0x21 <= b <= 0x7E and b != 0x25 else f"%{b:02X}" for b in raw)
 

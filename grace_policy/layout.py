@@ -100,7 +100,7 @@ def page_issues(path: str, info: ElfInfo, node: NodeProfile, *, mapped_by_kernel
 
     segs = sorted(info.load_segments, key=lambda s: s.vaddr)
     for a, b in zip(segs, segs[1:]):
-        if a.flags == b.flags or a.memsz == 0 or (a, b) in clobbered:
+        if a.flags == b.flags or a.memsz == 0 or (clobbered and (a, b) in clobbered):
             continue
         if (a.vaddr + a.memsz - 1) // page >= b.vaddr // page:
             issues.append(Issue(

@@ -15,8 +15,6 @@ rename): the collector never reads half of it.
 
 from __future__ import annotations
 
-import os
-import tempfile
 import time
 
 TYPE_CHECKING = False
@@ -129,22 +127,7 @@ def _exempt_totals(report: Report) -> list[tuple[tuple[str, str], int]]:
 
 def write(path: str, text: str) -> None:
     """Replace ``path`` atomically, mode 0644 (the collector runs as another user)."""
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".grace-policy-", suffix=".prom.tmp", dir=directory)
-    try:
-        os.fchmod(fd, 0o644)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            fd = -1
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        if fd >= 0:
-            os.close(fd)
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+    from .atomicfile import replace
+
+    replace(path, text.encode("utf-8"), suffix=".prom.tmp")
 

@@ -34,12 +34,6 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-# What a check imports besides slurm_bridge.PRELOAD (measured on /bin/true,
-# `python3 -c pass` and a step with findings: user lines need the rules'
-# catalogue); importing them reads no config and no user file.
-_MORE = ("grace_policy.python.usage", "grace_policy.rules", "grace_policy.exempt",
-         "encodings.ascii", "datetime", "string", "typing", "tomllib", "contextlib")
-
 _RECORD = struct.Struct("=BI")  # kind, length (host order): grace_helper.c's records
 _U32 = struct.Struct("=I")
 _FRAME_MAX = 16 << 20
@@ -245,6 +239,9 @@ class Server:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         conn.setblocking(True)
+        from . import warm
+
+        warm.prefault()  # while slurmstepd sets the step up: off its path
         ready, _, _ = select.select([conn, self.life], [], [])
         if self.life in ready and conn not in ready:
             return
@@ -286,18 +283,6 @@ class Server:
         return None
 
 
-def preload() -> None:
-    """Import what a check needs, once; a module that fails is imported
-    (and reported) by the check itself."""
-    import importlib
-
-    for name in (*slurm_bridge.PRELOAD, *_MORE):
-        try:
-            importlib.import_module(name)
-        except Exception:
-            pass
-
-
 def _say(text: str) -> None:
     print(text, file=sys.stderr)
     try:
@@ -314,7 +299,9 @@ def main(argv: Sequence[str]) -> int:
     opts = dict(zip(argv[::2], argv[1::2]))
     os.chdir("/")
     os.umask(0o077)
-    preload()
+    from . import warm
+
+    warm.preload()
     server = Server(opts["--socket"], opts["--code"], int(opts["--life"]), opts.get("--test"))
 
     def _stop(signum: int, frame: object) -> None:

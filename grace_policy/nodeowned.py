@@ -48,6 +48,7 @@ class NodeOwned:
     def __init__(self) -> None:
         self._lstat: dict[str, os.stat_result | int] = {}
         self._acl: dict[str, bool] = {}
+        self._dirs: dict[tuple[str, ...], tuple[bool, object]] = {}
 
     def _lst(self, path: str) -> os.stat_result | int:
         got = self._lstat.get(path)
@@ -84,13 +85,46 @@ class NodeOwned:
     def _walk(self, path: str, follow_last: bool) -> tuple[str, os.stat_result | None] | None:
         """Resolve ``path`` one component at a time; None as soon as a user
         could change the outcome. Else (real path, its lstat or None when
-        absent, which then no user can create)."""
+        absent, which then no user can create).
+
+        An entry records a few hundred paths in a few dozen directories:
+        the directory part is resolved once (:meth:`_dir_state`), then the
+        last component."""
         root = self._lst("/")
         if isinstance(root, int) or not self._dir_closed("/", root):
             return None
-        pending = [p for p in path.split("/") if p]
-        current, cur_st = "/", root
-        links = 0
+        parts = tuple(p for p in path.split("/") if p)
+        if not parts:
+            return "/", root
+        done, state = self._dir_state(parts[:-1], root)
+        if done:
+            return state  # type: ignore[return-value]
+        done, state = self._resolve(state, [parts[-1]], follow_last)  # type: ignore[arg-type]
+        if done:
+            return state  # type: ignore[return-value]
+        return state[0], state[1]  # type: ignore[index]
+
+    def _dir_state(self, parts: tuple[str, ...], root: os.stat_result) -> tuple[bool, object]:
+        """Where resolving the leading components ``parts`` of a longer path
+        gets to: ``(True, answer)`` when the walk ends there whatever
+        follows (a user could change it, or a name is absent for good),
+        else ``(False, (real path, lstat, symlinks followed))``. Components
+        before the last are always followed, so this is one walk per
+        directory for every path below it."""
+        if not parts:
+            return False, ("/", root, 0)
+        got = self._dirs.get(parts)
+        if got is None:
+            done, state = self._dir_state(parts[:-1], root)
+            got = (done, state) if done else self._resolve(state, [parts[-1]], True)  # type: ignore[arg-type]
+            self._dirs[parts] = got
+        return got
+
+    def _resolve(self, state: tuple[str, os.stat_result, int], pending: list[str],
+                 follow_last: bool) -> tuple[bool, object]:
+        """Walk ``pending`` from ``state`` (as :meth:`_dir_state` returns it)."""
+        current, cur_st, links = state
+        root = self._lst("/")
         while pending:
             part = pending.pop(0)
             if part == ".":
@@ -99,34 +133,34 @@ class NodeOwned:
                 current = os.path.dirname(current) or "/"
                 got = self._lst(current)
                 if isinstance(got, int):
-                    return None
+                    return True, None
                 cur_st = got
                 continue
             if not stat.S_ISDIR(cur_st.st_mode):
                 # ENOTDIR below a root file in a kept directory: absent for good
-                return (current, None) if cur_st.st_uid == 0 else None
+                return True, ((current, None) if cur_st.st_uid == 0 else None)
             child = current.rstrip("/") + "/" + part
             got = self._lst(child)
             if isinstance(got, int):
                 if got not in (2, 20) or not self._dir_closed(current, cur_st):
-                    return None  # EACCES & co, or a directory users may add to
-                return child, None
+                    return True, None  # EACCES & co, or a directory users may add to
+                return True, (child, None)
             if not self._dir_keeps(current, cur_st, got):
-                return None
+                return True, None
             if stat.S_ISLNK(got.st_mode) and (pending or follow_last):
                 links += 1
                 if links > _MAX_LINKS:
-                    return None
+                    return True, None
                 try:
                     target = os.readlink(child)
                 except OSError:
-                    return None
+                    return True, None
                 pending = [p for p in target.split("/") if p] + pending
                 if target.startswith("/"):
-                    current, cur_st = "/", root
+                    current, cur_st = "/", root  # type: ignore[assignment]
                 continue
             current, cur_st = child, got
-        return current, cur_st
+        return False, (current, cur_st, links)
 
     def owned(self, op: str, path: str, answer: str) -> bool:
         """Whether no user can change the answer to ``op`` on ``path``."""

@@ -2,7 +2,7 @@
 
 slurmstepd -> spank/grace_stepd.c -> ``grace_py_decide(struct grace_step *)``
 (implemented here with ``@ffi.def_extern``) -> :func:`run_step` -> the core
-(``load_policy``, ``decide``, ``user_lines``, ``write_decision``) -> results
+(``load_policy``, ``decide``, ``user_lines``, ``render_decision``) -> results
 handed back one string at a time through the C function ``grace_emit``.
 
 Contract with the C side (spank/grace.h):
@@ -14,7 +14,12 @@ Contract with the C side (spank/grace.h):
   failed, -1 what ``def_extern`` returns for an escaped exception;
 * ``GRACE_EMIT_DONE`` is emitted last: C trusts no verdict without it;
 * user lines already start with ``grace-policy: `` and are escaped; log lines
-  go to slurmd's log only (never a traceback, never to the user).
+  go to slurmd's log only (never a traceback, never to the user);
+* the decision's audit line is not written here but handed back as a log
+  item that starts with :data:`AUDIT_MARK` (spank/grace.h ``GRACE_LOG_AUDIT``):
+  C writes it once the verdict has been applied, or writes its own failure
+  line instead (an env edit that failed, a verdict that came too late), so
+  every step leaves exactly one audit line, always written by slurmstepd.
 
 :func:`run_step` is plain Python on plain values, so it can be tested and
 profiled without Slurm or cffi.
@@ -39,6 +44,11 @@ _STEP_NAMES = {0xFFFFFFFB: "batch", 0xFFFFFFFC: "extern", 0xFFFFFFFD: "interacti
                0xFFFFFFFE: "pending"}
 
 _PREFIX = "grace-policy: "
+#: Starts the log item that carries the decision's audit line to C
+#: (spank/grace.h GRACE_LOG_AUDIT). No other log item can start with it:
+#: they are escaped (messages.escape), which turns control characters into
+#: text.
+AUDIT_MARK = "\x1e"
 
 
 @dataclass(frozen=True)
@@ -94,21 +104,26 @@ class Outcome:
     log: list[str] = field(default_factory=list)
     #: A verdict-cache entry for C to append (clean allows only), or None.
     cache: str | None = None
+    #: The decision's audit line (newline included) for C to write once it
+    #: has applied the verdict, or None (no ``audit=``).
+    audit: str | None = None
 
     @classmethod
     def failed(cls, reason: str) -> Outcome:
         return cls(action="error", log=[reason])
 
 
-# What a cold check of a clean step imports (measured: /bin/true and
-# `python3 -c pass`); the pre-started helper imports them before the step
-# arrives (grace_python.c grace_python_preload, in this order, until the step
-# comes). Modules only: importing them reads no config and no user file.
+# What a cold check of a clean step imports (grace_policy/warm.py STEP, which
+# tests/test_warm.py keeps complete); the pre-started helper imports them
+# before the step arrives (grace_python.c grace_python_preload, in this
+# order, until the step comes). Modules only: importing them reads no config
+# and no user file.
 PRELOAD = ("grace_policy.compiled", "grace_policy.policy", "grace_policy.decide",
            "grace_policy.check", "grace_policy.launch", "grace_policy.audit",
-           "grace_policy.verdict_cache", "grace_policy.python.step",
+           "grace_policy.verdict_cache", "grace_policy.nodeowned", "grace_policy.python.step",
            "grace_policy.python.interp", "grace_policy.python.judge",
-           "grace_policy.messages")
+           "grace_policy.python.sitepath", "grace_policy.python.usage", "grace_policy.messages",
+           "encodings.ascii")
 
 
 def _one_line(text: str, limit: int = 900) -> str:
@@ -225,7 +240,7 @@ def run_step(step: StepInput) -> Outcome:
         # slurmstepd has since taken root back. A late line would contradict
         # what was done, and nothing from here is applied any more.
         return Outcome.failed("the check finished after the plugin's timeout; discarded")
-    problem = _audit(step, verdict, elapsed_ms, program)
+    out.audit, problem = _audit(step, verdict, elapsed_ms, program)
     if problem:
         out.log.append(_one_line(problem))
     try:
@@ -317,24 +332,27 @@ def _cache_entry(step: StepInput, policy: Any, verdict: Verdict,
 
 
 def _audit(step: StepInput, verdict: Verdict, elapsed_ms: float,
-           program: str | None = None) -> str | None:
-    """Write the decision to the descriptor root opened, never as the user.
+           program: str | None = None) -> tuple[str | None, str | None]:
+    """(line, problem): the decision line for C to write to the descriptor
+    root opened, or None and why not.
 
     The check runs as the job's user: opening a path here would need a file
     every user can write (and forge lines in). plugstack.conf's
     ``audit=PATH``, opened by root in slurm_spank_init before privileges
     drop, is therefore the one audit setting; the config's old ``[audit]
-    path`` is not read (``grace-policy config check`` says so).
+    path`` is not read (``grace-policy config check`` says so). The line is
+    rendered here but written by C after the env edits (module docstring).
     """
-    from .audit import write_decision
+    from .audit import render_decision
 
     if step.audit_path is None or step.audit_fd < 0:
-        return None  # not configured, or C logged why it could not open it
-    return write_decision(
-        step.audit_path, verdict, job_id=step.job_id, step_id=step.step_name, uid=step.uid,
-        node=step.node or None, elapsed_ms=elapsed_ms, fd=step.audit_fd,
-        program=program,
-    )
+        return None, None  # not configured, or C logged why it could not open it
+    try:
+        return render_decision(
+            verdict, job_id=step.job_id, step_id=step.step_name, uid=step.uid,
+            node=step.node or None, elapsed_ms=elapsed_ms, program=program), None
+    except Exception as exc:  # a bug in building the record must not fail the step
+        return None, f"audit log {step.audit_path}: {type(exc).__name__}: {exc}"
 
 
 # --------------------------------------------------------------------------
@@ -414,6 +432,8 @@ def emissions(out: Outcome) -> list[tuple[str, bytes]]:
     items += [("unset", _c_bytes(name)) for name in out.unset]
     items += [("set", _c_bytes(f"{key}={value}")) for key, value in out.set]
     items += [("log", _c_bytes(line)) for line in out.log]
+    if out.audit:  # C writes it once the verdict is applied (spank/grace.h GRACE_LOG_AUDIT)
+        items.append(("log", _c_bytes(AUDIT_MARK + out.audit)))
     if out.cache:
         items.append(("cache", _c_bytes(out.cache)))
     items.append(("done", b""))

@@ -37,6 +37,11 @@
 #define GRACE_EMIT_LOG 4   /* a line for slurmd's log only (error reasons) */
 #define GRACE_EMIT_DONE 5  /* the bridge reached its end: the result is complete */
 #define GRACE_EMIT_CACHE 6 /* a verdict-cache entry (grace_policy/verdict_cache.py format) */
+/* A GRACE_EMIT_LOG item that starts with this is not a log line but the
+ * decision's audit line (slurm_bridge.AUDIT_MARK): grace_stepd.c writes it
+ * once the verdict is applied, or its own failure line instead, so each
+ * step writes exactly one audit line. */
+#define GRACE_LOG_AUDIT '\x1e'
 
 struct grace_step {
 	const char *config;    /* config=FILE from plugstack.conf, or NULL */
@@ -232,6 +237,10 @@ const char *grace_cache_store(const struct grace_context *ctx, const char *entry
 /* The audit line of a cache hit, through root's descriptor; NULL or a reason. */
 const char *grace_audit_hit(const struct grace_context *ctx, const struct grace_step *step,
 			    const char *mode, double elapsed_ms, char *err, size_t errlen);
+/* The decision line Python rendered (one JSON line, newline included),
+ * through root's descriptor; NULL or a reason. */
+const char *grace_audit_verdict(const struct grace_context *ctx, const char *line,
+				char *err, size_t errlen);
 /* The audit line of an outcome C decided by on_error (the check could not
  * give a verdict): action is what on_error did ("allow" or "reject"),
  * failure the kind of failure (GRACE_FAIL_*), reason the slurmd.log text. */

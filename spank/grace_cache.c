@@ -931,6 +931,23 @@ const char *grace_audit_hit(const struct grace_context *ctx, const struct grace_
 	return grace_audit_write(ctx, &b, err, errlen);
 }
 
+const char *grace_audit_verdict(const struct grace_context *ctx, const char *line,
+				char *err, size_t errlen)
+{
+	size_t len = strlen(line);
+	struct grace_buf b = { (char *)line, len, len + 1, 0 };
+
+	if (ctx->audit_fd < 0 || ctx->audit_path == NULL)
+		return NULL;
+	/* One line: JSON with ensure_ascii has no newline but the last. */
+	if (len < 2 || line[0] != '{' || line[len - 1] != '\n' || memchr(line, '\n', len - 1)) {
+		snprintf(err, errlen, "audit log %s: the check's line is not one JSON line; "
+			 "not written", ctx->audit_path);
+		return err;
+	}
+	return grace_audit_write(ctx, &b, err, errlen);
+}
+
 /* The audit line of an on_error outcome decided in C (grace_stepd.c's
  * grace_fail): the same keys as a decision, "mode" null (no config was
  * applied), "error" the reason and "failure" its kind (grace.h GRACE_FAIL_*),
@@ -956,6 +973,7 @@ const char *grace_audit_failure(const struct grace_context *ctx,
 	grace_put_json(&b, reason);
 	grace_puts(&b, ", \"event\": \"decision\", \"exempt\": [], \"failure\": ");
 	grace_put_json(&b, failure);
+	grace_puts(&b, ", \"image\": null"); /* nothing was judged, in no image */
 	grace_audit_tail(&b, step, NULL, grace_audit_node(step, &uts));
 	return grace_audit_write(ctx, &b, err, errlen);
 }

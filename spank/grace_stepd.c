@@ -8,8 +8,9 @@
  *   run the check, both under one C deadline, store the entry of a clean
  *   allow,
  *   apply the env edits with spank_unsetenv/spank_setenv (so every task and
- *   slurmstepd's PATH lookup of argv[0] see them), print the user's lines,
- *   and keep the verdict in C memory.
+ *   slurmstepd's PATH lookup of argv[0] see them), write the step's one
+ *   audit line (the verdict's, which Python rendered, or grace_fail's),
+ *   print the user's lines, and keep the verdict in C memory.
  * task_init (per task, in the forked child, just before execve):
  *   no Python; return -1 if the step was rejected, which stops the exec.
  *
@@ -205,9 +206,45 @@ static int grace_apply_env(const struct grace_context *ctx, spank_t sp,
 	return failed ? -1 : 0;
 }
 
-/* The result of the helper: a verdict to apply, or a failure for on_error. */
-static void grace_finish(struct grace_context *ctx, spank_t sp, const struct grace_stepd *s,
-			 struct grace_outcome *out)
+/* Take the decision's audit line (GRACE_LOG_AUDIT) out of the log items:
+ * the caller owns it (free), and the log items left are log lines only. */
+static char *grace_take_audit(struct grace_result *r)
+{
+	size_t i;
+
+	for (i = 0; i < r->log.n; i++) {
+		char *item = r->log.items[i];
+
+		if (item[0] == GRACE_LOG_AUDIT) {
+			memmove(&r->log.items[i], &r->log.items[i + 1],
+				(r->log.n - i - 1) * sizeof(r->log.items[0]));
+			r->log.n--;
+			memmove(item, item + 1, strlen(item)); /* the mark off, NUL kept */
+			return item;
+		}
+	}
+	return NULL;
+}
+
+/* Write the verdict's audit line (NULL: none, no audit=), logging why not. */
+static void grace_audit_verdict_line(const struct grace_context *ctx,
+				     const struct grace_stepd *s, const char *line)
+{
+	char why[256];
+	const char *problem;
+
+	if (line == NULL)
+		return;
+	problem = grace_audit_verdict(ctx, line, why, sizeof(why));
+	if (problem)
+		slurm_info(GRACE_PREFIX "job %u step %u: %s", s->step.job_id, s->step.step_id,
+			   problem);
+}
+
+/* Apply a verdict, or follow on_error for a failure (audit: the verdict's
+ * line, written only if the verdict is applied). */
+static void grace_apply(struct grace_context *ctx, spank_t sp, const struct grace_stepd *s,
+			struct grace_outcome *out, const char *audit)
 {
 	const struct grace_result *r = &out->result;
 	uint32_t job_id = s->step.job_id, step_id = s->step.step_id;
@@ -268,6 +305,7 @@ static void grace_finish(struct grace_context *ctx, spank_t sp, const struct gra
 			slurm_spank_log(GRACE_PREFIX "this step was refused by the site's "
 					"launch check.");
 		ctx->reject = 1;
+		grace_audit_verdict_line(ctx, s, audit);
 		return;
 	}
 	if (r->unset.n || r->set.n) {
@@ -287,6 +325,7 @@ static void grace_finish(struct grace_context *ctx, spank_t sp, const struct gra
 			return;
 		}
 	}
+	grace_audit_verdict_line(ctx, s, audit);
 	if (r->cache != NULL && rc == GRACE_RC_ALLOW && r->user.n == 0 && r->unset.n == 0 &&
 	    r->set.n == 0 && !s->step.batch) {
 		char why[256];
@@ -297,6 +336,18 @@ static void grace_finish(struct grace_context *ctx, spank_t sp, const struct gra
 	}
 	for (i = 0; i < r->user.n; i++)
 		slurm_spank_log("%s", r->user.items[i]);
+}
+
+/* The result of the helper: a verdict to apply, or a failure for on_error.
+ * Exactly one audit line either way: the verdict's (Python rendered it, C
+ * writes it once applied) or grace_fail's. */
+static void grace_finish(struct grace_context *ctx, spank_t sp, const struct grace_stepd *s,
+			 struct grace_outcome *out)
+{
+	char *audit = grace_take_audit(&out->result);
+
+	grace_apply(ctx, sp, s, out, audit);
+	free(audit);
 }
 
 int grace_stepd_user_init(struct grace_context *ctx, spank_t sp)

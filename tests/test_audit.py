@@ -61,17 +61,11 @@ def test_clean_and_finding_lines_have_the_same_keys_and_format(tmp_path: Path) -
     assert clean["rules"] == [] and clean["error"] is None
 
 
-def test_both_writers_render_identical_text(tmp_path: Path) -> None:
+def test_both_writers_render_identical_text() -> None:
     # Same fields through structlog and through the lean writer: byte for byte
     # equal once the timestamps (taken at different instants) are aligned.
     fields = audit.record_fields(FOUND, **IDS)
-    log = tmp_path / "s.jsonl"
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    try:
-        audit._structlog_line(fields, fd)
-    finally:
-        os.close(fd)
-    via_structlog = log.read_text().rstrip("\n")
+    via_structlog = audit._structlog_line(fields)
     stamp = json.loads(via_structlog)["time"]
     via_lean = audit._lean_line(fields)
     lean_stamp = json.loads(via_lean)["time"]
@@ -244,3 +238,45 @@ def test_new_log_is_not_world_readable(tmp_path: Path) -> None:
     finally:
         os.umask(old)
     assert log.stat().st_mode & 0o777 == 0o640
+
+
+def test_the_plugins_check_renders_its_line_for_c_and_writes_nothing(tmp_path: Path) -> None:
+    """In slurmstepd the check hands its decision line to C (which writes it
+    once the verdict is applied, or its own failure line instead): the check
+    itself never writes, so a step leaves one line whatever C then does."""
+    from grace_policy import slurm_bridge
+
+    log = tmp_path / "audit.jsonl"
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o640)
+    try:
+        step = slurm_bridge.StepInput(
+            config=None, on_error="allow", partition="gb200", cwd="/", user_mode=None,
+            node="gn001", argv=("/bin/true",), env={}, job_id=17, step_id=0, uid=1000,
+            batch=False, audit_path=str(log), audit_fd=fd)
+        line, problem = slurm_bridge._audit(step, FOUND, 2.5, "/bin/true")
+    finally:
+        os.close(fd)
+    assert problem is None and log.read_bytes() == b""
+    assert line is not None and line.endswith("\n") and line.count("\n") == 1
+    record = json.loads(line)
+    assert (record["job_id"], record["program"], record["rules"][0]) == (
+        "17", "/bin/true", "exe-arch-mismatch")
+    # Byte for byte what the writer would have written (but the time).
+    assert audit.write_decision(str(log), FOUND, job_id=17, step_id="0", uid=1000,
+                                node="gn001", elapsed_ms=2.5, program="/bin/true") is None
+    written = log.read_text()
+    assert written.replace(json.loads(written)["time"], record["time"]) == line
+    # Not configured: nothing rendered.
+    unset = slurm_bridge.StepInput(**{**step.__dict__, "audit_fd": -1})
+    assert slurm_bridge._audit(unset, FOUND, 2.5) == (None, None)
+
+
+def test_the_audit_mark_is_the_c_sides() -> None:
+    """slurm_bridge.AUDIT_MARK and spank/grace.h's GRACE_LOG_AUDIT are one
+    character: C tells the decision line from log lines by it."""
+    from grace_policy import slurm_bridge
+
+    header = (ROOT / "spank" / "grace.h").read_text()
+    match = re.search(r"#define GRACE_LOG_AUDIT '\\x([0-9a-f]{2})'", header)
+    assert match, "GRACE_LOG_AUDIT not found in spank/grace.h"
+    assert slurm_bridge.AUDIT_MARK == chr(int(match.group(1), 16))

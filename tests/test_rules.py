@@ -193,3 +193,23 @@ def test_catalogue_is_not_read_until_needed() -> None:
         [sys.executable, "-I", "-S", "-c", prog], capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "False True"
+
+
+@pytest.mark.parametrize("rule", sorted(
+    name for name, r in _toml_load(RULES_TOML)["rules"].items()
+    if "system" in r.get("remedy", {})))
+def test_a_system_library_inside_an_image_is_the_image_s(rule: str) -> None:
+    """Inside an image, a library the causes call "system" is the image's own
+    (image_issues puts "image" first): the text names the image, never "the
+    node's system image"."""
+    image = "/shared/app.sqsh"
+    issue = Issue(rule=rule, path=f"{image}:/usr/lib/libfoo.so.1", predicted_error="",
+                  causes=("image", "system"),
+                  facts=(("image", image), ("inner", "/usr/lib/libfoo.so.1"),
+                         ("detail", "segments 2 and 3 share a page"),
+                         ("file_arch", "x86_64"), ("name", "libbar.so.2")))
+    finding = Catalogue.load().finding(issue, CONTEXT)
+    assert finding is not None and finding.cause == "image"
+    assert f"/usr/lib/libfoo.so.1 inside {image}" in finding.remediation
+    assert "system image" not in finding.remediation
+    assert "{" not in finding.remediation

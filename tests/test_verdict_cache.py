@@ -463,6 +463,46 @@ def test_node_owned_answers(open_tmp: Path) -> None:
     assert owned.owned("l", str(tmp_path / "to-home"), "L")  # the link itself is root's
 
 
+def test_node_owned_answers_do_not_depend_on_what_was_asked_before(open_tmp: Path) -> None:
+    # One NodeOwned resolves each directory once for all the paths below it
+    # (an entry asks about hundreds): the answers must be those of a fresh
+    # instance per path, through symlinked directories and ".." too.
+    from grace_policy.nodeowned import NodeOwned
+
+    (open_tmp / "lib" / "sub").mkdir(parents=True)
+    (open_tmp / "lib" / "sub" / "f").write_text("")
+    (open_tmp / "to-lib").symlink_to(open_tmp / "lib")
+    (open_tmp / "rel-lib").symlink_to("lib/sub/..")
+    (open_tmp / "to-home").symlink_to("home")
+    (open_tmp / "loop").symlink_to("loop")
+    (open_tmp / "home" / "g").write_text("")
+    paths = [str(open_tmp / p) for p in (
+        "lib/sub/f", "to-lib/sub/f", "rel-lib/sub/f", "to-lib/../lib/sub/f",
+        "to-home/g", "home/g", "lib/sub/f/x", "lib/none/f", "loop/f", "to-lib/./sub",
+        "to-lib", "rel-lib")] + ["/usr/bin/env", "/bin/sh", "/usr/lib/../bin/env"]
+    asked = [(op, path, fsprobe.answer(op, path)) for path in paths for op in ("s", "l", "r")]
+    alone = [NodeOwned().owned(*q) for q in asked]
+    assert any(alone) and not all(alone)
+    for order in (asked, asked[::-1]):
+        shared = NodeOwned()
+        got = {q: shared.owned(*q) for q in order}
+        assert [got[q] for q in asked] == alone
+
+
+def test_encode_is_the_per_byte_rule() -> None:
+    # The fast path (nothing to escape) must give what the byte loop gives,
+    # which is what grace_cache.c writes and compares.
+    def by_bytes(text: str) -> str:
+        return "".join(chr(b) if 0x21 <= b <= 0x7E and b != 0x25 else f"%{b:02X}"
+                       for b in os.fsencode(text))
+
+    texts = [chr(i) for i in range(0x250)] + ["\udc80", "\udcff", "a b", "50%", "/usr/bin/env",
+                                             "x\ty", "\u2028", "é/ü", ""]
+    texts += [f"/lib/{t}/x" for t in texts]
+    for text in texts:
+        assert fsprobe.encode(text) == by_bytes(text), repr(text)
+
+
 @pytest.mark.parametrize(("step_args", "prefix", "decisive"), [
     (["train.py", "--seed", "1"], [], 1),
     (["-u", "-X", "importtime", "-W", "ignore", "train.py", "-c", "x"], [], 6),

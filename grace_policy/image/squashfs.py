@@ -355,12 +355,17 @@ class SquashView(TreeView):
 
     def _entries(self, node: _Inode) -> dict[str, tuple[int, int]]:
         """name -> (inode reference, entry type) of directory ``node``."""
+        left = node.dir_size - 3  # the size counts "." and ".."
+        if left <= 0:
+            # An empty directory has no listing: its position is where the
+            # next directory's listing starts, so it must not be cached
+            # under that position (it would hide that directory's entries).
+            return {}
         key = (node.dir_block << 16) | node.dir_off
         known = self._dirs.get(key)
         if known is not None:
             return known
         out: dict[str, tuple[int, int]] = {}
-        left = node.dir_size - 3  # the size counts "." and ".."
         pos, offset = self.dir_table + node.dir_block, node.dir_off
         while left > 0:
             if left < 12:

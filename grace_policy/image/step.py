@@ -27,7 +27,9 @@ ARCH_WITNESSES = ("/bin/sh", "/usr/bin/sh", "/bin/busybox")
 _RUNTIME_ERROR = {
     "squashfs": "enroot-switchroot: failed to execute: /bin/sh: Exec format error",
     "dir": "enroot-switchroot: failed to execute: /bin/sh: Exec format error",
-    "oci": "runc: exec failed: unable to start container process: exec format error",
+    # runc (1.1 on): the program as it looked it up in the container's PATH
+    # ("exec %s: %w", libcontainer/standard_init_linux.go); see _runtime_error.
+    "oci": "exec {program}: exec format error",
     "sif": "apptainer: FATAL: exec failed: exec format error",
 }
 
@@ -121,12 +123,26 @@ def arch_issue(image: Image, argv: Sequence[str], env: dict[str, str], node: Nod
         return None
     return Issue(
         "image-arch-mismatch", image.path,
-        _RUNTIME_ERROR.get(image.kind, "Exec format error"),
+        _runtime_error(image, argv, env, budget),
         causes=("image",),
         facts=(("image", image.path), ("image_arch", arch), ("file_arch", arch),
                ("node_platform", PLATFORMS.get(node.machine, f"linux/{node.machine}")),
                ("inner", where), ("detail", f"{where} is {arch}")),
     )
+
+
+def _runtime_error(image: Image, argv: Sequence[str], env: dict[str, str],
+                   budget: Budget) -> str:
+    """What the runtime prints; runc names the program it failed to exec,
+    found as it finds it (the container's PATH), else as given."""
+    text = _RUNTIME_ERROR.get(image.kind, "Exec format error")
+    if "{program}" not in text:
+        return text
+    from ..launch import build_path, c_string
+
+    given = c_string(argv[0]) if argv else ""
+    found = build_path(given, env, "/", budget) if given else None
+    return text.replace("{program}", found or given or "/bin/sh")
 
 
 def image_issues(issues: Sequence[Issue], image: Image) -> tuple[Issue, ...]:

@@ -281,3 +281,25 @@ def test_other_compressions(roots: dict[str, Path], tmp_path: Path, comp: str) -
     # No decoder here: refused by name at open, never misread.
     with pytest.raises(ImageError, match=f"{comp}-compressed"):
         open_image(str(path))
+
+
+def test_empty_directory_read_first_hides_no_other(tmp_path: Path) -> None:
+    """An empty directory has no listing: squashfs gives it the position
+    where the next directory's listing starts. Read first, it must not stand
+    for that directory (a Debian root's /tmp hid /usr/bin, so /bin/sh was
+    "missing" and the image's architecture was taken from the program)."""
+    tree = tmp_path / "tree"
+    for i in range(6):
+        (tree / f"d{i}" / "empty").mkdir(parents=True)
+        (tree / f"d{i}" / "full").mkdir()
+        (tree / f"d{i}" / "full" / f"file{i}").write_text("x")
+        (tree / f"e{i}").mkdir()
+    image = mksquashfs(tree, tmp_path / "t.sqsh", "gzip")
+    want = {str(p.relative_to(tree)): sorted(os.listdir(p))
+            for p in tree.rglob("*") if p.is_dir()}
+    assert any(not names for names in want.values())
+    for first in sorted(d for d, names in want.items() if not names):
+        view = open_image(str(image)).view
+        assert view.listdir("/" + first) == []
+        got = {d: sorted(view.listdir("/" + d)) for d in want}
+        assert got == want, first

@@ -27,10 +27,12 @@ verdicts on the same kinds of environment in ``tests/test_grace_node.py``.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -220,24 +222,37 @@ GRACE_CASES = {
 }
 
 
-@pytest.mark.parametrize("name", GRACE_CASES)
-def test_grace_answer_is_what_the_node_does(world: World, name: str) -> None:
-    case = GRACE_CASES[name]
+def _answer_is_what_the_node_does(world: World, case: Case, node: NodeProfile,
+                                  run: Callable[..., subprocess.CompletedProcess[str]],
+                                  broken_error: str, also_here: bool = False) -> None:
+    """The prediction for ``node`` is ``case``'s, and ``run`` (the node's
+    own interpreter) does what it predicts: a refused step fails with the
+    predicted error word for word, a warned one's broken module fails to
+    import (``broken_error`` in its stderr). ``also_here``: this host is
+    such a node, so the plugin's own verdict here must agree too."""
     argv, env, cwd = _argv(world, case.argv), _env(world, case.env), world.p("work")
-    verdict = predict(GRACE, argv, env, cwd)
+    verdict = predict(node, argv, env, cwd)
     got = (verdict.action, tuple(dict.fromkeys(f.rule for f in verdict.findings)))
     assert got == (case.action, case.rules), verdict.findings
-    real = run_on_grace(world, argv, env, cwd)
+    if also_here:
+        here = predict(detect(), argv, env, cwd)
+        assert (here.action, tuple(dict.fromkeys(f.rule for f in here.findings))) == got
+    real = run(argv, env, cwd)
     if case.action == "reject":
         assert real.returncode != 0, real.stdout
         errors = [f.predicted_error for f in verdict.findings if f.severity == "error"]
-        # The node's ImportError, word for word as predicted.
         assert any(e in real.stderr for e in errors), (errors, real.stderr)
     else:
         assert real.returncode == 0, real.stderr
     if case.broken:
-        again = run_on_grace(world, [argv[0], "-c", f"import {case.broken}"], env, cwd)
-        assert again.returncode != 0 and "ImportError" in again.stderr, again.stderr
+        again = run([argv[0], "-c", f"import {case.broken}"], env, cwd)
+        assert again.returncode != 0 and broken_error in again.stderr, again.stderr
+
+
+@pytest.mark.parametrize("name", GRACE_CASES)
+def test_grace_answer_is_what_the_node_does(world: World, name: str) -> None:
+    _answer_is_what_the_node_does(world, GRACE_CASES[name], GRACE,
+                                  functools.partial(run_on_grace, world), "ImportError")
 
 
 def test_a_foreign_submodule_falls_back_on_the_node(world: World) -> None:
@@ -295,25 +310,9 @@ X86_CASES = {
 
 @pytest.mark.parametrize("name", X86_CASES)
 def test_x86_answer_is_what_the_node_does(world: World, name: str) -> None:
-    case = X86_CASES[name]
-    argv, env, cwd = _argv(world, case.argv), _env(world, case.env), world.p("work")
-    verdict = predict(X86, argv, env, cwd)
-    got = (verdict.action, tuple(dict.fromkeys(f.rule for f in verdict.findings)))
-    assert got == (case.action, case.rules), verdict.findings
-    # This host is such a node: the plugin's own verdict here (the node
-    # detected, its files native) is the one predicted.
-    here = predict(detect(), argv, env, cwd)
-    assert (here.action, tuple(dict.fromkeys(f.rule for f in here.findings))) == got
-    real = run_on_x86(argv, env, cwd)
-    if case.action == "reject":
-        assert real.returncode != 0, real.stdout
-        errors = [f.predicted_error for f in verdict.findings if f.severity == "error"]
-        assert any(e in real.stderr for e in errors), (errors, real.stderr)
-    else:
-        assert real.returncode == 0, real.stderr
-    if case.broken:
-        again = run_on_x86([argv[0], "-c", f"import {case.broken}"], env, cwd)
-        assert again.returncode != 0 and "Error" in again.stderr, again.stderr
+    # This host's python plays the x86_64 node's own.
+    _answer_is_what_the_node_does(world, X86_CASES[name], X86, run_on_x86, "Error",
+                                  also_here=True)
 
 
 def test_a_shell_step_in_an_active_system_venv(world: World) -> None:

@@ -100,19 +100,26 @@ class SlurmEnv:
         return dest
 
     def testhooks_prefix(self, name: str) -> Path:
-        """A copy of the install whose stub is the test build (make
-        plugin-testhooks: -DGRACE_TEST_HOOKS compiles in the fault hooks);
-        everything around a hook is the real code."""
-        prefix = self.copy_prefix(f"prefix-{name}")
+        """A copy of the install (:meth:`copy_prefix`) whose stub is the test
+        build (make plugin-testhooks: -DGRACE_TEST_HOOKS), for the failures
+        a real Slurm never produces on demand (an env edit that fails, a
+        pre-started helper that dies or hangs): the hook sits at one call
+        site, everything after it is the real code."""
+        prefix = self.copy_prefix(name)
         build = self.cluster.root.parent / f"build-{name}"
-        done = subprocess.run(["make", "-C", str(Path(__file__).resolve().parents[2]),
-                               "plugin-testhooks", f"BUILD={build}"],
+        done = subprocess.run(["make", "-C", str(REPO), "plugin-testhooks", f"BUILD={build}"],
                               capture_output=True, text=True, check=False)
-        if done.returncode != 0:
-            raise SetupError(done.stdout[-2000:] + done.stderr[-2000:])
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
         shutil.copy2(build / "testhooks" / "spank_grace_policy.so",
                      prefix / "lib" / "slurm" / "spank_grace_policy.so")
         return prefix
+
+    def restore_and_check_node(self) -> None:
+        """After a test that set its own plugstack: the base line again, and
+        the node must still take jobs (not drained, not down)."""
+        self.use("base")
+        state = self.cluster.settled_node_state()
+        assert state in ("idle", "mixed", "allocated"), (state, self.cluster.node_reason())
 
     def use(self, config: str | Path | None = "base", *extra: str) -> None:
         """Point plugstack.conf at the plugin with ``config`` (a name from

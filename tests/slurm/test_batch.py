@@ -67,6 +67,14 @@ def _run(grace: SlurmEnv, name: str, body: str, *, env: dict[str, str] | None = 
     return state, text, side
 
 
+def _assert_ran_in_silence(state: str, text: str, side: Path, printed: str) -> None:
+    """The job completed, the plugin said nothing, the script ran to the
+    line that printed ``printed``."""
+    assert state == "COMPLETED", text
+    assert PREFIX not in text, text
+    assert printed in text and side.exists(), text
+
+
 def _assert_rejected_before_first_line(grace: SlurmEnv, state: str, text: str,
                                        side: Path, expected: str) -> None:
     assert state == "FAILED", text
@@ -137,9 +145,7 @@ def test_unset_before_the_first_command_makes_a_leak_harmless(grace: SlurmEnv,
     # With it: nothing to say, and the script does its own cleaning.
     state, text, side = _run(grace, "b-unset", "hostname\necho VENV=${VIRTUAL_ENV:-unset}\n",
                              env=leak, head="unset CONDA_PREFIX VIRTUAL_ENV\n")
-    assert state == "COMPLETED", text
-    assert PREFIX not in text, text
-    assert "VENV=unset" in text and side.exists()
+    _assert_ran_in_silence(state, text, side, "VENV=unset")
 
 
 def test_clean_script_with_a_native_venv_runs_in_silence(grace: SlurmEnv,
@@ -147,9 +153,7 @@ def test_clean_script_with_a_native_venv_runs_in_silence(grace: SlurmEnv,
     state, text, side = _run(grace, "b-clean",
                              f"source {envs['native']}/bin/activate\ncd \"$SLURM_SUBMIT_DIR\"\n"
                              "python -c 'print(\"native-ran\")'\nsrun -n1 hostname\n")
-    assert state == "COMPLETED", text
-    assert PREFIX not in text, text
-    assert "native-ran" in text and side.exists()
+    _assert_ran_in_silence(state, text, side, "native-ran")
 
 
 def test_commands_built_by_command_substitution_are_not_judged(grace: SlurmEnv,
@@ -158,9 +162,7 @@ def test_commands_built_by_command_substitution_are_not_judged(grace: SlurmEnv,
     state, text, side = _run(grace, "b-subst",
                              f"$(echo {foreign}) x || true\nP=$(printf %s {foreign}); $P || true\n"
                              "echo script-ran\n")
-    assert state == "COMPLETED", text
-    assert PREFIX not in text, text
-    assert "script-ran" in text and side.exists()
+    _assert_ran_in_silence(state, text, side, "script-ran")
 
 
 # -- at submit time: cli_filter/lua with the shipped cli_filter.lua ----------
@@ -210,12 +212,20 @@ def _script_file(grace: SlurmEnv, name: str, body: str) -> Path:
     return path
 
 
+def _sbatch(grace: SlurmEnv, conf: Path, name: str, body: str, options: str = ""
+            ) -> tuple[int, str, Path]:
+    """sbatch of the script ``body`` (as :func:`_submit`) with its output to
+    a file of the shared dir: (exit code, what sbatch printed, that file)."""
+    script = _script_file(grace, f"{name}.sh", body)
+    out = grace.cluster.shared / f"{name}.out"
+    rc, text = _submit(grace, conf, f"sbatch {options} -o {out} {script}")
+    return rc, text, out
+
+
 def test_sbatch_prints_findings_before_the_job_id(grace: SlurmEnv, envs: dict[str, Path],
                                                   submit_conf: Path) -> None:
-    script = _script_file(grace, "s-warn.sh", f"source {envs['foreign']}/bin/activate\n"
-                                               "python train.py\n")
-    out = grace.cluster.shared / "s-warn.out"
-    rc, text = _submit(grace, submit_conf, f"sbatch -o {out} {script}")
+    rc, text, _ = _sbatch(grace, submit_conf, "s-warn",
+                          f"source {envs['foreign']}/bin/activate\npython train.py\n")
     assert rc == 0, text
     finding = (f"{PREFIX}ERROR exe-arch-mismatch: line 3: python train.py -> "
                f"{envs['foreign']}/bin/python")
@@ -244,10 +254,9 @@ def test_sbatch_is_refused_where_the_partition_enforces(grace: SlurmEnv, envs: d
 
 def test_a_clean_sbatch_prints_nothing(grace: SlurmEnv, envs: dict[str, Path],
                                       submit_conf: Path) -> None:
-    script = _script_file(grace, "s-clean.sh", f"source {envs['native']}/bin/activate\n"
-                                                "python -c pass\nsrun hostname\n")
-    out = grace.cluster.shared / "s-clean.out"
-    rc, text = _submit(grace, submit_conf, f"sbatch -p gb200sim -o {out} {script}")
+    rc, text, out = _sbatch(grace, submit_conf, "s-clean",
+                            f"source {envs['native']}/bin/activate\n"
+                            "python -c pass\nsrun hostname\n", "-p gb200sim")
     assert rc == 0, text
     assert text.startswith("Submitted batch job") and PREFIX not in text, text
     job = int(text.split()[3])

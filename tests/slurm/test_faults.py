@@ -37,9 +37,7 @@ JOB_CMD = ["sh", "-c", "echo JOBID=$SLURM_JOB_ID"]
 def faults(slurm: SlurmEnv) -> Iterator[SlurmEnv]:
     """Each test sets its own plugstack; afterwards: base config, node healthy."""
     yield slurm
-    slurm.use("base")
-    state = slurm.cluster.settled_node_state()
-    assert state in ("idle", "mixed", "allocated"), (state, slurm.cluster.node_reason())
+    slurm.restore_and_check_node()
 
 
 def _job(res: subprocess.CompletedProcess[str]) -> int:
@@ -435,21 +433,13 @@ def test_control_characters_in_log_lines_are_escaped(faults: SlurmEnv) -> None:
 
 # -- env edits that fail -------------------------------------------------------------
 
-def _testhooks_prefix(env: SlurmEnv) -> Path:
-    """A copy of the install whose stub is the test build (make
-    plugin-testhooks: -DGRACE_TEST_HOOKS). 22.05's spank_setenv/unsetenv fail
-    only for a NULL argument or outside remote context, which the plugin never
-    produces, so the failure is injected at the one call site: everything
-    after it (on_error, what the user is told, the audit) is the real code."""
-    return env.testhooks_prefix("testhooks")
-
-
 @pytest.mark.parametrize("on_error", ["allow", "deny"])
 def test_failed_env_edit_follows_on_error(faults: SlurmEnv, on_error: str) -> None:
     """A foreign VIRTUAL_ENV is to be removed, and removing it fails. deny:
     refused, never run. allow: the step runs, and the user is told that the
-    change was not made (not that it was); one log and one audit line."""
-    prefix = _testhooks_prefix(faults)
+    change was not made (not that it was); one log and one audit line, so
+    grace-policy report counts the step once, as an env failure."""
+    prefix = faults.testhooks_prefix("prefix-testhooks")  # 22.05's edits never fail
     foreign = faults.files / "venv-foreign"
     faults.set_plugin_line(prefix / "lib" / "slurm" / "spank_grace_policy.so",
                            f"config={faults.configs['base']}", f"audit={faults.audit_log}",
@@ -459,19 +449,29 @@ def test_failed_env_edit_follows_on_error(faults: SlurmEnv, on_error: str) -> No
                               user="nobody", env={"VIRTUAL_ENV": str(foreign)})
     assert "Traceback" not in res.stderr + res.stdout
     assert "removed from the step's environment" not in res.stderr, res.stderr
-    # The verdict's own line (Python writes it before C applies the edits),
-    # then C's: the edit failed, and what on_error did.
-    records = [json.loads(line) for line in faults.audit_lines()[before:]]
-    assert [r.get("failure") for r in records] == [None, "env"], records
-    assert records[0]["env_unset"] == ["VIRTUAL_ENV"], records
-    assert records[1]["action"] == ("reject" if on_error == "deny" else "allow"), records
-    assert "cannot remove VIRTUAL_ENV" in records[1]["error"]
+    # C's line only: the edit failed, and what on_error did. The verdict's
+    # own line (which would say the variable was removed) is not written.
+    lines = faults.audit_lines()[before:]
+    [record] = [json.loads(line) for line in lines]
+    assert record["failure"] == "env", record
+    assert record["action"] == ("reject" if on_error == "deny" else "allow"), record
+    assert "cannot remove VIRTUAL_ENV" in record["error"]
+    step_log = faults.side_file(f"env-edit-{on_error}.jsonl")
+    step_log.write_text("".join(line + "\n" for line in lines))
+    report = subprocess.run([str(faults.prefix / "bin" / "grace-policy"), "report", "--json",
+                             str(step_log)], env={}, capture_output=True, text=True,
+                            check=False)
+    assert report.returncode == 0, report.stderr
+    data = json.loads(report.stdout)
+    assert (data["steps"], data["failures"]) == (1, {"steps": 1, "kinds": {"env": 1}}), data
+    assert data["lines"]["invalid"] == 0, data["lines"]
     if on_error == "deny":
         _refused = f"{PREFIX}this step was refused: the site's launch check could not run"
         assert res.returncode != 0 and _refused in res.stderr, res.stderr
         assert "VENV=" not in res.stdout
         return
     assert res.returncode == 0, res.stderr
+    assert record["job_id"] == str(_job(res)), record
     assert f"VENV={foreign}" in res.stdout
     told = " ".join(line for line in res.stderr.splitlines() if line.startswith(PREFIX))
     assert "without all of the environment changes" in told, res.stderr

@@ -107,9 +107,12 @@ def host_rpm(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def test_host_deb_is_pinned_to_the_host_release(host_deb: Path) -> None:
     release, nxt = _host_release().split()
-    fields = subprocess.run(["dpkg-deb", "-f", str(host_deb), "Version", "Depends", "Breaks"],
+    fields = subprocess.run(["dpkg-deb", "-f", str(host_deb), "Version", "Depends", "Breaks",
+                             "Recommends"],
                             capture_output=True, text=True, check=True).stdout
     assert f"+slurm{release}" in fields
+    # enroot's images are lzo by default: liblzo2 reads them in C.
+    assert "Recommends: liblzo2-2" in fields.splitlines()
     assert f"slurm-client (>= {release}~), slurm-client (<< {nxt}~)" in fields
     assert f"slurmd (<< {release}~)" in fields and f"slurmd (>= {nxt}~)" in fields
     listing = subprocess.run(["dpkg-deb", "-c", str(host_deb)], capture_output=True,
@@ -222,6 +225,7 @@ def test_rpm_files_config_and_pin(host_rpm: Path) -> None:
         "/etc/logrotate.d/grace-policy"}
     requires = _rpm_query(host_rpm, "--requires").splitlines()
     assert f"slurm >= {release}" in requires and f"slurm < {nxt}" in requires, requires
+    assert _rpm_query(host_rpm, "--recommends").splitlines() == ["lzo"]
     conflicts = _rpm_query(host_rpm, "--conflicts").splitlines()
     assert f"slurm-slurmd < {release}" in conflicts and f"slurm-slurmd >= {nxt}" in conflicts
     scripts = _rpm_query(host_rpm, "--scripts")

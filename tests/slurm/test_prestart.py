@@ -37,15 +37,14 @@ COUNT_HELPERS = (
 @pytest.fixture
 def pre(slurm: SlurmEnv) -> Iterator[SlurmEnv]:
     yield slurm
-    slurm.use("base")
-    state = slurm.cluster.settled_node_state()
-    assert state in ("idle", "mixed", "allocated"), (state, slurm.cluster.node_reason())
+    slurm.restore_and_check_node()
 
 
 @pytest.fixture(scope="module")
 def hooks_plugin(slurm: SlurmEnv) -> Path:
     """The test build of the stub in a copy of the install."""
-    return slurm.testhooks_prefix("prestart-hooks") / "lib" / "slurm" / "spank_grace_policy.so"
+    prefix = slurm.testhooks_prefix("prefix-prestart-hooks")
+    return prefix / "lib" / "slurm" / "spank_grace_policy.so"
 
 
 def _use(env: SlurmEnv, plugin: Path | str, *extra: str) -> None:

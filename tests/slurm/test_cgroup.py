@@ -1,0 +1,159 @@
+"""The check's helper under ``ProctrackType=proctrack/cgroup`` (issue: an
+abandoned helper at the step's end), on a real Slurm 22.05.
+
+With proctrack/cgroup slurmstepd puts itself into the step's freezer cgroup
+before ``user_init`` forks the helper, so the helper is in the step's
+container; at the step's end ``proctrack_p_wait`` SIGKILLs that container
+until only slurmstepd is left, for up to ``UnkillableStepTimeout``, and an
+unkillable process then drains the node ("Kill task failed"). A helper
+abandoned in an uninterruptible wait (a FUSE mount whose daemon never
+answers, tests/slurm/hungfs.py) is such a process. This module runs the
+session cluster with proctrack/cgroup (this machine's cgroup v1 freezer
+hierarchy; restored to linuxproc afterwards) and records what becomes of the
+step and the node.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from .cluster import NODE
+from .harness import SlurmEnv
+from .test_hungfs import HungMount, _helpers, _provide
+
+pytestmark = pytest.mark.slurm
+
+PREFIX = "grace-policy: "
+TIMEOUT_MS = 2000
+#: Short, so a drain shows within the test (Slurm's default is 60 s).
+UNKILLABLE_S = 20
+FREEZER = Path("/sys/fs/cgroup/freezer")
+
+
+def _cgroup_reason() -> str | None:
+    if not FREEZER.is_dir():
+        return "no cgroup v1 freezer hierarchy at /sys/fs/cgroup/freezer"
+    if not os.access(FREEZER, os.W_OK):
+        return "/sys/fs/cgroup/freezer not writable"
+    return None
+
+
+@pytest.fixture(scope="module")
+def cgroup_slurm(slurm: SlurmEnv) -> Iterator[SlurmEnv]:
+    """The session cluster restarted with proctrack/cgroup, then back."""
+    reason = _cgroup_reason() or _provide()
+    if reason:
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    cluster = slurm.cluster
+    plain = cluster.write_config
+
+    def with_cgroup() -> None:
+        plain()
+        text = cluster.conf.read_text().replace("ProctrackType=proctrack/linuxproc",
+                                                "ProctrackType=proctrack/cgroup")
+        cluster.conf.write_text(text + f"UnkillableStepTimeout={UNKILLABLE_S}\n"
+                                "DebugFlags=CGroup\n")
+        cgroup_conf.write_text("CgroupPlugin=cgroup/v1\nCgroupMountpoint=/sys/fs/cgroup\n")
+
+    cgroup_conf = cluster.conf.parent / "cgroup.conf"
+
+    cluster.stop()
+    cluster.write_config = with_cgroup  # type: ignore[method-assign]
+    try:
+        cluster.start()
+        yield slurm
+    finally:
+        cluster.stop()
+        cluster.write_config = plain  # type: ignore[method-assign]
+        cgroup_conf.unlink(missing_ok=True)
+        _remove_empty(FREEZER / f"slurm_{NODE}")
+        cluster.start()
+
+
+def _remove_empty(top: Path) -> None:
+    """The cgroups this cluster left (Slurm cannot rmdir a job's cgroup while
+    an abandoned helper is in it, and does not try again once it has gone):
+    empty ones only, deepest first (rmdir refuses a cgroup with tasks)."""
+    if not top.is_dir():
+        return
+    for path in sorted((p for p in top.rglob("*") if p.is_dir()),
+                       key=lambda p: len(p.parts), reverse=True):
+        try:
+            path.rmdir()
+        except OSError:
+            pass
+    try:
+        top.rmdir()
+    except OSError:
+        pass
+
+
+def _cgroup_of(pid: int) -> str:
+    try:
+        for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+            if ":freezer:" in line:
+                return line.split(":", 2)[2]
+    except OSError:
+        pass
+    return ""
+
+
+def test_a_hung_helper_under_proctrack_cgroup(cgroup_slurm: SlurmEnv) -> None:
+    """A step whose check hangs on the mount (a leaked CONDA_PREFIX there;
+    /bin/echo never looks): on_error=allow runs it after timeout_ms. Then:
+    does the step end, does the node stay up?"""
+    env = cgroup_slurm
+    hung = HungMount(env.cluster.root.parent / "hung-mount-cgroup")
+    try:
+        env.use("base", f"timeout_ms={TIMEOUT_MS}", "on_error=allow")
+        log_before = env.cluster.slurmd_log_text()
+        assert "proctrack/cgroup" in env.cluster.conf.read_text()
+        res = env.cluster.srun(["/bin/echo", "ran"], user="nobody",
+                               env={"CONDA_PREFIX": f"{hung.path}/env"}, timeout=120)
+        assert res.returncode == 0 and res.stdout.strip() == "ran", res
+        job = int(re.findall(r"grace-policy: error: job (\d+) step",
+                             env.cluster.slurmd_log_text()[len(log_before):])[0])
+        # The helper is still in its wait, in the job's freezer cgroup (22.05
+        # v1: slurmstepd is in the job's, the tasks in the step's), so the
+        # step's end does not wait for it.
+        # (Only this cluster uses proctrack/cgroup: other helpers are in "/".)
+        ended = time.monotonic()
+        cgroups = [c for c in (_cgroup_of(int(h.split()[0])) for h in _helpers())
+                   if c.startswith(f"/slurm_{NODE}/")]
+        assert cgroups and all(c.endswith(f"/job_{job}") for c in cgroups), cgroups
+        # The job ends without waiting for it ...
+        for _ in range(60):
+            if str(job) not in env.cluster.run(["squeue", "-h", "-j", str(job)]).stdout:
+                break
+            time.sleep(1)
+        # ... and past UnkillableStepTimeout nothing counts it as unkillable.
+        time.sleep(max(0.0, ended + UNKILLABLE_S + 5 - time.monotonic()))
+        squeue = env.cluster.run(["squeue", "-h", "-j", str(job)]).stdout
+        state, reason = env.cluster.node_state(), env.cluster.node_reason()
+        new_log = env.cluster.slurmd_log_text()[len(log_before):]
+        kill_failed = [line for line in new_log.splitlines()
+                       if "Kill task failed" in line or "unkillable" in line.lower()]
+        assert str(job) not in squeue, (squeue, state, reason, kill_failed)
+        assert env.cluster.wait_job(job) == "COMPLETED"
+        assert "drain" not in state and not kill_failed, (state, reason, kill_failed)
+        assert state == "idle", (state, reason)
+    finally:
+        hung.release()
+        for _ in range(100):
+            if not _helpers():
+                break
+            time.sleep(0.2)
+        env.use("base")
+    assert _helpers() == []
+    # The node takes jobs again (whatever the drain above, once resumed).
+    state = env.cluster.settled_node_state()
+    if "drain" in state:
+        env.cluster.run(["scontrol", "update", f"NodeName={NODE}", "State=RESUME"])

@@ -240,6 +240,11 @@ def main() -> int:
                                  target, f"{mwo:.1f} ms", f"{mw:.1f} ms", f"{mw - mwo:+.1f} ms",
                                  f"{mw / mwo:.2f}×", ok))
                 print(rows[-1], flush=True)
+            # checker=node (issue 18 item 3): the pre-started checker per
+            # node, side by side with the rows above (checker=step).
+            for line in sl.node_checker_rows(env, RUNS, _row):
+                rows.append(line)
+                print(line, flush=True)
             # A pyxis container step (issue 15): added time next to pyxis'
             # own start from the image. Needs the tests' pyxis/enroot build.
             try:

@@ -17,7 +17,7 @@ import os
 import statistics
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from tests.slurm.harness import SlurmEnv
@@ -104,6 +104,78 @@ def peak_rss(env: SlurmEnv, runs: int, plugin_args: Sequence[str] = ()
             (with_kib if side == "with" else without_kib).append(kib)
     env.cluster.set_plugstack(["# bench: no plugin"])
     return with_kib, without_kib
+
+
+def start_node_checker(env: SlurmEnv, timeout: float = 60.0) -> tuple[tuple[str, ...], int]:
+    """Restart slurmd with checker=node (it starts the server at its own
+    start) and wait for the server. Returns the plugstack arguments that
+    send misses to it and the server's pid."""
+    sock = env.cluster.root / "run" / "grace-checker" / "socket"
+    args = ("checker=node", f"checker_socket={sock}")
+    env.use("base", *args)
+    env.cluster.restart_slurmd()
+    want = f"--socket\0{sock}\0".encode()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for entry in Path("/proc").iterdir():
+            try:
+                if entry.name.isdigit() and want in (entry / "cmdline").read_bytes() \
+                        and sock.exists():
+                    return args, int(entry.name)
+            except OSError:
+                continue
+        time.sleep(0.1)
+    raise RuntimeError(f"no node checker on {sock} after a slurmd restart")
+
+
+def rss_kib(pid: int) -> tuple[int, int]:
+    """(VmRSS, Pss) of a process in KiB: what the node checker holds idle
+    (Pss shares the interpreter's pages with every child it forks)."""
+    status = Path(f"/proc/{pid}/status").read_text().split()
+    rss = int(status[status.index("VmRSS:") + 1])
+    pss = 0
+    try:
+        rollup = Path(f"/proc/{pid}/smaps_rollup").read_text().split()
+        pss = int(rollup[rollup.index("Pss:") + 1])
+    except (OSError, ValueError):
+        pass
+    return rss, pss
+
+
+def node_checker_rows(env: SlurmEnv, runs: int, row: Callable[..., str]) -> list[str]:
+    """The checker=node rows of ``make bench``: slurmd restarted with the
+    line (it starts the server at its own start), cold and warm steps
+    alternating with no plugin, slurmstepd's peak RSS and the server's own;
+    then slurmd restarted without it, so the rest of the bench is as before."""
+    cold = ("cache_dir=none",)
+    try:
+        node_args, server = start_node_checker(env)
+    except Exception as exc:
+        return [row("checker=node figures", "", "", "", "", "",
+                    f"not run: {type(exc).__name__}: {exc}")]
+    rows = []
+    for title, argv, args, limit in (
+            ("`srun /bin/true`, cache warm, checker=node", ["/bin/true"], (), 1.05),
+            ("`srun /bin/true`, cache cold, checker=node", ["/bin/true"], cold, 1.25),
+            ("`srun python3 -c pass`, cache cold, checker=node", ["python3", "-c", "pass"],
+             cold, 1.25)):
+        w, wo, (hits, decisions) = alternate(env, argv, runs, plugin_args=(*node_args, *args))
+        mw, mwo = median(w), median(wo)
+        rows.append(row(f"{title} (median of {runs}; {hits}/{decisions} cache hits)",
+                        f"ratio ≤ {limit}", f"{mwo:.1f} ms", f"{mw:.1f} ms",
+                        f"{mw - mwo:+.1f} ms", f"{mw / mwo:.2f}×",
+                        "holds" if mw / mwo <= limit else "**misses**"))
+    rw, rwo = peak_rss(env, max(5, runs // 3), plugin_args=(*node_args, *cold))
+    mw, mwo = median(rw) / 1024, median(rwo) / 1024
+    rows.append(row("slurmstepd peak RSS (VmHWM seen by the task), cache cold, checker=node",
+                    "≤ 16 MiB added", f"{mwo:.1f} MiB", f"{mw:.1f} MiB", f"{mw - mwo:+.1f} MiB",
+                    f"{mw / mwo:.2f}×", "holds" if mw - mwo <= 16 else "**misses**"))
+    rss, pss = rss_kib(server)
+    rows.append(row("node checker server, idle, once per node: VmRSS / Pss", "(informational)",
+                    "", f"{rss / 1024:.1f} / {pss / 1024:.1f} MiB", "", "", ""))
+    env.cluster.set_plugstack(["# bench: no plugin"])
+    env.cluster.restart_slurmd()
+    return rows
 
 
 def median(values: Sequence[float]) -> float:

@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 PLUGIN_NAME = "spank_grace_policy.so"
 DEFAULT_CACHE_DIR = "/run/grace-policy"
 DEFAULT_TIMEOUT_MS = 10000
+DEFAULT_CHECKER_SOCKET = "/run/grace-policy/checker/socket"
 KNOWN = ("config", "on_error", "python_path", "timeout_ms", "audit", "container_env",
-         "cache_dir")
+         "cache_dir", "prestart", "checker", "checker_socket")
 
 
 @dataclass
@@ -46,6 +47,11 @@ class PluginLine:
     cache_dir: str | None = DEFAULT_CACHE_DIR
     container_env: str | None = None
     python_path: str | None = None
+    prestart: bool = False
+    #: "step" (a helper of slurmstepd runs a miss) or "node" (the node
+    #: checker slurmd starts; spank/grace_node.c) and that checker's socket.
+    checker: str = "step"
+    checker_socket: str = DEFAULT_CHECKER_SOCKET
     #: The first argument problem: the plugin then follows on_error for every step.
     error: str | None = None
 
@@ -124,6 +130,18 @@ def parse_args(entry: PluginLine) -> None:
             entry.cache_dir = None if (val or "none") == "none" else val
         elif key == "container_env":
             entry.container_env = val or None
+        elif key in ("prestart", "checker"):
+            options = ("on", "off") if key == "prestart" else ("node", "step")
+            if val not in options:
+                fail(f"{key} must be {options[0]} or {options[1]}, not '{val}'")
+            elif key == "prestart":
+                entry.prestart = val == "on"
+            else:
+                entry.checker = val
+        elif key == "checker_socket":
+            entry.checker_socket = val
+            if not val.startswith("/"):
+                fail(f"checker_socket must be an absolute path, not '{val}'")
         else:
             fail(f"unknown plugstack argument '{arg}' (known: {', '.join(KNOWN)})")
     if not entry.config:

@@ -365,18 +365,23 @@ def _text(ffi: Any, ptr: Any) -> str | None:
     return os.fsdecode(ffi.string(ptr))
 
 
+def env_dict(entries: Any) -> dict[str, str]:
+    """``NAME=VALUE`` entries as a dict, like getenv(): the first definition wins."""
+    env: dict[str, str] = {}
+    for entry in entries:
+        if entry is None:
+            continue
+        key, sep, value = entry.partition("=")
+        if sep and key not in env:
+            env[key] = value
+    return env
+
+
 def read_step(ffi: Any, c_step: Any) -> StepInput:
     """Copy the C struct into Python values (bytes decoded with the file
     system encoding, UTF-8 with surrogateescape, so odd bytes survive)."""
     argv = tuple(_text(ffi, c_step.argv[i]) or "" for i in range(max(0, c_step.argc)))
-    env: dict[str, str] = {}
-    for i in range(max(0, c_step.envc)):
-        entry = _text(ffi, c_step.env[i])
-        if entry is None:
-            continue
-        key, sep, value = entry.partition("=")
-        if sep and key not in env:  # like getenv(): the first definition wins
-            env[key] = value
+    env = env_dict(_text(ffi, c_step.env[i]) for i in range(max(0, c_step.envc)))
     return StepInput(
         config=_text(ffi, c_step.config),
         on_error=_text(ffi, c_step.on_error) or "allow",
@@ -406,6 +411,35 @@ def _c_bytes(text: str) -> bytes:
     return os.fsencode(text).replace(b"\0", b"\\0")
 
 
+#: spank/grace.h's GRACE_RC_* by action: what the node checker
+#: (grace_policy/nodecheck.py), which has no cffi, sends as the 'R' record.
+RC_CODES = {"allow": 1, "warn": 2, "reject": 3, "error": 4}
+
+
+def outcome_for(step: StepInput) -> Outcome:
+    """:func:`run_step`, with an escaped exception turned into a failure:
+    the one entry both the embedded check and the node checker call."""
+    try:
+        return run_step(step)
+    except Exception as exc:
+        return Outcome.failed(f"bridge: {type(exc).__name__}: {_one_line(str(exc))}")
+
+
+def emissions(out: Outcome) -> list[tuple[str, bytes]]:
+    """What C is handed, in order, by kind (``user``, ``unset``, ``set``,
+    ``log``, ``cache``, ``done`` last), as the bytes C expects."""
+    items: list[tuple[str, bytes]] = [("user", _c_bytes(line)) for line in out.user]
+    items += [("unset", _c_bytes(name)) for name in out.unset]
+    items += [("set", _c_bytes(f"{key}={value}")) for key, value in out.set]
+    items += [("log", _c_bytes(line)) for line in out.log]
+    if out.audit:  # C writes it once the verdict is applied (spank/grace.h GRACE_LOG_AUDIT)
+        items.append(("log", _c_bytes(AUDIT_MARK + out.audit)))
+    if out.cache:
+        items.append(("cache", _c_bytes(out.cache)))
+    items.append(("done", b""))
+    return items
+
+
 def register(ffi: Any, lib: Any) -> None:
     """Called once by the plugin's cffi init code: install ``grace_py_decide``."""
     codes = {
@@ -413,6 +447,14 @@ def register(ffi: Any, lib: Any) -> None:
         "warn": lib.GRACE_RC_WARN,
         "reject": lib.GRACE_RC_REJECT,
         "error": lib.GRACE_RC_ERROR,
+    }
+    kinds = {
+        "user": lib.GRACE_EMIT_USER,
+        "unset": lib.GRACE_EMIT_UNSET,
+        "set": lib.GRACE_EMIT_SET,
+        "log": lib.GRACE_EMIT_LOG,
+        "cache": lib.GRACE_EMIT_CACHE,
+        "done": lib.GRACE_EMIT_DONE,
     }
 
     def _escaped(exc_type: Any, exc_value: Any, traceback: Any) -> None:
@@ -424,25 +466,10 @@ def register(ffi: Any, lib: Any) -> None:
     @ffi.def_extern(name="grace_py_decide", error=-1, onerror=_escaped)
     def grace_py_decide(c_step: Any) -> int:
         result = c_step.result
-
-        def emit(kind: int, text: str) -> None:
-            lib.grace_emit(result, kind, _c_bytes(text))
-
         try:
-            out = run_step(read_step(ffi, c_step))
+            out = outcome_for(read_step(ffi, c_step))
         except Exception as exc:
             out = Outcome.failed(f"bridge: {type(exc).__name__}: {_one_line(str(exc))}")
-        for line in out.user:
-            emit(lib.GRACE_EMIT_USER, line)
-        for name in out.unset:
-            emit(lib.GRACE_EMIT_UNSET, name)
-        for key, value in out.set:
-            emit(lib.GRACE_EMIT_SET, f"{key}={value}")
-        for line in out.log:
-            emit(lib.GRACE_EMIT_LOG, line)
-        if out.audit:
-            emit(lib.GRACE_EMIT_LOG, AUDIT_MARK + out.audit)
-        if out.cache:
-            emit(lib.GRACE_EMIT_CACHE, out.cache)
-        emit(lib.GRACE_EMIT_DONE, "")
+        for kind, text in emissions(out):
+            lib.grace_emit(result, kinds[kind], text)
         return int(codes[out.action])

@@ -11,7 +11,7 @@ PLUGIN_PY_SO := $(BUILD)/grace_policy_py.so
 PYDEPS := $(BUILD)/pydeps
 PLUGIN_REQS := packaging/plugin-requirements.txt
 SPANK_C := spank/grace_spank.c spank/grace_stepd.c spank/grace_helper.c spank/grace_cache.c \
-		spank/grace_container.c
+		spank/grace_container.c spank/grace_node.c
 SPANK_H := spank/grace.h
 CFFI_C := $(BUILD)/spank_grace_policy_cffi.c
 # Names the per-user cache file (DIR/<uid>.v<version>): entries of another
@@ -20,6 +20,8 @@ GRACE_VERSION := $(shell sed -n 's/^__version__ = "\(.*\)"/\1/p' grace_policy/__
 
 # Facts about PLUGIN_PYTHON, asked once per make run.
 PLUGIN_PY_INCLUDE = $(shell $(PLUGIN_PYTHON) -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
+# The node checker (grace_node.c) execs this interpreter: the one embedded.
+PLUGIN_PY_EXE = $(shell $(PLUGIN_PYTHON) -c 'import sys; print(sys.executable)')
 PLUGIN_PY_LIB = $(shell $(PLUGIN_PYTHON) -c 'import sysconfig as s; print(s.get_config_var("LIBDIR") + "/" + s.get_config_var("INSTSONAME"))')
 
 PLUGIN_CFLAGS ?= -O2 -g
@@ -51,7 +53,8 @@ $(CFFI_C) $(BUILD)/grace_build.h: spank/build_plugin.py spank/grace_python.c $(S
 	PYTHONPATH=$(PYDEPS) $(PLUGIN_PYTHON) -s spank/build_plugin.py $(BUILD)
 
 $(BUILD)/%.o: spank/%.c $(SPANK_H) grace_policy/__init__.py | $(PYDEPS)/.stamp
-	$(CC) $(PLUGIN_CFLAGS) -DGRACE_VERSION='"$(GRACE_VERSION)"' -Ispank -I$(BUILD) -c -o $@ $<
+	$(CC) $(PLUGIN_CFLAGS) -DGRACE_VERSION='"$(GRACE_VERSION)"' -DGRACE_PY_EXE='"$(PLUGIN_PY_EXE)"' \
+		-Ispank -I$(BUILD) -c -o $@ $<
 
 # -Wno-unused-parameter: only for cffi's generated glue (an empty stub of its
 # own); our grace_python.c, included there, is clean without it.
@@ -60,7 +63,8 @@ $(BUILD)/spank_grace_policy_cffi.o: $(CFFI_C) $(SPANK_H) spank/grace_python.c
 
 # The stub: exports only plugin_*/slurm_spank_* (grace_policy.map).
 $(PLUGIN_SO): $(BUILD)/grace_spank.o $(BUILD)/grace_stepd.o $(BUILD)/grace_helper.o \
-		$(BUILD)/grace_cache.o $(BUILD)/grace_container.o spank/grace_policy.map
+		$(BUILD)/grace_cache.o $(BUILD)/grace_container.o $(BUILD)/grace_node.o \
+		spank/grace_policy.map
 	$(CC) $(PLUGIN_LDFLAGS) -Wl,--version-script=spank/grace_policy.map -o $@ \
 		$(filter %.o,$^) -lpthread -ldl
 
@@ -77,7 +81,8 @@ plugin: $(PLUGIN_SO) $(PLUGIN_PY_SO)
 TESTHOOKS_SO := $(BUILD)/testhooks/spank_grace_policy.so
 $(TESTHOOKS_SO): $(SPANK_C) $(SPANK_H) spank/grace_policy.map grace_policy/__init__.py
 	mkdir -p $(dir $@)
-	$(CC) $(PLUGIN_CFLAGS) -DGRACE_TEST_HOOKS -DGRACE_VERSION='"$(GRACE_VERSION)"' -Ispank \
+	$(CC) $(PLUGIN_CFLAGS) -DGRACE_TEST_HOOKS -DGRACE_VERSION='"$(GRACE_VERSION)"' \
+		-DGRACE_PY_EXE='"$(PLUGIN_PY_EXE)"' -Ispank \
 		$(PLUGIN_LDFLAGS) -Wl,--version-script=spank/grace_policy.map -o $@ $(SPANK_C) -lpthread -ldl
 
 plugin-testhooks: $(TESTHOOKS_SO)

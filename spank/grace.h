@@ -126,6 +126,11 @@ struct grace_context {
 	char plugin_dir[4096];
 	/* the pre-started helper's socket: preloading stops when it is readable */
 	int preload_fd;
+	/* checker=node|step: who runs a miss's check (docs/SPANK.md "The node checker") */
+	int checker_node;
+	char *checker_socket; /* checker_socket=PATH (default GRACE_CHECKER_SOCKET) */
+	int checker_fd;       /* slurmstepd: connected in slurm_spank_init, or -1 */
+	char *test_checker;   /* test builds only: "hang" for the node checker's children */
 };
 
 /* The Python part: a library of its own that the stub dlopen()s only in
@@ -134,6 +139,8 @@ struct grace_context {
 #define GRACE_PY_LIBRARY "grace_policy_py.so"
 #define GRACE_PY_SYMBOL "grace_python_check"
 #define GRACE_CACHE_DIR "/run/grace-policy"
+/* The node checker's socket; its directory is root's, mode 0700. */
+#define GRACE_CHECKER_SOCKET "/run/grace-policy/checker/socket"
 
 /* grace_container.c: which container runs the step (never the user's
  * environment alone; docs/SECURITY.md "Containers"). */
@@ -178,13 +185,25 @@ struct grace_outcome {
 
 /* 0: the helper answered (out filled); -1: no answer within timeout_ms (the
  * helper was killed and abandoned); -2: no helper could be started (err). */
-int grace_helper_run(const struct grace_context *ctx, const struct grace_step *step,
+int grace_helper_run(struct grace_context *ctx, const struct grace_step *step,
 		     const struct timespec *started, unsigned int timeout_ms,
 		     struct grace_outcome *out);
 void grace_outcome_free(struct grace_outcome *out);
 /* slurm_spank_init (remote, root): fork the helper that starts the
  * interpreter while slurmstepd sets the step up (grace_helper.c). */
 void grace_helper_prestart(const struct grace_context *ctx);
+
+/*
+ * The node checker (checker=node): one interpreter per node, started from
+ * slurmd, that forks a child per miss (grace_node.c, grace_policy/nodecheck.py).
+ */
+/* slurmd's slurm_spank_init: start the server (never waited for). */
+void grace_node_start(const struct grace_context *ctx);
+/* slurm_spank_slurmd_exit: close its life pipe; it ends by itself. */
+void grace_node_stop(void);
+/* slurmstepd's slurm_spank_init (root): connect, check it is root's, keep
+ * the descriptor for user_init; if it cannot, say so once per server. */
+void grace_node_connect(struct grace_context *ctx, spank_t sp);
 
 /* grace_stepd.c: the remote (slurmstepd) side. */
 int grace_stepd_user_init(struct grace_context *ctx, spank_t sp);
@@ -239,5 +258,6 @@ const char *grace_audit_failure(const struct grace_context *ctx,
 #define GRACE_FAIL_CHECK "check"      /* the check failed in another way */
 #define GRACE_FAIL_ENV "env"          /* an env edit the verdict needs failed */
 #define GRACE_FAIL_INTERNAL "internal" /* out of memory, no helper process, ... */
+#define GRACE_FAIL_CHECKER "checker"  /* the node checker was unusable: checked in slurmstepd */
 
 #endif

@@ -44,6 +44,8 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -1020,6 +1022,193 @@ static int grace_pre_wait(const struct timespec *until, struct grace_outcome *ou
 	return 0;
 }
 
+
+/* ------------------------------------------------------------------------ */
+/* The node checker's client (checker=node; grace_node.c starts the server) */
+/*
+ * slurm_spank_init (root) connects to the server's socket and checks that
+ * root is at the other end (SO_PEERCRED: the socket lives in a root-only
+ * directory, but that is the server's promise, not ours). The server forks
+ * a child for the connection at once; that child waits, as root, reading
+ * nothing of the step. On a miss, user_init sends two frames: first the
+ * credentials slurmstepd has now (the user's euid/egid/groups, root's real
+ * and saved ids, as grace_put_creds), the time left and the install that
+ * sends it ('code', as the step's), with the audit descriptor passed along
+ * (SCM_RIGHTS); the child takes the credentials, then reads the second
+ * frame, the step, and answers with the same records as the helper forked
+ * here ('A' first, 'Z' last). 'V' first: the server runs another install;
+ * EOF before 'A': it is gone. Both mean today's path, under the same
+ * deadline. A hit, or any end of user_init, just closes the connection:
+ * the server's child reads EOF and exits.
+ */
+
+/* Create the once-per-server marker; 1 if this call created it. */
+static int grace_node_once(const struct grace_context *ctx)
+{
+	char path[4200], dir[4200], *slash;
+	int fd;
+
+	snprintf(path, sizeof(path), "%s.down", ctx->checker_socket);
+	snprintf(dir, sizeof(dir), "%s", ctx->checker_socket);
+	slash = strrchr(dir, '/');
+	if (slash != NULL && slash != dir) {
+		*slash = '\0';
+		if (mkdir(dir, 0700) != 0 && errno != EEXIST)
+			return 1; /* no place to remember it: say it every time */
+	}
+	fd = open(path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (fd < 0)
+		return errno == EEXIST ? 0 : 1;
+	close(fd);
+	return 1;
+}
+
+void grace_node_connect(struct grace_context *ctx, spank_t sp)
+{
+	struct sockaddr_un addr = { .sun_family = AF_UNIX };
+	struct ucred peer;
+	socklen_t len = sizeof(peer);
+	const char *why = NULL;
+	char buf[256];
+	uint32_t job_id = 0;
+	int fd, big = 4 << 20;
+
+	if (ctx->checker_socket == NULL || strlen(ctx->checker_socket) >= sizeof(addr.sun_path)) {
+		why = "the socket path is too long";
+		goto fail;
+	}
+	strcpy(addr.sun_path, ctx->checker_socket);
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (fd < 0) {
+		why = strerror(errno);
+		goto fail;
+	}
+	if (connect(fd, (struct sockaddr *)&addr, sizeof(addr)) != 0) {
+		snprintf(buf, sizeof(buf), "connect: %s", strerror(errno));
+		why = buf;
+		close(fd);
+		goto fail;
+	}
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0 || peer.uid != 0) {
+		why = "the process at the socket is not root's";
+		close(fd);
+		goto fail;
+	}
+	if (setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &big, sizeof(big)) != 0)
+		setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &big, sizeof(big));
+	ctx->checker_fd = fd;
+	return;
+fail:
+	if (!grace_node_once(ctx))
+		return;
+	spank_get_item(sp, S_JOB_ID, &job_id);
+	slurm_info(GRACE_PREFIX "error: job %u: node checker at %s not reachable (%s): cold "
+		   "steps are checked by a helper of slurmstepd (checker=step) until slurmd "
+		   "restarts the checker; said once until then (failure %s)", job_id,
+		   ctx->checker_socket, why, GRACE_FAIL_CHECKER);
+}
+
+static void grace_node_close(struct grace_context *ctx)
+{
+	if (ctx->checker_fd >= 0)
+		close(ctx->checker_fd);
+	ctx->checker_fd = -1;
+}
+
+/* Send b whole by the deadline, the first byte with fd (if >= 0) attached. */
+static int grace_node_send(int sock, const struct grace_buf *b, int fd,
+			   const struct timespec *until)
+{
+	size_t off = 0;
+
+	while (off < b->n) {
+		struct iovec iov = { b->p + off, b->n - off };
+		char cbuf[CMSG_SPACE(sizeof(int))];
+		struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1 };
+		struct pollfd p = { .fd = sock, .events = POLLOUT };
+		ssize_t sent;
+
+		if (off == 0 && fd >= 0) {
+			struct cmsghdr *c;
+
+			memset(cbuf, 0, sizeof(cbuf));
+			msg.msg_control = cbuf;
+			msg.msg_controllen = sizeof(cbuf);
+			c = CMSG_FIRSTHDR(&msg);
+			c->cmsg_level = SOL_SOCKET;
+			c->cmsg_type = SCM_RIGHTS;
+			c->cmsg_len = CMSG_LEN(sizeof(int));
+			memcpy(CMSG_DATA(c), &fd, sizeof(int));
+		}
+		sent = sendmsg(sock, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+		if (sent > 0) {
+			off += (size_t)sent;
+			continue;
+		}
+		if (sent < 0 && errno == EINTR)
+			continue;
+		if (sent < 0 && errno == EAGAIN && grace_ms_left(until) > 0) {
+			poll(&p, 1, (int)grace_ms_left(until));
+			continue;
+		}
+		return -1;
+	}
+	return 0;
+}
+
+/* 0: answered (out filled); -1: no answer by the deadline; 1: the server
+ * could not take the step (out->err says why): today's path. */
+static int grace_node_run(struct grace_context *ctx, const struct grace_step *step,
+			  const struct timespec *until, struct grace_outcome *out)
+{
+	struct grace_buf b = { 0 };
+	size_t at, n = 0;
+	char *buf = NULL;
+	int timed_out, rc = 1;
+
+	at = grace_begin_frame(&b);
+	if (grace_put_creds(&b) != 0) {
+		free(b.p);
+		snprintf(out->err, sizeof(out->err), "cannot read slurmstepd's credentials");
+		grace_node_close(ctx);
+		return 1;
+	}
+	grace_put_u32(&b, (uint32_t)grace_ms_left(until));
+	grace_put_str(&b, step->code);
+	grace_end_frame(&b, at);
+	at = grace_begin_frame(&b);
+	grace_put_step(&b, step);
+	grace_end_frame(&b, at);
+	if (b.oom || grace_node_send(ctx->checker_fd, &b, step->audit_fd, until) != 0) {
+		free(b.p);
+		snprintf(out->err, sizeof(out->err), "the node checker did not take the step "
+			 "(%s)", b.oom ? "out of memory" : "it is gone");
+		grace_node_close(ctx);
+		return 1;
+	}
+	free(b.p);
+	timed_out = grace_read_records(ctx->checker_fd, until, &buf, &n, out);
+	grace_node_close(ctx);
+	if (timed_out) {
+		/* Its child stops itself at the same deadline (its own timer). */
+		rc = -1;
+	} else if (out->err[0] == '\0' && n >= 5 && buf[0] == 'A') {
+		grace_decode_ended(buf, n, -1, out);
+		rc = 0;
+	} else if (n >= 5 && buf[0] == 'V') {
+		uint32_t len;
+
+		memcpy(&len, buf + 1, sizeof(len));
+		snprintf(out->err, sizeof(out->err), "the node checker is stale: %.*s",
+			 (int)(len < n - 5 ? len : n - 5), buf + 5);
+	} else if (out->err[0] == '\0') {
+		snprintf(out->err, sizeof(out->err), "the node checker ended before it took "
+			 "the step");
+	}
+	free(buf);
+	return rc;
+}
+
 /* ------------------------------------------------------------------------ */
 /* user_init                                                                */
 
@@ -1068,7 +1257,7 @@ static int grace_fork_child(const struct grace_context *ctx, const struct grace_
 	return 0;
 }
 
-int grace_helper_run(const struct grace_context *ctx, const struct grace_step *step,
+int grace_helper_run(struct grace_context *ctx, const struct grace_step *step,
 		     const struct timespec *started, unsigned int timeout_ms,
 		     struct grace_outcome *out)
 {
@@ -1081,11 +1270,32 @@ int grace_helper_run(const struct grace_context *ctx, const struct grace_step *s
 	/* A hit is answered by the lookup child alone, as without a pre-started
 	 * helper; only a miss hands the step over (and the helper, which never
 	 * saw it, is killed otherwise). */
-	pre = grace_pre_pid > 0;
-	rc = grace_fork_child(ctx, step, started, &until, pre, out);
+	pre = grace_pre_pid > 0 || ctx->checker_fd >= 0;
+	if (pre && ctx->cache_fd < 0) {
+		/* No cache to look in (cache_dir=none, or it could not be
+		 * opened; grace_cache_lookup would say miss): no lookup child. */
+		out->miss = 1;
+		rc = 0;
+	} else {
+		rc = grace_fork_child(ctx, step, started, &until, pre, out);
+	}
 	if (rc != 0 || !out->miss) {
 		grace_pre_dismiss();
+		grace_node_close(ctx);
 		return rc;
+	}
+	if (ctx->checker_fd >= 0) {
+		memset(out, 0, sizeof(*out));
+		out->rc = -1;
+		rc = grace_node_run(ctx, step, &until, out);
+		if (rc != 1) {
+			grace_pre_dismiss();
+			return rc;
+		}
+		/* Said with this step: the checker was there at slurm_spank_init. */
+		slurm_info(GRACE_PREFIX "error: job %u step %u: %s: checked by a helper of "
+			   "slurmstepd instead (failure %s)", step->job_id, step->step_id, out->err,
+			   GRACE_FAIL_CHECKER);
 	}
 	memset(out, 0, sizeof(*out));
 	out->rc = -1;

@@ -4,7 +4,7 @@
  *   required /usr/local/lib/slurm/spank_grace_policy.so config=FILE \
  *            [on_error=allow|deny] [python_path=DIR[:DIR]] [timeout_ms=N] \
  *            [audit=FILE] [container_env=NAME] [cache_dir=DIR|none] \
- *            [prestart=on|off]
+ *            [prestart=on|off] [checker=step|node] [checker_socket=PATH]
  *
  * This file, grace_stepd.c and grace_cache.c make the plugin Slurm loads
  * everywhere; it has no DT_NEEDED on libpython. The embedded interpreter
@@ -68,6 +68,7 @@ static struct grace_context context = {
 	.cache_fd = -1,
 	.node_cache_fd = -1,
 	.preload_fd = -1,
+	.checker_fd = -1,
 };
 
 static int grace_option_cb(int val, const char *optarg, int remote);
@@ -169,6 +170,17 @@ static void grace_parse_args(int ac, char **av)
 				context.prestart = strcmp(val, "on") == 0;
 			else
 				grace_set_args_error("prestart must be on or off, not '%s'", val);
+		} else if (keylen == 7 && strncmp(arg, "checker", 7) == 0) {
+			if (strcmp(val, "node") == 0 || strcmp(val, "step") == 0)
+				context.checker_node = strcmp(val, "node") == 0;
+			else
+				grace_set_args_error("checker must be node or step, not '%s'", val);
+		} else if (keylen == 14 && strncmp(arg, "checker_socket", 14) == 0) {
+			free(context.checker_socket);
+			context.checker_socket = strdup(val);
+			if (context.checker_socket && context.checker_socket[0] != '/')
+				grace_set_args_error("checker_socket must be an absolute path, "
+						     "not '%s'", val);
 		} else if (keylen == 13 && strncmp(arg, "container_env", 13) == 0) {
 			free(context.container_env);
 			context.container_env = val[0] ? strdup(val) : NULL;
@@ -181,16 +193,22 @@ static void grace_parse_args(int ac, char **av)
 			/* Test builds only: see grace_prestart_main in grace_helper.c. */
 			free(context.test_prestart);
 			context.test_prestart = strdup(val);
+		} else if (keylen == 12 && strncmp(arg, "test_checker", 12) == 0) {
+			/* Test builds only: handed to grace_policy/nodecheck.py. */
+			free(context.test_checker);
+			context.test_checker = strdup(val);
 #endif
 		} else {
 			grace_set_args_error("unknown plugstack argument '%s' (known: config, "
 					     "on_error, python_path, timeout_ms, audit, container_env, "
-					     "cache_dir, prestart)",
+					     "cache_dir, prestart, checker, checker_socket)",
 					     arg);
 		}
 	}
 	if (context.config == NULL || context.config[0] == '\0')
 		grace_set_args_error("%s", "no config=FILE in plugstack.conf");
+	if (context.checker_socket == NULL)
+		context.checker_socket = strdup(GRACE_CHECKER_SOCKET);
 	if (context.cache_dir == NULL) {
 		context.cache_dir = strdup(GRACE_CACHE_DIR);
 	} else if (strcmp(context.cache_dir, "none") == 0) {
@@ -264,6 +282,16 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
 			slurm_info(GRACE_PREFIX "cannot register --grace-policy: %s",
 				   spank_strerror(rc));
 	}
+	if (where == S_CTX_SLURMD) {
+		/* slurmd's own start (once, before it daemonizes): the node
+		 * checker, if configured and the arguments are usable. */
+		grace_parse_args(ac, av);
+		grace_find_plugin_dir();
+		if (context.checker_node && context.args_error[0] == '\0')
+			grace_node_start(&context);
+		else if (context.args_error[0] != '\0')
+			slurm_error(GRACE_PREFIX "plugstack.conf: %s", context.args_error);
+	}
 	if (where == S_CTX_REMOTE) {
 		grace_parse_args(ac, av);
 		grace_find_plugin_dir();
@@ -271,14 +299,30 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
 		if (context.args_error[0] == '\0') {
 			uint32_t step_id = 0;
 
+			int checked;
+
 			grace_cache_open(&context, sp);
 			/* The extern step runs no user command: no check to start. */
-			if (context.prestart &&
-			    (spank_get_item(sp, S_JOB_STEPID, &step_id) != ESPANK_SUCCESS ||
-			     step_id != SLURM_EXTERN_CONT))
+			checked = spank_get_item(sp, S_JOB_STEPID, &step_id) != ESPANK_SUCCESS ||
+				  step_id != SLURM_EXTERN_CONT;
+			if (checked && context.checker_node)
+				grace_node_connect(&context, sp);
+			/* prestart=on beside checker=node: only if the node
+			 * checker cannot be reached (it has the interpreter). */
+			if (checked && context.prestart && context.checker_fd < 0)
 				grace_helper_prestart(&context);
 		}
 	}
+	return 0;
+}
+
+/* slurmd is shutting down: the node checker ends when its pipe closes. */
+int slurm_spank_slurmd_exit(spank_t sp, int ac, char **av)
+{
+	(void)sp;
+	(void)ac;
+	(void)av;
+	grace_node_stop();
 	return 0;
 }
 

@@ -65,6 +65,18 @@ def _sbin(name: str) -> str:
     return str(Path("/usr/sbin", name))
 
 
+def _terminate(proc: subprocess.Popen[bytes] | None) -> None:
+    """TERM (the daemon's own shutdown), then KILL after a grace time."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=5)
+
+
 @dataclass
 class Cluster:
     """A local Slurm; ``start()`` brings it up, ``stop()`` ends what it started."""
@@ -233,6 +245,23 @@ class Cluster:
             self.stop()
             raise
 
+    def restart_slurmd(self, timeout: float = 60.0) -> None:
+        """Stop slurmd (TERM, as at a shutdown) and start it again: what it
+        does once at its own start (slurm_spank_init in slurmd's context)
+        runs again with today's plugstack.conf."""
+        # A step that has just ended may still be completing: a slurmd
+        # stopped in the middle of that leaves the node busy for a while.
+        self.settled_node_state()
+        seen = len(self.slurmd_log_text())
+        _terminate(self.procs.pop("slurmd", None))
+        self._spawn("slurmd", [_sbin("slurmd"), "-D", "-f", str(self.conf), "-N", NODE])
+        try:
+            self._wait(lambda: " started on " in self.slurmd_log_text()[seen:]
+                       and self.node_ready(), timeout, "node idle after a slurmd restart")
+        except TimeoutError as exc:
+            raise TimeoutError(f"{exc}\nnode state: {self.node_state()!r} "
+                               f"({self.node_reason()!r})") from None
+
     def _wait(self, ready: object, timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -270,15 +299,7 @@ class Cluster:
             except (OSError, subprocess.SubprocessError):
                 pass  # stopping must go on whatever the client says
         for name in ("slurmd", "slurmctld", "munged"):
-            proc = self.procs.get(name)
-            if proc is None or proc.poll() is not None:
-                continue
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
+            _terminate(self.procs.get(name))
         self.procs.clear()
 
     # -- client commands ----------------------------------------------------

@@ -62,10 +62,12 @@ CONTAINER_DEBS = ("squashfs-tools", "parallel", "gawk", "makeself", "libmd-dev",
 #: What runs again under contain_spank: launch, verdict, env, batch, no drain,
 #: cache, concurrent steps, the faults and the hung mounts (the check's helper
 #: forked from the clone child); test_bypass's paths do not depend on where user_init runs.
-#: test_release.py proves slurmctld really runs with the parameter.
+#: test_release.py proves slurmctld really runs with the parameter. The node
+#: checker too: slurmstepd's connection must reach user_init in the clone child.
 CONTAIN_SPANK_FILES = ("tests/slurm/test_release.py", "tests/slurm/test_plugin.py",
                        "tests/slurm/test_cache.py", "tests/slurm/test_load.py",
-                       "tests/slurm/test_faults.py", "tests/slurm/test_hungfs.py")
+                       "tests/slurm/test_faults.py", "tests/slurm/test_hungfs.py",
+                       "tests/slurm/test_nodecheck.py")
 
 
 def _selected_roots() -> list[str]:

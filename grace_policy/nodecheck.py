@@ -1,0 +1,320 @@
+"""The node checker: one interpreter per node that forks a child per miss.
+
+Why: a cold step pays for an interpreter start and the check's imports
+(15-35 ms) before the check itself. This server is started once per node by
+slurmd (spank/grace_node.c, ``checker=node``), imports what a check needs,
+and then only waits. slurmstepd connects in slurm_spank_init; each
+connection gets a child at once, so the fork is done while slurmstepd sets
+the step up. On a miss slurmstepd sends its credentials, then the step
+(spank/grace_helper.c "The node checker's client" has the frames); the child
+takes the credentials before it reads anything of the step, runs the same
+entry the embedded check runs (:func:`slurm_bridge.outcome_for`) and writes
+the same result records, then exits. The server itself never runs a check,
+so no child inherits anything a step left behind.
+
+Who can reach it: the socket is mode 0600 in a directory that is root's,
+mode 0700, and each peer must be uid 0 (SO_PEERCRED) - slurmstepd, before it
+drops privileges. It ends when slurmd's pipe reads EOF (slurmd stopped or
+died), and when a request shows that the install it loaded has changed.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import socket
+import stat
+import struct
+import sys
+
+from . import slurm_bridge
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+_RECORD = struct.Struct("=BI")  # kind, length (host order): grace_helper.c's records
+_U32 = struct.Struct("=I")
+_FRAME_MAX = 16 << 20
+#: How long after slurmstepd's deadline a child still runs (its own timer).
+_SLACK_S = 0.2
+
+
+class Refused(Exception):
+    """A request this server cannot serve: the reason goes back as 'V'."""
+
+
+def _record(kind: str, text: bytes = b"") -> bytes:
+    return _RECORD.pack(ord(kind), len(text)) + text
+
+
+class _Cursor:
+    """grace_helper.c's frame format: u32 numbers, strings with their NUL."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data, self.at = data, 0
+
+    def u32(self) -> int:
+        if self.at + 4 > len(self.data):
+            raise ValueError("short frame")
+        (value,) = _U32.unpack_from(self.data, self.at)
+        self.at += 4
+        return int(value)
+
+    def text(self) -> str | None:
+        n = self.u32()
+        if n == 0:
+            return None
+        raw = self.data[self.at:self.at + n]
+        if len(raw) != n or raw[-1:] != b"\0":
+            raise ValueError("bad string")
+        self.at += n
+        return os.fsdecode(raw[:-1])
+
+
+def parse_step(frame: bytes, audit_fd: int) -> slurm_bridge.StepInput:
+    """The step frame (grace_put_step) as the bridge's input; the audit
+    descriptor is the one that came with the request, not the number in it."""
+    c = _Cursor(frame)
+    (config, on_error, partition, cwd, user_mode, node, container, audit_path, code,
+     kind, image, args) = (c.text() for _ in range(12))
+    job_id, step_id, uid, batch, local, _fd, argc, envc = (c.u32() for _ in range(8))
+    argv = tuple(c.text() or "" for _ in range(argc))
+    env = slurm_bridge.env_dict(c.text() for _ in range(envc))
+    return slurm_bridge.StepInput(
+        config=config, on_error=on_error or "allow", partition=partition, cwd=cwd,
+        user_mode=user_mode, node=node or "", argv=argv, env=env, job_id=job_id,
+        step_id=step_id, uid=uid, batch=bool(batch), container=container,
+        audit_path=audit_path, audit_fd=audit_fd, code=code, container_kind=kind,
+        container_image=image, container_local=bool(local), container_args=args)
+
+
+def outcome_records(out: slurm_bridge.Outcome) -> bytes:
+    """The records grace_send_outcome writes for the same outcome."""
+    letters = {"user": "U", "unset": "X", "set": "S", "log": "L", "cache": "C", "done": "D"}
+    body = b"".join(_record(letters[kind], text)
+                    for kind, text in slurm_bridge.emissions(out))
+    rc = slurm_bridge.RC_CODES[out.action]
+    return body + _record("R", str(rc).encode()) + _record("Z")
+
+
+def _recv_exact(conn: socket.socket, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        got = conn.recv(n - len(data))
+        if not got:
+            raise EOFError
+        data += got
+    return data
+
+
+def _frame(conn: socket.socket, with_fd: bool = False) -> tuple[bytes, int]:
+    """One frame (u32 length, bytes); the descriptor sent with its first byte."""
+    fd = -1
+    if with_fd:
+        head, fds, _flags, _addr = socket.recv_fds(conn, 4, 1)
+        if fds:
+            fd = fds[0]
+        if len(head) < 4:
+            head += _recv_exact(conn, 4 - len(head))
+    else:
+        head = _recv_exact(conn, 4)
+    (n,) = _U32.unpack(head)
+    if n > _FRAME_MAX:
+        raise ValueError("frame too long")
+    return _recv_exact(conn, n), fd
+
+
+def take_creds(frame: bytes) -> tuple[int, str | None]:
+    """Become what slurmstepd is at user_init: groups, gids, then uids (the
+    user's effective ids, root's real and saved ids, so the user can neither
+    signal nor trace us). Returns the time left (ms) and the sender's install."""
+    c = _Cursor(frame)
+    ru, eu, su, rg, eg, sg, n = (c.u32() for _ in range(7))
+    groups = [c.u32() for _ in range(n)]
+    left, code = c.u32(), c.text()
+    os.setgroups(groups)
+    os.setresgid(rg, eg, sg)
+    os.setresuid(ru, eu, su)
+    if os.getresuid() != (ru, eu, su) or os.getegid() != eg:
+        raise PermissionError("credentials did not take")
+    return left, code
+
+
+def _stamp(paths: Sequence[str]) -> dict[str, tuple[int, int, int, int]]:
+    out = {}
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            out[path] = (0, 0, 0, 0)
+            continue
+        out[path] = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    return out
+
+
+class Server:
+    """The listening parent: accepts, checks the peer, forks, forgets."""
+
+    def __init__(self, path: str, code: str, life: int, test: str | None = None) -> None:
+        self.path, self.code, self.life, self.test = path, code, life, test
+        self.stamp = _stamp(slurm_bridge.code_files())
+        self.sock: socket.socket | None = None
+        self.ino = 0
+
+    def listen(self) -> None:
+        parent = os.path.dirname(self.path)
+        os.makedirs(os.path.dirname(parent) or "/", mode=0o755, exist_ok=True)
+        try:
+            os.mkdir(parent, 0o700)
+        except FileExistsError:
+            pass
+        st = os.lstat(parent)
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0:
+            raise Refused(f"{parent} is not a directory of root's")
+        os.chmod(parent, 0o700)
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(self.path)
+        os.chmod(self.path, 0o600)
+        sock.listen(128)
+        sock.setblocking(False)
+        self.sock, self.ino = sock, os.stat(self.path).st_ino
+        try:  # a new server: the next failure to reach it is said again
+            os.unlink(self.path + ".down")
+        except FileNotFoundError:
+            pass
+
+    def close(self) -> None:
+        try:
+            if os.stat(self.path).st_ino == self.ino:
+                os.unlink(self.path)
+        except OSError:
+            pass
+
+    def serve(self) -> int:
+        assert self.sock is not None
+        signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children reap themselves
+        poll = select.poll()
+        poll.register(self.life, select.POLLIN)
+        poll.register(self.sock.fileno(), select.POLLIN)
+        while True:
+            for fd, _event in poll.poll():
+                if fd == self.life:
+                    return 0  # slurmd is gone (EOF; it never writes)
+                self._accept()
+
+    def _accept(self) -> None:
+        assert self.sock is not None
+        try:
+            conn, _addr = self.sock.accept()
+        except (BlockingIOError, InterruptedError, ConnectionAbortedError):
+            return
+        pid = -1
+        try:
+            peer = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                   struct.calcsize("3i"))
+            _peer_pid, uid, _gid = struct.unpack("3i", peer)
+            if uid == 0:  # slurmstepd before it drops privileges, and only it
+                pid = os.fork()
+        except OSError:
+            pid = -1
+        if pid != 0:
+            conn.close()
+            return
+        try:
+            self._child(conn)
+        finally:
+            os._exit(0)
+
+    def _child(self, conn: socket.socket) -> None:
+        """One step: wait (as root, reading nothing of it), take the user's
+        credentials, read the step, judge it, answer, end."""
+        assert self.sock is not None
+        self.sock.close()
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        conn.setblocking(True)
+        from . import warm
+
+        warm.prefault()  # while slurmstepd sets the step up: off its path
+        ready, _, _ = select.select([conn, self.life], [], [])
+        if self.life in ready and conn not in ready:
+            return
+        try:
+            frame, audit_fd = _frame(conn, with_fd=True)
+        except (EOFError, OSError, ValueError):
+            return  # a hit, or the step ended: nothing to do
+        stale = self._stale()
+        if stale:
+            conn.sendall(_record("V", stale.encode()) + _record("Z"))
+            os.kill(os.getppid(), signal.SIGTERM)
+            return
+        try:
+            left, code = take_creds(frame)
+        except (OSError, ValueError):
+            return  # EOF before 'A': slurmstepd checks it itself
+        if code != self.code:
+            conn.sendall(_record("V", f"it runs {self.code!r}, the step {code!r}".encode())
+                         + _record("Z"))
+            return
+        # Past slurmstepd's deadline nothing we say is used: end by then.
+        signal.setitimer(signal.ITIMER_REAL, left / 1000.0 + _SLACK_S)
+        try:
+            step = parse_step(_frame(conn)[0], audit_fd)
+        except (EOFError, OSError, ValueError):
+            return
+        conn.sendall(_record("A"))
+        while self.test == "hang":
+            signal.pause()  # as a check stuck on a dead file system
+        conn.sendall(outcome_records(slurm_bridge.outcome_for(step)))
+
+    def _stale(self) -> str | None:
+        """Why this server must not judge any more (its install changed)."""
+        now = _stamp(list(self.stamp))
+        changed = sorted(p for p in self.stamp if now[p] != self.stamp[p])
+        if changed:
+            return (f"{changed[0]} changed since the checker started (restart slurmd to "
+                    "start the new install's checker)")
+        return None
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr)
+    try:
+        import syslog
+
+        syslog.openlog("grace-policy", 0, syslog.LOG_DAEMON)
+        syslog.syslog(syslog.LOG_ERR, text)
+    except Exception:
+        pass
+
+
+def main(argv: Sequence[str]) -> int:
+    """``--socket PATH --code CODE --life FD [--test hang]`` (grace_node.c)."""
+    opts = dict(zip(argv[::2], argv[1::2]))
+    os.chdir("/")
+    os.umask(0o077)
+    from . import warm
+
+    warm.preload()
+    server = Server(opts["--socket"], opts["--code"], int(opts["--life"]), opts.get("--test"))
+
+    def _stop(signum: int, frame: object) -> None:
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        server.listen()
+        return server.serve()
+    except (Refused, OSError) as exc:
+        # stderr is /dev/null (slurmd's start): the system log is where an
+        # admin who reads "not reachable" in slurmd's log can find why.
+        _say(f"grace-policy: node checker on {server.path} not started: {exc}")
+        return 1
+    finally:
+        server.close()

@@ -51,10 +51,7 @@ SRC = "/src/grace-policy"
 #: neither works in a chroot): test_containers_in_the_newest_release runs it,
 #: after installing them.
 CONTAINERS = "tests/slurm/test_containers.py"
-#: Every file that runs on test_containers' fixtures (so needs the same deps).
-CONTAINER_FILES = (CONTAINERS, "tests/slurm/test_oci_path.py")
-INNER_IGNORE = ("tests/slurm/test_matrix.py", "tests/slurm/test_packages.py",
-                *CONTAINER_FILES)
+INNER_IGNORE = ("tests/slurm/test_matrix.py", "tests/slurm/test_packages.py", CONTAINERS)
 #: What tests/slurm/test_containers.py needs in a root besides what the root
 #: has (packaging/install-deps.sh's container line; mmdebstrap for the SIFs).
 CONTAINER_DEBS = ("squashfs-tools", "parallel", "gawk", "makeself", "libmd-dev", "libbsd-dev",
@@ -317,8 +314,8 @@ def test_containers_in_the_newest_release(release_root: Root) -> None:
         _give_up(str(exc))
     inside = "/src/third_party"
     shutil.copytree(third_party, release_root.path / inside.lstrip("/"), dirs_exist_ok=True)
-    files = CONTAINER_FILES
-    others = tuple(i for i in INNER_IGNORE if i not in CONTAINER_FILES)
+    files = (CONTAINERS,)
+    others = tuple(i for i in INNER_IGNORE if i != CONTAINERS)
     counts, skipped = _inner_pytest(release_root, files, "/tmp/junit-containers.xml",
                                     env={"GRACE_THIRD_PARTY": inside}, ignore=others,
                                     pivot=True)

@@ -164,7 +164,21 @@ def _check(argv: Sequence[str], ctx: StepContext, issues: list[Issue],
                             "or directory", facts=(("name", ""),)))
         return
 
-    exe = build_path(name, job_env, cwd, budget)
+    if ctx.image is not None and ctx.image.kind == "oci":
+        # runc, not slurmstepd, finds the program (image/runc.py).
+        from .image.runc import look_path
+
+        exe, runc_error = look_path(name, job_env, cwd, budget)
+        if exe is None:
+            state["exe"] = name
+            rule = "exe-not-found" if runc_error and ("not found" in runc_error
+                                                      or "no such" in runc_error) \
+                else "exe-unreadable"
+            issues.append(Issue(rule, name, runc_error or "", causes=causes(name),
+                                facts=(("name", name), ("PATH", job_env.get("PATH", "")))))
+            return
+    else:
+        exe = build_path(name, job_env, cwd, budget)
     if exe is None:  # only for an empty name, handled above; kept for safety
         return
     state["exe"] = exe

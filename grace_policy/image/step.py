@@ -98,7 +98,13 @@ def image_arch(image: Image, argv: Sequence[str], env: dict[str, str] | None = N
     witnesses = list(ARCH_WITNESSES)
     if argv:
         # An image without a shell (distroless): the step's own program.
-        program = build_path(c_string(argv[0]), env or {}, "/", budget)
+        name = c_string(argv[0])
+        if image.kind == "oci":
+            from .runc import look_path
+
+            program = look_path(name, env or {}, image.cwd or "/", budget)[0] if name else None
+        else:
+            program = build_path(name, env or {}, "/", budget)
         if program is not None:
             witnesses.append(program)
     for path in witnesses:
@@ -138,11 +144,16 @@ def _runtime_error(image: Image, argv: Sequence[str], env: dict[str, str],
     text = _RUNTIME_ERROR.get(image.kind, "Exec format error")
     if "{program}" not in text:
         return text
-    from ..launch import build_path, c_string
+    from ..launch import c_string
 
     given = c_string(argv[0]) if argv else ""
-    found = build_path(given, env, "/", budget) if given else None
-    return text.replace("{program}", found or given or "/bin/sh")
+    if not given:
+        return text.replace("{program}", "/bin/sh")
+    from .runc import look_path
+
+    found, error = look_path(given, env, image.cwd or "/", budget)
+    # runc's lookup fails before any exec when it finds nothing.
+    return error if found is None and error else text.replace("{program}", found or given)
 
 
 def image_issues(issues: Sequence[Issue], image: Image) -> tuple[Issue, ...]:

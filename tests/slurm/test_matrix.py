@@ -53,7 +53,8 @@ SRC = "/src/grace-policy"
 #: Apptainer (the root's own package), pyxis' batch step and enroot's mounts
 #: run there too.
 CONTAINERS = ("tests/slurm/test_containers.py", "tests/slurm/test_apptainer_slurm.py",
-              "tests/slurm/test_pyxis_batch.py", "tests/slurm/test_enroot_mounts.py")
+              "tests/slurm/test_pyxis_batch.py", "tests/slurm/test_enroot_mounts.py",
+              "tests/slurm/test_oci_path.py")
 INNER_IGNORE = ("tests/slurm/test_matrix.py", "tests/slurm/test_packages.py", *CONTAINERS)
 #: What tests/slurm/test_containers.py needs in a root besides what the root
 #: has (packaging/install-deps.sh's container line; mmdebstrap for the SIFs).

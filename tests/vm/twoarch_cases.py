@@ -38,9 +38,6 @@ class Case:
     script: str = ""
     #: srun's options besides the partition (e.g. --gpus=1).
     srun_opts: tuple[str, ...] = ()
-    #: What the step's options put in its environment, given to the
-    #: prediction (``check`` has no --gpus: the user writes what srun sets).
-    predict_env: dict[str, str] = field(default_factory=dict)
     #: The login shell's additions (``~`` is the home).
     env: dict[str, str] = field(default_factory=dict)
     #: What the node must do in enforce mode: the action and the rule ids the
@@ -76,7 +73,6 @@ CASES: tuple[Case, ...] = (
          argv=("~/bin/alloc-4k",), action="reject", rules=("page-size-compiled",)),
     Case("torch-cpu-gpus", "a CPU-only torch (pip install --user) imported on a --gpus step",
          argv=("python3", "-c", "import torch; print('torch imported')"), srun_opts=("--gpus=1",),
-         predict_env={"SLURM_GPUS_ON_NODE": "1"},
          env={"PYTHONUSERBASE": "~/.local-torch"}, action="warn", rules=("torch-cpu-only",)),
     Case("torchcodec-no-ffmpeg", "torchcodec (pip install --user) where the node has no FFmpeg",
          argv=("python3", "-c", "import torchcodec"),
@@ -166,7 +162,7 @@ def predict(cluster: TwoArchCluster, case: Case, partition: str = PARTITION) -> 
     """``grace-policy check --partition P --json`` as the user on the login
     node, with the environment the submission had (``--env-file``, so the
     checker's own environment is not judged)."""
-    env = {**case_env(cluster, case), **case.predict_env}
+    env = case_env(cluster, case)
     with tempfile.NamedTemporaryFile("w", suffix=".env", delete=False,
                                      dir=cluster.root) as fh:
         fh.write("".join(f"{k}={v}\n" for k, v in env.items()))
@@ -175,6 +171,9 @@ def predict(cluster: TwoArchCluster, case: Case, partition: str = PARTITION) -> 
         cmd = [str(cluster.login_tool), "check", "--config", str(cluster.login_config),
                "--partition", partition, "--env-file", fh.name, "--cwd", str(cluster.home),
                "--json"]
+        # The step's GPU options as the user gives them to srun: check takes
+        # --gpus=N / --gres=gpu:N and sets what slurmstepd will.
+        cmd += [opt for opt in case.srun_opts if opt.startswith(("--gpus=", "--gres="))]
         if case.kind == "srun":
             cmd += ["--", *(expand(a, cluster.home) for a in case.argv)]
         else:

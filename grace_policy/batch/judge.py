@@ -231,22 +231,28 @@ def _worded(finding: Finding, command: Command, shell: str = "bash") -> Finding:
     execve = "slurmstepd: error: execve(): "
     if not command.srun and error.startswith(execve):
         # The script's shell, not slurmstepd, starts the line's program and
-        # says so, each in its own words (after "SCRIPT: "): bash names the
-        # path it found, "line 3: /x/tool: cannot execute binary file: Exec
-        # format error"; busybox 1.35 sh the word as written, "line 3: tool:
-        # Exec format error"; dash 0.5 the same without "line", "3: tool:
-        # Exec format error". A shell we cannot see gets busybox's form.
+        # says so, each in its own way: bash "SCRIPT: line 3: /x/tool: cannot
+        # execute binary file: Exec format error"; dash "SCRIPT: 3: tool: Exec
+        # format error"; busybox 1.35 sh (the 64 KiB guest's /bin/sh) runs
+        # the file as a shell script: "/x/tool: line 3: syntax error: EOF in
+        # backquote substitution" (the line and the complaint depend on the
+        # bytes). A shell this check cannot see is given all three.
         what = error[len(execve):]
-        where = f"line {command.line}"
+        line = command.line
+        error = f"line {line}: {what}"
         if what.endswith(": Exec format error"):
+            path, word = what[:-len(": Exec format error")], command.argv[0]
             if shell == "bash":
-                what = what[:-len(": Exec format error")] + ": cannot execute binary file: " \
-                    "Exec format error"
+                error = f"line {line}: {path}: cannot execute binary file: Exec format error"
+            elif shell == "dash":
+                error = f"{line}: {word}: Exec format error"
+            elif shell == "busybox":
+                error = f"{path}: line N: syntax error (busybox sh runs a file it cannot " \
+                        "execute as a shell script)"
             else:
-                what = f"{command.argv[0]}: Exec format error"
-                if shell == "dash":
-                    where = str(command.line)
-        error = f"{where}: {what}"
+                error = (f"line {line}: {word}: Exec format error (dash; bash: {path}: cannot "
+                         f"execute binary file; busybox sh runs it as a script: {path}: line N: "
+                         "syntax error)")
     return replace(finding, severity=severity, path=shown, predicted_error=error)
 
 

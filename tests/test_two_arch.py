@@ -194,6 +194,18 @@ def test_venv_leak_is_stripped_and_the_step_runs(run: Run) -> None:
     assert "VIRTUAL_ENV" in run.predicted["venv-leak"]["env"]["unset"]  # type: ignore[index]
 
 
+def test_torchcodec_finds_ffmpeg5_on_the_node(run: Run) -> None:
+    """With FFmpeg 5.1 on LD_LIBRARY_PATH the step ran torchcodec's own
+    search on the node: the cores for FFmpeg 8, 7 and 6 found nothing, the
+    one for 5 loaded all seven libraries."""
+    step = run.enforce["torchcodec-ffmpeg5"]
+    assert step.stdout.startswith("FFmpeg 5 loaded for libtorchcodec_core5.so: "
+                                  "libavutil.so.57 "), (step.stdout, step.stderr)
+    for major, soname in ((8, "libavutil.so.60"), (7, "libavutil.so.59"),
+                          (6, "libavutil.so.58")):
+        assert f"FFmpeg {major}: {soname}: cannot open shared object file" in step.stderr
+
+
 def test_clean_sbatch_is_silent(run: Run) -> None:
     step = run.enforce["clean-sbatch"]
     assert step.job_state == "COMPLETED" and step.stdout == "aarch64\n"

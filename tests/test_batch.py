@@ -146,6 +146,29 @@ def test_export_path_then_a_tool(world) -> None:
                           f"line 3: tool --help -> {world['fbin']}/tool")]
 
 
+@pytest.mark.parametrize("shebang", ["#!/bin/bash", "#!/bin/sh", "#!/usr/bin/dash"])
+def test_a_foreign_tool_line_is_worded_as_the_scripts_shell_words_it(world,
+                                                                     shebang: str) -> None:
+    """The predicted failure of a line whose program cannot be exec'd is the
+    text the script's own shell prints: the real shells of this machine run
+    the script (the aarch64 tool fails with ENOEXEC here) and their stderr
+    must hold the prediction. /bin/sh is whatever this host has (dash on
+    Debian and Ubuntu); the busybox wording is held to busybox in the
+    two-architecture test (tests/test_two_arch.py, the guest's /bin/sh)."""
+    interp = shebang[2:]
+    if not os.path.exists(interp):
+        pytest.skip(f"{interp} not on this machine")
+    body = f"export PATH={world['fbin']}:$PATH\ntool --help\n"
+    v = _decide(world, body, shebang=shebang)
+    (finding,) = [f for f in v.findings if f.rule == "exe-arch-mismatch"]
+    script = _script(world, body, shebang=shebang)
+    real = subprocess.run([str(script)], capture_output=True, text=True, timeout=60,
+                          env={"PATH": "/usr/bin:/bin"}, check=False)
+    assert real.returncode == 126, real
+    assert f"{script}: {finding.predicted_error}" in real.stderr, (finding.predicted_error,
+                                                                   real.stderr)
+
+
 @pytest.mark.parametrize("activation,env_dir", [
     ("source {conda}/etc/profile.d/conda.sh\nconda activate fenv", "{conda}/envs/fenv"),
     ("source {conda}/etc/profile.d/conda.sh\nconda activate mine", "{home}/.conda/envs/mine"),

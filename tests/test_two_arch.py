@@ -34,14 +34,9 @@ pytestmark = [
 ]
 PREFIX = "grace-policy: "
 
-#: What really happens on the node without the check (field notes §7 and the
-#: plugin's own "without this check" line), for the warn-mode runs.
-REAL_FAILURE = {
-    "user-site-x86-wheel": "ImportError",
-    "local-bin-x86-cli": "Exec format error",
-    "aarch64-4k-build": "Segmentation fault",
-    "jemalloc-4k": "Unsupported system page size",
-}
+#: The refused cases, rerun on the warn-mode partition: each must start there
+#: and fail the way the prediction said it would.
+WARN_CASES = tuple(c for c in CASES if c.fails_with)
 
 
 SEVERITY = Catalogue()
@@ -61,6 +56,7 @@ class Run:
         self.audit: dict[str, list[dict[str, object]]] = {}
         self.warn_audit: dict[str, list[dict[str, object]]] = {}
         self.predicted: dict[str, dict[str, object]] = {}
+        self.warn_predicted: dict[str, dict[str, object]] = {}
         self.netns_links: str = ""
         self.host_links_before: str = ""
         self.host_links_during: str = ""
@@ -96,11 +92,13 @@ def run(compile_cache: CompileCache) -> Run:
             out.enforce[case.name] = twoarch_cases.submit(cluster, case)
             out.audit[case.name] = twoarch_cases.node_record(cluster, before)
             out.predicted[case.name] = twoarch_cases.predict(cluster, case)
-            if case.name in REAL_FAILURE:
+            if case.fails_with:
                 before = len(cluster.audit_lines())
                 out.warn[case.name] = twoarch_cases.submit(cluster, case,
                                                            twoarch.WARN_PARTITION)
                 out.warn_audit[case.name] = twoarch_cases.node_record(cluster, before)
+                out.warn_predicted[case.name] = twoarch_cases.predict(
+                    cluster, case, twoarch.WARN_PARTITION)
     finally:
         cluster.stop()
         shutil.rmtree(root, ignore_errors=True)
@@ -196,20 +194,41 @@ def test_venv_leak_is_stripped_and_the_step_runs(run: Run) -> None:
     assert "VIRTUAL_ENV" in run.predicted["venv-leak"]["env"]["unset"]  # type: ignore[index]
 
 
+def test_torchcodec_finds_ffmpeg5_on_the_node(run: Run) -> None:
+    """With FFmpeg 5.1 on LD_LIBRARY_PATH the step ran torchcodec's own
+    search on the node: the cores for FFmpeg 8, 7 and 6 found nothing, the
+    one for 5 loaded all seven libraries."""
+    step = run.enforce["torchcodec-ffmpeg5"]
+    assert step.stdout.startswith("FFmpeg 5 loaded for libtorchcodec_core5.so: "
+                                  "libavutil.so.57 "), (step.stdout, step.stderr)
+    for major, soname in ((8, "libavutil.so.60"), (7, "libavutil.so.59"),
+                          (6, "libavutil.so.58")):
+        assert f"FFmpeg {major}: {soname}: cannot open shared object file" in step.stderr
+
+
 def test_clean_sbatch_is_silent(run: Run) -> None:
     step = run.enforce["clean-sbatch"]
     assert step.job_state == "COMPLETED" and step.stdout == "aarch64\n"
     assert PREFIX not in step.stdout
 
 
-@pytest.mark.parametrize("name", sorted(REAL_FAILURE))
-def test_warn_mode_runs_and_fails_as_predicted(run: Run, name: str) -> None:
-    step = run.warn[name]
+@pytest.mark.parametrize("case", WARN_CASES, ids=[c.name for c in WARN_CASES])
+def test_warn_mode_runs_and_fails_as_predicted(run: Run, case: Case) -> None:
+    """On gb200warn the refused step starts, fails for real, and the failure
+    is the one the login node's prediction (and the node's warning) named."""
+    step = run.warn[case.name]
     assert step.rc != 0, step.stdout + step.stderr
-    assert f"{PREFIX}WARNING" in step.stderr or f"{PREFIX}ERROR" in step.stderr
-    real = "\n".join(line for line in (step.stdout + step.stderr).splitlines()
-                     if not line.startswith(PREFIX))
-    assert REAL_FAILURE[name] in real, real
-    assert REAL_FAILURE[name].split()[0] in said(step.stderr), said(step.stderr)
-    (record,) = run.warn_audit[name]
+    text = step.stdout + "\n" + step.stderr  # a batch job's output file holds both
+    assert f"{PREFIX}WARNING" in text or f"{PREFIX}ERROR" in text, text
+    real = "\n".join(line for line in text.splitlines() if not line.startswith(PREFIX))
+    assert case.fails_with in real, real
+    assert case.fails_with.split()[0] in said(text), said(text)
+    (record,) = run.warn_audit[case.name]
     assert record["action"] == "warn"
+    assert visible(record["rules"]) == list(case.rules), record
+    predicted = run.warn_predicted[case.name]
+    assert predicted["action"] == "warn", predicted
+    assert visible(predicted["rules"]) == list(case.rules), predicted
+    first = next(f for f in predicted["findings"]  # type: ignore[attr-defined]
+                 if f["rule"] == case.rules[0])
+    assert case.fails_with in first["predicted_error"], first

@@ -166,7 +166,8 @@ def _with_lines(policy: Policy, own: Verdict, partition: str | None, argv: Seque
         exempted = (*own.exempted, *released)
     else:
         exempted = own.exempted
-    lines = tuple(_worded(f, c) for f, c in found)
+    words = script_shell(shell[0], argv[0], node, budget)
+    lines = tuple(_worded(f, c, words) for f, c in found)
     if reading.uncertain is not None:
         lines += _uncertain(policy, reading.uncertain, node, partition)
     findings = tuple(sorted((*kept_own, *lines), key=lambda f: SEVERITY_RANK[f.severity]))
@@ -197,7 +198,30 @@ def _leak_vars(env: Mapping[str, str], policy: Policy) -> set[str]:
     return {name for name in policy.env.vars if name in env}
 
 
-def _worded(finding: Finding, command: Command) -> Finding:
+def script_shell(name: str, script: str, node: NodeProfile, budget: Budget) -> str:
+    """Which shell will word the script's errors: the #! line's program as
+    the node resolves it (``/bin/sh`` is bash on some systems, dash on
+    Debian's, busybox in small images) when the node's files are at hand (on
+    the node, or from an image); otherwise the name the line gives."""
+    if not node.root_is_native:
+        return name
+    from ..launch import parse_shebang
+    from ..python.nodepath import read_small
+
+    try:
+        parsed = parse_shebang(read_small(script, 256, budget) or b"")
+        if parsed is None:
+            return name
+        interp = parsed[0]
+        if os.path.basename(interp) == "env":
+            return name  # found on PATH: the name is what we know
+        found = os.path.basename(os.path.realpath(node.in_root(interp)))
+    except (OSError, ValueError):
+        return name
+    return found if found in SHELLS or found == "busybox" else name
+
+
+def _worded(finding: Finding, command: Command, shell: str = "bash") -> Finding:
     severity = finding.severity
     if not command.certain and SEVERITY_RANK[severity] < SEVERITY_RANK["warning"]:
         severity = "warning"
@@ -207,12 +231,29 @@ def _worded(finding: Finding, command: Command) -> Finding:
     error = finding.predicted_error
     execve = "slurmstepd: error: execve(): "
     if not command.srun and error.startswith(execve):
-        # bash, not slurmstepd, starts the line's program and says so.
+        # The script's shell, not slurmstepd, starts the line's program and
+        # says so, each in its own way: bash "SCRIPT: line 3: /x/tool: cannot
+        # execute binary file: Exec format error"; dash "SCRIPT: 3: tool: Exec
+        # format error"; busybox 1.35 sh (the 64 KiB guest's /bin/sh) runs
+        # the file as a shell script: "/x/tool: line 3: syntax error: EOF in
+        # backquote substitution" (the line and the complaint depend on the
+        # bytes). A shell this check cannot see is given all three.
         what = error[len(execve):]
+        line = command.line
+        error = f"line {line}: {what}"
         if what.endswith(": Exec format error"):
-            what = what[:-len(": Exec format error")] + ": cannot execute binary file: " \
-                "Exec format error"
-        error = f"line {command.line}: {what}"
+            path, word = what[:-len(": Exec format error")], command.argv[0]
+            if shell == "bash":
+                error = f"line {line}: {path}: cannot execute binary file: Exec format error"
+            elif shell == "dash":
+                error = f"{line}: {word}: Exec format error"
+            elif shell == "busybox":
+                error = f"{path}: line N: syntax error (busybox sh runs a file it cannot " \
+                        "execute as a shell script)"
+            else:
+                error = (f"line {line}: {word}: Exec format error (dash; bash: {path}: cannot "
+                         f"execute binary file; busybox sh runs it as a script: {path}: line N: "
+                         "syntax error)")
     return replace(finding, severity=severity, path=shown, predicted_error=error)
 
 

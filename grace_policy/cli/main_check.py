@@ -37,8 +37,8 @@ def configure_parser(sub: argparse._SubParsersAction, name: str, help_text: str)
     parser = sub.add_parser(
         name, help=help_text,
         usage="grace-policy check [--partition P | --arch A --page-size N --glibc V] "
-              "[--root DIR] [--image IMAGE] [--config F] [--env-file F] [--cwd D] [--json] "
-              "(-- CMD [ARGS...] | --batch SCRIPT [-- ARGS...])",
+              "[--root DIR] [--image IMAGE] [--config F] [--env-file F] [--cwd D] "
+              "[--gpus N | --gres gpu:N] [--json] (-- CMD [ARGS...] | --batch SCRIPT [-- ARGS...])",
         description="Say what the plugin would do if a job step ran CMD: find the program "
                     "the way slurmstepd does, follow #! lines, resolve its libraries like "
                     "the node's glibc, judge architecture and page layout, and clean leaked "
@@ -52,6 +52,14 @@ def configure_parser(sub: argparse._SubParsersAction, name: str, help_text: str)
                         help="judge CMD inside a container image, read without mounting: an "
                              "enroot/pyxis .sqsh, an Apptainer .sif, an unpacked root or an "
                              "OCI bundle (its config.json's process.args when no CMD)")
+    gpus = parser.add_mutually_exclusive_group()
+    gpus.add_argument("--gpus", metavar="N",
+                      help="the step gets N GPUs on its node, as with srun/sbatch --gpus=N "
+                           "([TYPE:]N): sets SLURM_GPUS_ON_NODE=N in the judged "
+                           "environment, as slurmstepd will (0: a step without GPUs)")
+    gpus.add_argument("--gres", metavar="gpu:N",
+                      help="the same as --gpus N, written as srun/sbatch --gres=gpu:[TYPE:]N "
+                           "(or none)")
     parser.add_argument("--json", action="store_true", help="print the verdict as JSON")
     parser.add_argument("--batch", metavar="SCRIPT",
                         help="judge SCRIPT as an sbatch job's batch step: the script and "
@@ -80,6 +88,47 @@ def _command(args: argparse.Namespace, rest: list[str] | None,
     if not command:
         raise UsageError("no command given: grace-policy check [options] -- CMD [ARGS...]")
     return command
+
+
+def _gpu_count(args: argparse.Namespace) -> int | None:
+    """The GPUs ``--gpus``/``--gres`` give the step on its node, or None when
+    neither was given. Forms as srun takes them: ``--gpus [TYPE:]N``,
+    ``--gres gpu[:TYPE]:N``, ``--gres gpu`` (one), ``--gres none``."""
+    from ..messages import escape
+
+    if getattr(args, "gpus", None) is not None:
+        option, text = "--gpus", args.gpus.strip()
+    elif getattr(args, "gres", None) is not None:
+        option, text = "--gres", args.gres.strip()
+        if text.lower() == "none":
+            return 0
+        name, _, text = text.partition(":")
+        if name != "gpu" or "," in text:
+            raise UsageError(f"--gres: only one gpu gres is judged (gpu:N or gpu:TYPE:N), "
+                             f"got {escape(args.gres)!r}")
+        text = text or "1"
+    else:
+        return None
+    count = text.rsplit(":", 1)[-1]
+    if not (count.isascii() and count.isdigit()) or len(count) > 6:
+        raise UsageError(f"{option}: not a GPU count ([TYPE:]N): "
+                         f"{escape(getattr(args, option[2:]))!r}")
+    return int(count)
+
+
+def apply_gpus(env: dict[str, str], count: int | None) -> dict[str, str]:
+    """The judged environment with the step's GPU variables as slurmstepd
+    sets them: ``SLURM_GPUS_ON_NODE=N`` for N GPUs; for none it removes the
+    step GPU variables (it does so for ``--gres=none``, even values the user
+    exported), so an ``--env-file`` copied from a GPU job cannot say GPUs."""
+    if count is None:
+        return env
+    from ..python.gpus import STEP_GPU_VARIABLES
+
+    out = {k: v for k, v in env.items() if k not in STEP_GPU_VARIABLES}
+    if count > 0:
+        out["SLURM_GPUS_ON_NODE"] = str(count)
+    return out
 
 
 def _cwd(args: argparse.Namespace) -> str:
@@ -112,7 +161,7 @@ def execute(args: argparse.Namespace, rest: list[str] | None) -> int:
 
     image = _open_image(args.image) if getattr(args, "image", None) else None
     command = _command(args, rest, image.args if image is not None else ())
-    env = job_env(args)
+    env = apply_gpus(job_env(args), _gpu_count(args))
     if image is None:
         cwd = _cwd(args)
     else:

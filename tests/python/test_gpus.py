@@ -9,6 +9,7 @@ captured environments, not hand-written ones, are what ``step_gpus`` judges.
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import subprocess
@@ -20,6 +21,8 @@ import pytest
 from slurm.cluster import Cluster, missing_binaries
 
 from grace_policy import fsprobe
+from grace_policy.cli.main import main
+from grace_policy.cli.main_check import _gpu_count, apply_gpus, configure_parser
 from grace_policy.python.gpus import step_gpus
 
 ENVDUMP_C = r"""
@@ -200,6 +203,74 @@ def test_what_slurm_2205_puts_in_the_step_environment(
     assert "SLURM_GPUS_ON_NODE" not in none and "CUDA_VISIBLE_DEVICES" not in none
     faked = step_envs["no-gpus, GPU variables exported by hand"]
     assert not any(k in faked for k in FAKE_EXPORT), faked
+
+
+#: ``grace-policy check``'s option for each real step above: what a user
+#: types on the login node for the srun/sbatch option the step had.
+CHECK_OPTION = {
+    "no-gpus": None,
+    "gpus=1": ("--gpus", "1"),
+    "gres=gpu:1": ("--gres", "gpu:1"),
+    "gres=gpu:2": ("--gres", "gpu:2"),
+    "sbatch --gpus=1: batch step": ("--gpus", "1"),
+    "sbatch --gres=gpu:2: batch step": ("--gres", "gpu:2"),
+    "sbatch --gres=gpu:2: srun --gres=none, GPU variables exported": ("--gres", "none"),
+    "no-gpus, GPU variables exported by hand": ("--gpus", "0"),
+}
+
+
+def _check_args(words: tuple[str, ...]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    configure_parser(parser.add_subparsers(dest="cmd"), "check", "")
+    return parser.parse_args(["check", *words, "--", "true"])
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("case", sorted(CHECK_OPTION))
+def test_check_gpus_option_gives_what_the_real_step_got(
+        step_envs: dict[str, dict[str, str]], case: str) -> None:
+    """``check --gpus N`` / ``--gres gpu:N`` / ``--gres none``, given an
+    environment that says the opposite (the user's shell, an env file copied
+    from another job), judges what the real step's environment says."""
+    count = _gpu_count(_check_args(CHECK_OPTION[case] or ()))
+    start = {"PATH": "/usr/bin"}
+    if count == 0:
+        start.update(FAKE_EXPORT)
+    elif count is not None:
+        start["SLURM_GPUS_ON_NODE"] = "0"
+    assert step_gpus(apply_gpus(start, count)) == step_gpus(step_envs[case]), case
+
+
+@pytest.mark.parametrize(
+    ("words", "expected"),
+    [
+        (("--gpus", "2"), {"SLURM_GPUS_ON_NODE": "2"}),
+        (("--gpus", "a100:4"), {"SLURM_GPUS_ON_NODE": "4"}),
+        (("--gres", "gpu"), {"SLURM_GPUS_ON_NODE": "1"}),
+        (("--gres", "gpu:h100:8"), {"SLURM_GPUS_ON_NODE": "8"}),
+        (("--gpus", "0"), {}),
+        (("--gres", "none"), {}),
+    ],
+)
+def test_check_gpu_options_set_the_step_variables(words: tuple[str, str],
+                                                  expected: dict[str, str]) -> None:
+    got = apply_gpus({"SLURM_STEP_GPUS": "7", "SLURM_GPUS_ON_NODE": "3", "HOME": "/h"},
+                     _gpu_count(_check_args(words)))
+    assert got == {"HOME": "/h", **expected}
+
+
+@pytest.mark.parametrize("words", [("--gpus", "two"), ("--gpus", "-1"), ("--gpus", "\u00b2"),
+                                   ("--gres", "mps:1"), ("--gres", "gpu:1,gpu:2"),
+                                   ("--gpus", "9" * 40)])
+def test_bad_gpu_options_are_usage_errors(words: tuple[str, str],
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["check", *words, "--", "true"]) == 64
+    err = capsys.readouterr().err
+    assert err.startswith("grace-policy: ") and words[0] in err, err
+
+
+def test_gpus_and_gres_together_are_a_usage_error() -> None:
+    assert main(["check", "--gpus", "1", "--gres", "gpu:1", "--", "true"]) == 64
 
 
 @pytest.mark.parametrize(

@@ -75,10 +75,63 @@ def _terminate(proc: subprocess.Popen[bytes] | None) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait(timeout=5)
+def stop_daemons(procs: dict[str, subprocess.Popen[bytes]], names: Iterable[str]) -> None:
+    """Stop the daemons ``names`` of ``procs`` (ours: we hold their Popen),
+    in that order, by pid: TERM, then KILL after a grace time; then forget
+    every entry of ``procs``. Shared with tests/vm/twoarch.py."""
+    for name in names:
+        _terminate(procs.get(name))
+    procs.clear()
+
+
+def wait_while_running(procs: Mapping[str, subprocess.Popen[bytes]], ready: object,
+                       timeout: float, poll: float) -> str | None:
+    """Poll ``ready()`` until it is true (None), a daemon of ``procs`` exits
+    (its description) or ``timeout`` passes ("timeout")."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for name, proc in procs.items():
+            if proc.poll() is not None:
+                return f"{name} exited with {proc.returncode}"
+        if ready():  # type: ignore[operator]
+            return None
+        time.sleep(poll)
+    return "timeout"
+
+
+class JobQueries:
+    """``job_state``/``wait_job`` over :meth:`admin` (scontrol as root against
+    this cluster): the same for the one-node cluster and the two-architecture
+    one (tests/vm/twoarch.py), which differ in how a client command runs."""
+
+    #: How often wait_job asks, and how long by default.
+    JOB_POLL = 0.3
+    JOB_TIMEOUT = 60.0
+
+    def admin(self, argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
+        raise NotImplementedError
+
+    def job_state(self, job_id: int) -> str:
+        res = self.admin(["scontrol", "-o", "show", "job", str(job_id)])
+        for word in res.stdout.split():
+            if word.startswith("JobState="):
+                return word.split("=", 1)[1]
+        return "UNKNOWN"
+
+    def wait_job(self, job_id: int, timeout: float | None = None) -> str:
+        timeout = self.JOB_TIMEOUT if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        state = "UNKNOWN"
+        while time.monotonic() < deadline:
+            state = self.job_state(job_id)
+            if state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "UNKNOWN"):
+                return state
+            time.sleep(self.JOB_POLL)
+        raise TimeoutError(f"job {job_id} still {state} after {timeout:.0f} s")
 
 
 @dataclass
-class Cluster:
+class Cluster(JobQueries):
     """A local Slurm; ``start()`` brings it up, ``stop()`` ends what it started."""
 
     root: Path
@@ -263,17 +316,13 @@ class Cluster:
                                f"({self.node_reason()!r})") from None
 
     def _wait(self, ready: object, timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for name, proc in self.procs.items():
-                if proc.poll() is not None:
-                    raise RuntimeError(f"{name} exited with {proc.returncode} while waiting for "
-                                       f"{what}; see {self.root / 'log'}\n{self.logs_tail()}")
-            if ready():  # type: ignore[operator]
-                return
-            time.sleep(0.2)
-        raise TimeoutError(f"timed out waiting for {what}; see {self.root / 'log'}\n"
-                           f"{self.logs_tail()}")
+        why = wait_while_running(self.procs, ready, timeout, 0.2)
+        if why == "timeout":
+            raise TimeoutError(f"timed out waiting for {what}; see {self.root / 'log'}\n"
+                               f"{self.logs_tail()}")
+        if why is not None:
+            raise RuntimeError(f"{why} while waiting for {what}; see {self.root / 'log'}\n"
+                               f"{self.logs_tail()}")
 
     def logs_tail(self, n: int = 15) -> str:
         out = []
@@ -301,6 +350,7 @@ class Cluster:
         for name in ("slurmd", "slurmctld", "munged"):
             _terminate(self.procs.get(name))
         self.procs.clear()
+        stop_daemons(self.procs, ("slurmd", "slurmctld", "munged"))
 
     # -- client commands ----------------------------------------------------
     def run(self, argv: Sequence[str], *, user: str | None = None,
@@ -333,22 +383,8 @@ class Cluster:
             raise RuntimeError(f"sbatch failed: {res.stderr}")
         return int(res.stdout.strip().split(";")[0])
 
-    def job_state(self, job_id: int) -> str:
-        res = self.run(["scontrol", "-o", "show", "job", str(job_id)])
-        for word in res.stdout.split():
-            if word.startswith("JobState="):
-                return word.split("=", 1)[1]
-        return "UNKNOWN"
-
-    def wait_job(self, job_id: int, timeout: float = 60.0) -> str:
-        deadline = time.monotonic() + timeout
-        state = "UNKNOWN"
-        while time.monotonic() < deadline:
-            state = self.job_state(job_id)
-            if state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "UNKNOWN"):
-                return state
-            time.sleep(0.3)
-        raise TimeoutError(f"job {job_id} still {state} after {timeout}s")
+    def admin(self, argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
+        return self.run(argv)
 
     def node_state(self) -> str:
         """The node's state once a finished job's clean-up is over: "completing"

@@ -50,7 +50,7 @@ def main() -> int:
                 pred = twoarch_cases.predict(cluster, case)
                 shown = " ".join(f"{k}={twoarch_cases.expand(v, cluster.home)}"
                                  for k, v in case.env.items())
-                cmd = (f"srun -p {twoarch.PARTITION} {' '.join(case.argv)}"
+                cmd = (f"srun -p {twoarch.PARTITION} {' '.join((*case.srun_opts, *case.argv))}"
                        if case.kind == "srun" else f"sbatch {case.name}.sh")
                 print(f"== {case.what}\nlogin$ {shown + ' ' if shown else ''}{cmd}")
                 for line in (out.stdout + out.stderr).splitlines():

@@ -170,27 +170,44 @@ def _apt(state: Path, suite: str) -> list[str]:
 
 
 
+def fetch_pinned_debs(state: Path, suite: str, pins: tuple[tuple[str, str, str], ...],
+                      debs: Path) -> list[Path]:
+    """Download ``pins`` ((package, version, sha256)) of ``suite`` arm64 into
+    ``debs`` with a private apt state in ``state``, each checked against its
+    sha256; one more try for any the mirror dropped on the way."""
+    apt = _apt(state, suite)
+    _run([*apt, "update"])
+    debs.mkdir(parents=True, exist_ok=True)
+    out = []
+    for attempt in (1, 2):
+        want = [p for p in pins if not list(debs.glob(f"{p[0]}_*.deb"))]
+        if want:
+            try:
+                _run([*apt, "download", *(f"{name}={version}" for name, version, _ in want)],
+                     cwd=debs, timeout=900)
+            except CorpusUnavailable:
+                if attempt == 2:
+                    raise
+    for name, version, digest in pins:
+        found = list(debs.glob(f"{name}_*.deb"))
+        if len(found) != 1:
+            raise CorpusUnavailable(f"{suite}: {name}={version} not downloaded "
+                                    "(dropped from the archive? bump the pins)")
+        got = sha256_file(found[0])
+        if got != digest:
+            raise CorpusUnavailable(f"{suite}: {found[0].name} has sha256 {got}, "
+                                    f"pinned {digest}")
+        out.append(found[0])
+    return out
+
+
 def fetch_debs(suite: str) -> Path:
     """The pinned .deb files of ``suite``, verified; returns their directory."""
     pins = PINS[suite]
 
     def build(work: Path) -> Path:
-        apt = _apt(work / "apt", suite)
-        _run([*apt, "update"])
-        debs = work / "debs"
-        debs.mkdir()
-        _run([*apt, "download", *(f"{name}={version}" for name, version, _ in pins)],
-             cwd=debs, timeout=900)
-        for name, version, digest in pins:
-            found = [p for p in debs.glob(f"{name}_*.deb")]
-            if len(found) != 1:
-                raise CorpusUnavailable(f"{suite}: {name}={version} not downloaded "
-                                        "(dropped from the archive? bump PINS)")
-            got = sha256_file(found[0])
-            if got != digest:
-                raise CorpusUnavailable(f"{suite}: {found[0].name} has sha256 {got}, "
-                                        f"pinned {digest}")
-        return debs
+        fetch_pinned_debs(work / "apt", suite, pins, work / "debs")
+        return work / "debs"
 
     return _cached_tree(f"vm/debs-{suite}", {"pins": [list(p) for p in pins]}, build)
 

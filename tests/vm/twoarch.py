@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import time
@@ -33,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from corpus import CorpusUnavailable
+from slurm.cluster import JobQueries, stop_daemons, wait_while_running
 
 from . import images
 from .qemu import QEMU, qemu_binary
@@ -160,7 +160,11 @@ class Submitted:
 
 
 @dataclass
-class TwoArchCluster:
+class TwoArchCluster(JobQueries):
+    #: Steps under TCG are slow; sbatch's jobs are waited for longer.
+    JOB_POLL = 1.0
+    JOB_TIMEOUT = 300.0
+
     root: Path
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
     netns: Netns | None = None
@@ -400,16 +404,10 @@ $B poweroff -f
             raise
 
     def _wait(self, ready: object, timeout: float, what: str) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for name, proc in self.procs.items():
-                if proc.poll() is not None:
-                    raise ClusterError(f"{name} exited {proc.returncode} while waiting for "
-                                       f"{what}\n{self.logs_tail()}")
-            if ready():  # type: ignore[operator]
-                return
-            time.sleep(1)
-        raise ClusterError(f"timed out waiting for {what}\n{self.logs_tail()}")
+        why = wait_while_running(self.procs, ready, timeout, 1.0)
+        if why is not None:
+            shown = "timed out" if why == "timeout" else why
+            raise ClusterError(f"{shown} while waiting for {what}\n{self.logs_tail()}")
 
     def node_idle(self) -> bool:
         res = self.client(["sinfo", "-h", "-N", "-n", NODE, "-o", "%T"], timeout=30)
@@ -440,17 +438,7 @@ $B poweroff -f
             except subprocess.TimeoutExpired:
                 qemu.kill()
                 qemu.wait(timeout=10)
-        for name in ("slurmctld", "munged"):
-            proc = self.procs.get(name)
-            if proc is None or proc.poll() is not None:
-                continue
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
-        self.procs.clear()
+        stop_daemons(self.procs, ("slurmctld", "munged"))
         if self.netns is not None:
             self.netns.delete()
 
@@ -478,29 +466,15 @@ $B poweroff -f
         res = _run(cmd, timeout=timeout, cwd=str(self.home))
         return Submitted(res.returncode, res.stdout, res.stderr, time.monotonic() - t0)
 
+    def admin(self, argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
+        return self.client(argv)
+
     def client(self, argv: Sequence[str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
         """An admin's Slurm command (as root) inside the namespace."""
         assert self.netns is not None
         return _run(self.netns.wrap(argv), timeout=timeout,
                     env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
                          "SLURM_CONF": str(self.conf)})
-
-    def job_state(self, job_id: int) -> str:
-        res = self.client(["scontrol", "-o", "show", "job", str(job_id)])
-        for word in res.stdout.split():
-            if word.startswith("JobState="):
-                return word.split("=", 1)[1]
-        return "UNKNOWN"
-
-    def wait_job(self, job_id: int, timeout: float = 300) -> str:
-        deadline = time.monotonic() + timeout
-        state = "UNKNOWN"
-        while time.monotonic() < deadline:
-            state = self.job_state(job_id)
-            if state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "UNKNOWN"):
-                return state
-            time.sleep(1)
-        raise TimeoutError(f"job {job_id} still {state} after {timeout:.0f} s")
 
     def audit_lines(self) -> list[str]:
         try:

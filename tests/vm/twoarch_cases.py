@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass, field
@@ -24,9 +25,12 @@ from fixtures.build import CompileCache, compile_c, src
 from python import torch_layouts
 from python.wheels import copy_site
 
+from .ffmpeg import ffmpeg5_libs, link_into
 from .twoarch import PARTITION, TwoArchCluster
 
 SITE = ".local/lib/python3.11/site-packages"
+#: Where the user unpacked an aarch64 FFmpeg 5 (in the home).
+FFMPEG_DIR = "ffmpeg5/lib"
 
 
 @dataclass(frozen=True)
@@ -38,15 +42,16 @@ class Case:
     script: str = ""
     #: srun's options besides the partition (e.g. --gpus=1).
     srun_opts: tuple[str, ...] = ()
-    #: What the step's options put in its environment, given to the
-    #: prediction (``check`` has no --gpus: the user writes what srun sets).
-    predict_env: dict[str, str] = field(default_factory=dict)
     #: The login shell's additions (``~`` is the home).
     env: dict[str, str] = field(default_factory=dict)
     #: What the node must do in enforce mode: the action and the rule ids the
     #: user is shown (info findings, e.g. on the node's own libraries, aside).
     action: str = "allow"
     rules: tuple[str, ...] = ()
+    #: For a refused case: what really fails when the step runs anyway (the
+    #: warn-mode partition), as the node prints it; the prediction's
+    #: "without this check" text must say the same.
+    fails_with: str = ""
 
     @property
     def kind(self) -> str:
@@ -64,31 +69,42 @@ CASES: tuple[Case, ...] = (
          argv=("python3", "-c", "import sys; print(sys.prefix)"), env=SYSVENV),
     Case("user-site-x86-wheel", "an x86_64 wheel from pip install --user, imported",
          argv=("python3", "-c", "import bcrypt; print(bcrypt.__version__)"),
-         action="reject", rules=("py-ext-arch",)),
+         action="reject", rules=("py-ext-arch",), fails_with="ImportError"),
     Case("local-bin-x86-cli", "an x86_64 CLI in ~/.local/bin",
          argv=("tool",), env={"PATH": "~/.local/bin:/usr/bin:/bin"},
-         action="reject", rules=("exe-arch-mismatch",)),
+         action="reject", rules=("exe-arch-mismatch",), fails_with="Exec format error"),
     Case("native-64k", "an aarch64 program built for 64 KiB pages, named from the home",
          argv=("./bin/hello-64k",)),
     Case("aarch64-4k-build", "an aarch64 program linked for 4 KiB pages",
-         argv=("~/bin/hello-4k",), action="reject", rules=("page-congruence", "page-overlap")),
+         argv=("~/bin/hello-4k",), action="reject", rules=("page-congruence", "page-overlap"),
+         fails_with="Segmentation fault"),
     Case("jemalloc-4k", "an aarch64 program with a jemalloc built for 4 KiB pages",
-         argv=("~/bin/alloc-4k",), action="reject", rules=("page-size-compiled",)),
+         argv=("~/bin/alloc-4k",), action="reject", rules=("page-size-compiled",),
+         fails_with="Unsupported system page size"),
     Case("torch-cpu-gpus", "a CPU-only torch (pip install --user) imported on a --gpus step",
          argv=("python3", "-c", "import torch; print('torch imported')"), srun_opts=("--gpus=1",),
-         predict_env={"SLURM_GPUS_ON_NODE": "1"},
          env={"PYTHONUSERBASE": "~/.local-torch"}, action="warn", rules=("torch-cpu-only",)),
+    # Both torchcodec cases run tests/vm/src/torchcodec_ffmpeg.py: torchcodec's
+    # own search for an FFmpeg, for real (its cores also need a CUDA torch,
+    # which the home does not hold; see the script).
     Case("torchcodec-no-ffmpeg", "torchcodec (pip install --user) where the node has no FFmpeg",
-         argv=("python3", "-c", "import torchcodec"),
+         argv=("python3", "~/bin/torchcodec_ffmpeg.py"),
          env={"PYTHONUSERBASE": "~/.local-codec"}, action="reject",
-         rules=("torchcodec-no-ffmpeg",)),
+         rules=("torchcodec-no-ffmpeg",),
+         fails_with="libavutil.so.60: cannot open shared object file"),
+    Case("torchcodec-ffmpeg5", "torchcodec with Debian 12's arm64 FFmpeg 5.1 on LD_LIBRARY_PATH",
+         argv=("python3", "~/bin/torchcodec_ffmpeg.py"),
+         env={"PYTHONUSERBASE": "~/.local-codec", "LD_LIBRARY_PATH": f"~/{FFMPEG_DIR}"}),
     Case("clean-sbatch", "the recommended sbatch lines in a clean job",
          script=f"#!/bin/sh\n#SBATCH -p {PARTITION}\n#SBATCH -o ~/clean-sbatch-%j.out\n"
                 "unset CONDA_PREFIX CONDA_DEFAULT_ENV CONDA_EXE VIRTUAL_ENV\nuname -m\n"),
     Case("sbatch-x86-cli", "a batch script whose line runs the x86_64 CLI of ~/.local/bin",
          script=f"#!/bin/sh\n#SBATCH -p {PARTITION}\n#SBATCH -o ~/sbatch-x86-cli-%j.out\n"
                 "export PATH=~/.local/bin:/usr/bin:/bin\ntool\n",
-         action="reject", rules=("exe-arch-mismatch",)),
+         action="reject", rules=("exe-arch-mismatch",),
+         # The guest's /bin/sh is busybox, which runs an ELF file it cannot
+         # execute as a shell script (grace_policy/batch/judge.py _worded).
+         fails_with="syntax error"),
 )
 
 
@@ -109,6 +125,12 @@ def build_home(cluster: TwoArchCluster, cache: CompileCache | None) -> None:
     # in another's user site.
     torch_layouts.copy_tree(torch_layouts.cpu_files(), home / ".local-torch" / SITE[7:])
     torch_layouts.copy_tree(torch_layouts.torchcodec_site(), home / ".local-codec" / SITE[7:])
+    (home / "bin").mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(Path(__file__).parent / "src" / "torchcodec_ffmpeg.py",
+                    home / "bin" / "torchcodec_ffmpeg.py")
+    # Linked from the cache, owned by root: a site's module directory is not
+    # the user's either (and chown would change the cache's files).
+    link_into(ffmpeg5_libs(), home / FFMPEG_DIR)
     kw = {"cache": cache}
     compile_c(src("hello.c"), home / ".local/bin/tool", arch="x86_64", **kw)
     compile_c(src("hello.c"), home / "bin/hello-4k", arch="aarch64", page_size=4096, **kw)
@@ -117,8 +139,10 @@ def build_home(cluster: TwoArchCluster, cache: CompileCache | None) -> None:
     subprocess.run(["aarch64-linux-gnu-gcc", "-O1", "-o", str(home / "bin/alloc-4k"),
                     str(src("jemalloc_use.c")), str(lib), "-lpthread",
                     "-Wl,-z,max-page-size=65536"], check=True, capture_output=True)
+    shared = home / FFMPEG_DIR
     for path in [home, *home.rglob("*")]:
-        os.lchown(path, 65534, 65534)
+        if path.parent != shared:
+            os.lchown(path, 65534, 65534)
 
 
 def case_env(cluster: TwoArchCluster, case: Case) -> dict[str, str]:
@@ -166,7 +190,7 @@ def predict(cluster: TwoArchCluster, case: Case, partition: str = PARTITION) -> 
     """``grace-policy check --partition P --json`` as the user on the login
     node, with the environment the submission had (``--env-file``, so the
     checker's own environment is not judged)."""
-    env = {**case_env(cluster, case), **case.predict_env}
+    env = case_env(cluster, case)
     with tempfile.NamedTemporaryFile("w", suffix=".env", delete=False,
                                      dir=cluster.root) as fh:
         fh.write("".join(f"{k}={v}\n" for k, v in env.items()))
@@ -175,6 +199,9 @@ def predict(cluster: TwoArchCluster, case: Case, partition: str = PARTITION) -> 
         cmd = [str(cluster.login_tool), "check", "--config", str(cluster.login_config),
                "--partition", partition, "--env-file", fh.name, "--cwd", str(cluster.home),
                "--json"]
+        # The step's GPU options as the user gives them to srun: check takes
+        # --gpus=N / --gres=gpu:N and sets what slurmstepd will.
+        cmd += [opt for opt in case.srun_opts if opt.startswith(("--gpus=", "--gres="))]
         if case.kind == "srun":
             cmd += ["--", *(expand(a, cluster.home) for a in case.argv)]
         else:

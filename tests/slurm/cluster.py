@@ -347,9 +347,6 @@ class Cluster(JobQueries):
                     time.sleep(0.2)
             except (OSError, subprocess.SubprocessError):
                 pass  # stopping must go on whatever the client says
-        for name in ("slurmd", "slurmctld", "munged"):
-            _terminate(self.procs.get(name))
-        self.procs.clear()
         stop_daemons(self.procs, ("slurmd", "slurmctld", "munged"))
 
     # -- client commands ----------------------------------------------------

@@ -326,3 +326,69 @@ def test_dlopen_matches_dlerror_and_maps_nothing(tmp_path: Path) -> None:
     # A failed dlopen maps nothing: the next one sees the same failure.
     again = process.dlopen(str(mod), read_elf(str(mod)))
     assert len(again.versions) == 1
+
+
+# ---------------------------------------------------------------------------
+# Real distribution files built for a newer glibc (Debian sid), on this host
+
+
+def _sid_root() -> Path:
+    from corpus import CorpusUnavailable
+    from image.sif_root import apptainer_root
+
+    try:
+        return apptainer_root()
+    except CorpusUnavailable as exc:
+        pytest.skip(f"the pinned Debian sid root is not available: {exc}")
+
+
+def _real_version_lines(path: str) -> set[str]:
+    """The version errors ``ld.so --list`` prints for ``path`` on this host
+    (trace mode runs the same check, verbosely, and goes on)."""
+    res = subprocess.run(["/lib64/ld-linux-x86-64.so.2", "--list", path], capture_output=True,
+                         text=True, timeout=60, env={"LC_ALL": "C"})
+    return {line.strip() for line in (res.stdout + res.stderr).splitlines()
+            if "version `" in line and "' not found (required by " in line
+            and ": weak version `" not in line}
+
+
+@pytest.mark.network
+def test_debian_sid_files_match_the_loader() -> None:
+    """Every x86_64 program and library of the pinned sid root (apptainer
+    1.4.5 and Debian's essential set, built against glibc 2.41+), resolved
+    against this host's libraries: our version errors equal the real
+    loader's, file by file, and most files have some (or the test proves
+    nothing)."""
+    root = _sid_root()
+    node = detect()
+    checked = failing = 0
+    diffs: list[str] = []
+    for path in elf_files_under(root):
+        info = read_elf(path)
+        if info.machine != 62 or not info.needed:
+            continue
+        tree = Process(path, info, node, ENV, exec_origin=False).tree
+        ours = {f"{path}: {v.message()}" for v in tree.versions if v.kind == "missing"}
+        real = _real_version_lines(path)
+        if ours != real:
+            diffs.append(f"{path}: ours-only {sorted(ours - real)} real-only {sorted(real - ours)}")
+        checked += 1
+        failing += bool(real)
+    assert not diffs, "\n".join(diffs[:10])
+    assert checked >= 50 and failing >= 10, (checked, failing)
+    print(f"{checked} files, {failing} with version errors")
+
+
+def elf_files_under(root: Path) -> list[str]:
+    out = []
+    for sub in ("usr/bin", "usr/sbin", "usr/lib/x86_64-linux-gnu", "usr/libexec"):
+        for dirpath, dirnames, filenames in os.walk(root / sub):
+            dirnames.sort()
+            for name in sorted(filenames):
+                p = os.path.join(dirpath, name)
+                if os.path.islink(p) or not os.path.isfile(p):
+                    continue
+                with open(p, "rb") as fh:
+                    if fh.read(4) == b"\x7fELF":
+                        out.append(p)
+    return out

@@ -45,7 +45,7 @@ Causes = Callable[[str], tuple[str, ...]]
 #: Issues of a program that stop it before it runs anything: a ``#!`` line's
 #: env, or an interpreter before it imports anything.
 _BLOCKING = frozenset({"exe-arch-mismatch", "elf-invalid", "interp-missing", "lib-not-found",
-                       "exe-format", "page-congruence"})
+                       "exe-format", "page-congruence", "lib-version-missing"})
 
 
 def _blocked(issues: Sequence[Issue]) -> bool:
@@ -355,6 +355,16 @@ def check_elf(path: str, ctx: StepContext, issues: list[Issue], causes: Causes, 
             causes=causes(fatal.path),
             facts=(("name", fatal.name), ("needed_by", fatal.needed_by),
                    ("detail", fatal.reason)),
+        ))
+    for version in tree.versions:
+        # rtld prints every missing version, argv[0] first, then exits; an
+        # assertion is printed as it is.
+        budget.tick()
+        issues.append(Issue(
+            "lib-version-missing", version.needed_by or path,
+            version.message() if version.kind == "unversioned"
+            else f"{path}: {version.message()}",
+            causes=causes(version.needed_by), facts=version.facts,
         ))
     return tree
 

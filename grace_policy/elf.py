@@ -49,6 +49,10 @@ DT_RPATH = 15
 DT_RUNPATH = 29
 DT_FLAGS_1 = 0x6FFFFFFB
 DF_1_NODEFLIB = 0x800
+DT_VERDEF = 0x6FFFFFFC
+DT_VERNEED = 0x6FFFFFFE
+#: vna_flags bit: the need is weak, a missing version is not fatal (elf.h).
+VER_FLG_WEAK = 0x2
 
 #: e_machine values we name; anything else is shown as ``em-<number>``.
 MACHINE_NAMES: dict[int, str] = {
@@ -73,6 +77,8 @@ MAX_STRING = 4096
 #: Dynamic strings (DT_RPATH/DT_RUNPATH of Spack-style trees run to tens of
 #: KiB) have no limit in glibc; ours only keeps a hostile table bounded.
 MAX_DYN_STRING = 1024 * 1024
+#: Version entries glibc walks by their next-offsets; real files have tens.
+MAX_VERSION_ENTRIES = 4096
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024
 
 
@@ -124,6 +130,11 @@ class ElfInfo:
     rpath: str | None
     runpath: str | None
     flags_1: int
+    #: DT_VERNEED: ``((file name, ((version, ELF hash, weak), ...)), ...)``.
+    verneed: tuple[tuple[str, tuple[tuple[str, int, bool], ...]], ...] = ()
+    #: DT_VERDEF as ``{(ELF hash, name)}``; None when the object has none
+    #: (glibc then accepts every need on it).
+    verdef: frozenset[tuple[int, str]] | None = None
 
     @property
     def machine_name(self) -> str:
@@ -299,13 +310,15 @@ def _parse(r: _Reader, path: str) -> ElfInfo:
     needed: list[str] = []
     soname = rpath = runpath = None
     flags_1 = 0
+    verneed: tuple[tuple[str, tuple[tuple[str, int, bool], ...]], ...] = ()
+    verdef: frozenset[tuple[int, str]] | None = None
     if dyn_off is not None and dyn_len:
         ent_fmt, ent_size = (end + "qQ", 16) if is64 else (end + "iI", 8)
         count = min(dyn_len // ent_size, MAX_DYN_ENTRIES)
         dyn = r.read(dyn_off, count * ent_size, "dynamic section")
         strtab = strsz = None
         needed_offs: list[int] = []
-        soname_off = rpath_off = runpath_off = None
+        soname_off = rpath_off = runpath_off = verneed_at = verdef_at = None
         for tag, val in struct.iter_unpack(ent_fmt, dyn):
             if tag == DT_NULL:
                 break
@@ -323,9 +336,14 @@ def _parse(r: _Reader, path: str) -> ElfInfo:
                 runpath_off = val
             elif tag == DT_FLAGS_1:
                 flags_1 = val
+            elif tag == DT_VERNEED:
+                verneed_at = val
+            elif tag == DT_VERDEF:
+                verdef_at = val
         wanted = needed_offs or soname_off is not None or rpath_off is not None
         wanted = wanted or runpath_off is not None
-        if wanted:
+        versioned = strtab is not None and (verneed_at is not None or verdef_at is not None)
+        if wanted or versioned:
             if strtab is None:
                 raise ElfError("dynamic section has strings but no DT_STRTAB")
             table_off = _vaddr_to_offset(loads, strtab)
@@ -337,6 +355,12 @@ def _parse(r: _Reader, path: str) -> ElfInfo:
             soname = reader.get(soname_off) if soname_off is not None else None
             rpath = reader.get(rpath_off) if rpath_off is not None else None
             runpath = reader.get(runpath_off) if runpath_off is not None else None
+            # glibc skips the version check of an object without DT_STRTAB
+            # (dl-version.c), so the tables count only with one.
+            if verneed_at is not None:
+                verneed = _read_verneed(_Block(r, loads, verneed_at, "DT_VERNEED"), reader, end)
+            if verdef_at is not None:
+                verdef = _read_verdef(_Block(r, loads, verdef_at, "DT_VERDEF"), reader, end)
 
     return ElfInfo(
         path=path,
@@ -355,6 +379,8 @@ def _parse(r: _Reader, path: str) -> ElfInfo:
         rpath=rpath,
         runpath=runpath,
         flags_1=flags_1,
+        verneed=verneed,
+        verdef=verdef,
     )
 
 
@@ -381,6 +407,26 @@ class _Strings:
         self.r = r
         self.offset = offset
         self.size = size
+        self.win = b""
+        self.win_start = 0
+
+    def near(self, index: int) -> str:
+        """Like :meth:`get`, from one cached 4 KiB window: version names sit
+        together (GNU ld puts them at the end of .dynstr), so one read serves
+        a file's tens of them."""
+        rel = index - self.win_start
+        if 0 <= rel < len(self.win):
+            end = self.win.find(b"\0", rel)
+            if end >= 0:
+                return self.win[rel:end].decode("utf-8", "surrogateescape")
+        if 0 <= index < self.size:
+            self.win = self.r.read(self.offset + index, min(self.size - index, HEAD_BYTES),
+                                   "dynamic string")
+            self.win_start = index
+            end = self.win.find(b"\0")
+            if end >= 0:
+                return self.win[:end].decode("utf-8", "surrogateescape")
+        return self.get(index)
 
     def get(self, index: int) -> str:
         if index < 0 or index >= self.size:
@@ -395,3 +441,82 @@ class _Strings:
         if end < 0:
             raise ElfError("unterminated string in the dynamic string table")
         return raw[:end].decode("utf-8", "surrogateescape")
+
+
+class _Block:
+    """Small reads from one table (the version tables), served from 4 KiB
+    blocks: glibc walks them by next-offsets, one 16-20 byte record at a time,
+    and a pread per record would cost more than the rest of the file."""
+
+    def __init__(self, r: _Reader, loads: list[LoadSegment], vaddr: int, what: str) -> None:
+        offset = _vaddr_to_offset(loads, vaddr)
+        if offset is None:
+            raise ElfError(f"{what} points outside every PT_LOAD")
+        self.r = r
+        self.base = offset
+        self.what = what
+        self.start = 0
+        self.buf = b""
+
+    def get(self, rel: int, length: int) -> bytes:
+        pos = self.base + rel
+        if not (self.start <= pos and pos + length <= self.start + len(self.buf)):
+            size = min(max(length, HEAD_BYTES), self.r.size - pos)
+            self.buf = self.r.read(pos, max(size, length), self.what)
+            self.start = pos
+        return self.buf[pos - self.start:pos - self.start + length]
+
+
+_VERNEED = {"<": struct.Struct("<HHIII"), ">": struct.Struct(">HHIII")}
+_VERNAUX = {"<": struct.Struct("<IHHII"), ">": struct.Struct(">IHHII")}
+_VERDEF = {"<": struct.Struct("<HHHHIII"), ">": struct.Struct(">HHHHIII")}
+_VERDAUX = {"<": struct.Struct("<II"), ">": struct.Struct(">II")}
+
+
+def _read_verneed(table: _Block, strings: _Strings, end: str
+                  ) -> tuple[tuple[str, tuple[tuple[str, int, bool], ...]], ...]:
+    """The version needs as glibc's ``_dl_check_map_versions`` walks them:
+    by ``vn_next``/``vna_next`` until 0 (the counts are ignored), and only
+    the first record's ``vn_version`` checked (any other value is fatal)."""
+    need, aux_s = _VERNEED[end], _VERNAUX[end]
+    out: list[tuple[str, tuple[tuple[str, int, bool], ...]]] = []
+    pos, budget = 0, MAX_VERSION_ENTRIES
+    while True:
+        version, _cnt, vn_file, vn_aux, vn_next = need.unpack(table.get(pos, need.size))
+        if not out and version != 1:
+            raise ElfError(f"unsupported version {version} of Verneed record")
+        wants: list[tuple[str, int, bool]] = []
+        apos = pos + vn_aux
+        while True:
+            budget -= 1
+            if budget < 0:
+                raise ElfError("too many symbol version entries")
+            vna_hash, vna_flags, _other, vna_name, vna_next = aux_s.unpack(
+                table.get(apos, aux_s.size))
+            wants.append((strings.near(vna_name), vna_hash, bool(vna_flags & VER_FLG_WEAK)))
+            if vna_next == 0:
+                break
+            apos += vna_next
+        out.append((strings.near(vn_file), tuple(wants)))
+        if vn_next == 0:
+            return tuple(out)
+        pos += vn_next
+
+
+def _read_verdef(table: _Block, strings: _Strings, end: str) -> frozenset[tuple[int, str]]:
+    """The defined versions as ``match_symbol`` compares them: the hash and
+    the first Verdaux name of each record (the base version too)."""
+    vdef, vaux = _VERDEF[end], _VERDAUX[end]
+    out: set[tuple[int, str]] = set()
+    pos = 0
+    for _ in range(MAX_VERSION_ENTRIES):
+        version, _flags, _ndx, _cnt, vd_hash, vd_aux, vd_next = vdef.unpack(
+            table.get(pos, vdef.size))
+        if version != 1:
+            raise ElfError(f"unsupported version {version} of Verdef record")
+        (vda_name, _vda_next) = vaux.unpack(table.get(pos + vd_aux, vaux.size))
+        out.add((vd_hash, strings.near(vda_name)))
+        if vd_next == 0:
+            return frozenset(out)
+        pos += vd_next
+    raise ElfError("too many symbol version entries")

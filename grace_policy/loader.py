@@ -109,6 +109,59 @@ class Fatal:
     reason: str
 
 
+#: glibc before 2.41 asserts in dl-lookup.c ``check_match`` when a versioned
+#: reference binds to a symbol of the very object its DT_VERNEED names and
+#: that object has no DT_VERDEF (removed by glibc commit bdaf500353, 2.41).
+#: The line of that assert in each release's ``elf/dl-lookup.c``.
+_CHECK_MATCH_ASSERT_LINE = {(2, 28): 111, (2, 29): 111, (2, 30): 111, (2, 31): 111,
+                            (2, 32): 111, (2, 33): 111, (2, 34): 105, (2, 35): 106,
+                            (2, 36): 107, (2, 37): 107, (2, 38): 107, (2, 39): 106,
+                            (2, 40): 106}
+_CHECK_MATCH_ASSERT = ("Inconsistency detected by ld.so: dl-lookup.c: {line}: check_match: "
+                       "Assertion `version->filename == NULL || ! _dl_name_match_p "
+                       "(version->filename, map)' failed!")
+
+
+@dataclass(frozen=True)
+class VersionMissing:
+    """A symbol version ``needed_by`` requires of ``path`` (loaded for the
+    DT_NEEDED name ``name``) that ``path`` does not define: glibc refuses
+    to start the program (or fails the dlopen). ``kind`` is ``"missing"``
+    (the version check fails) or ``"unversioned"`` (``path`` defines no
+    versions at all, and a glibc before 2.41 aborts on the first symbol
+    bound there: ``assert_line`` is that glibc's line, 0 when unknown)."""
+
+    version: str
+    name: str
+    path: str
+    needed_by: str
+    #: The newest version of the same family ``path`` does define
+    #: (``GLIBC_2.36`` when ``GLIBC_2.38`` is wanted), or "".
+    newest: str = ""
+    kind: str = "missing"
+    assert_line: int = 0
+
+    def message(self) -> str:
+        """glibc's text: the version check's (dl-version.c ``match_symbol``,
+        with the object name in front as rtld and dlerror print it), or the
+        assertion ld.so dies with."""
+        if self.kind == "unversioned":
+            return _CHECK_MATCH_ASSERT.format(line=self.assert_line or "NNN")
+        return (f"{self.path}: version `{self.version}' not found "
+                f"(required by {self.needed_by})")
+
+    @property
+    def facts(self) -> tuple[tuple[str, str], ...]:
+        if self.kind == "unversioned":
+            have = f"{self.path} was built without symbol versions"
+        elif self.newest:
+            have = f"{self.path} defines {self.newest} at most"
+        else:
+            have = f"{self.path} does not define it"
+        return (("name", self.name), ("version", self.version),
+                ("needed_by", self.needed_by), ("detail", have))
+
+
 @dataclass(frozen=True)
 class LoadTree:
     objects: tuple[LoadedObject, ...]
@@ -116,6 +169,8 @@ class LoadTree:
     fatal: tuple[Fatal, ...] = ()
     #: Objects to judge for page layout (everything actually read).
     edges: tuple[tuple[str, str], ...] = field(default=())
+    #: Non-weak version needs the loaded objects do not define.
+    versions: tuple[VersionMissing, ...] = ()
 
     def resolved(self) -> dict[str, str | None]:
         """``{needed name: path or None}``, like ``ld.so --list``."""
@@ -769,7 +824,8 @@ class Process:
                 objects.insert(1, LoadedObject(m.name, m.path, m.info, "interp", exe_path))
                 break
         #: The executable's own load tree, as :func:`resolve` returns it.
-        self.tree = LoadTree(tuple(objects), tuple(missing), tuple(fatal), tuple(edges))
+        self.tree = LoadTree(tuple(objects), tuple(missing), tuple(fatal), tuple(edges),
+                             self._check_versions(self.maps))
         #: The object that calls dlopen: libpython when the program links it.
         self.caller = next((m for m in self.maps if m.loader is main
                             and any(n.startswith("libpython") for n in m.names)), main)
@@ -812,16 +868,52 @@ class Process:
             self.add(new)
             objects.append(LoadedObject(path, path, info, "dlopen", self.caller.path))
             self._walk(deque([new]), objects, missing, fatal, edges)
+            versions = self._check_versions(self.maps[maps_before:])
         finally:
             added, self._added = self._added, None
-        if missing or fatal:
+        if missing or fatal or versions:
+            # dl-open.c checks the versions of the new objects after mapping
+            # them; a failure unmaps them all, as a missing library does.
             for kind, key in added:
                 if kind == "name":
                     self.by_name.pop(key, None)  # type: ignore[arg-type]
                 else:
                     self.by_file.pop(key, None)  # type: ignore[arg-type]
             del self.maps[maps_before:]
-        return LoadTree(tuple(objects), tuple(missing), tuple(fatal), tuple(edges))
+        return LoadTree(tuple(objects), tuple(missing), tuple(fatal), tuple(edges), versions)
+
+    def _check_versions(self, maps: list[_Map]) -> tuple[VersionMissing, ...]:
+        """glibc's ``_dl_check_map_versions`` (elf/dl-version.c) on each of
+        ``maps``: every DT_VERNEED file name is looked up among the loaded
+        objects by name (``find_needed``); a weak need is never fatal, and a
+        version matches when a DT_VERDEF record has its hash and name
+        (``match_symbol``). A target without DT_VERDEF passes that check;
+        before glibc 2.41 binding a symbol there aborts (see
+        ``_CHECK_MATCH_ASSERT_LINE``), which we count once per pair."""
+        glibc = self.node.glibc
+        old_lookup = glibc is not None and tuple(glibc) < (2, 41)
+        out: list[VersionMissing] = []
+        for m in maps:
+            for file, wants in m.info.verneed:
+                target = self.by_name.get(file)
+                if target is None or not target.info.elf_class:
+                    # Not loaded (reported as missing already; glibc asserts)
+                    # or a node library judged by name only.
+                    continue
+                defined = target.info.verdef
+                if defined is None:
+                    strong = next((v for v, _h, weak in wants if not weak), None)
+                    if old_lookup and strong is not None:
+                        line = _CHECK_MATCH_ASSERT_LINE.get(tuple(glibc), 0)  # type: ignore[arg-type]
+                        out.append(VersionMissing(strong, file, target.path, m.path,
+                                                  kind="unversioned", assert_line=line))
+                    continue
+                for version, vhash, weak in wants:
+                    if weak or (vhash, version) in defined:
+                        continue
+                    out.append(VersionMissing(version, file, target.path, m.path,
+                                              _newest(version, defined)))
+        return tuple(out)
 
     def _walk(self, queue: deque[_Map], objects: list[LoadedObject], missing: list[Missing],
               fatal: list[Fatal], edges: list[tuple[str, str]]) -> None:
@@ -895,6 +987,28 @@ def resolve(
                    exec_origin=exec_origin).tree
 
 
+def _version_key(text: str) -> tuple[int, ...] | None:
+    try:
+        return tuple(int(part) for part in text.split("."))
+    except ValueError:
+        return None
+
+
+def _newest(version: str, defined: frozenset[tuple[int, str]]) -> str:
+    """The highest ``PREFIX_N.N`` of ``defined`` in the family of ``version``
+    (``GLIBC_2.38`` -> ``GLIBC_2.36``), for telling the user what the node has."""
+    prefix, sep, _rest = version.rpartition("_")
+    if not sep:
+        return ""
+    best: tuple[tuple[int, ...], str] | None = None
+    for _hash, name in defined:
+        head, sep2, tail = name.rpartition("_")
+        key = _version_key(tail) if sep2 and head == prefix else None
+        if key is not None and (best is None or key > best[0]):
+            best = (key, name)
+    return best[1] if best else ""
+
+
 def _placeholder(name: str) -> ElfInfo:
     return ElfInfo(path=name, elf_class=0, data=0, machine=0, e_type=0, osabi=0, phentsize=0,
                    interp=None, load_segments=(), relro=None, has_dynamic=False, needed=(),
@@ -909,6 +1023,7 @@ __all__ = [
     "LoadedObject",
     "Missing",
     "Process",
+    "VersionMissing",
     "machine_name",
     "resolve",
     "supported_hwcaps",

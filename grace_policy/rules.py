@@ -29,6 +29,7 @@ RULE_IDS = (
     "exe-arch-mismatch",
     "interp-missing",
     "lib-not-found",
+    "lib-version-missing",
     "elf-invalid",
     "page-align",
     "page-congruence",

@@ -123,6 +123,16 @@ class Judge:
                 facts=(("name", fatal.name), ("needed_by", fatal.needed_by),
                        ("detail", fatal.reason)),
             ))
+        for version in tree.versions:
+            # dlerror's text; dl-open.c fails the dlopen on the first one. An
+            # ld.so assertion ends the whole interpreter instead.
+            self.budget.tick()
+            issues.append(Issue(
+                "lib-version-missing", version.needed_by,
+                version.message() if version.kind == "unversioned"
+                else f"{via}: {version.message()}",
+                causes=self.causes(version.needed_by), facts=version.facts,
+            ))
         return issues
 
     def _own(self, issue: Issue, path: str, via: str) -> Issue:

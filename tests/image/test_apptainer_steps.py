@@ -2,9 +2,12 @@
 Apptainer itself; the command is judged inside the SIF Apptainer built.
 
 SIFs come from ``apptainer build`` in a Debian sid root (sif_root.py); the
-host program is that root's real ``/usr/bin/apptainer`` (x86_64). Running
-the SIFs fails in this sandbox (field notes §9), so the oracle is
-Apptainer's own build and the files put in.
+host program is that root's real ``/usr/bin/apptainer`` (x86_64) where this
+host's glibc can start it. On an older glibc (Debian 12) it needs versions
+the host lacks and is refused on its own (lib-version-missing, checked
+against the real loader below), so the image tests use a program built here
+under that name. Running the SIFs fails in this sandbox (field notes §9), so
+the oracle is Apptainer's own build and the files put in.
 """
 
 from __future__ import annotations
@@ -54,7 +57,8 @@ def world(tmp_path_factory: pytest.TempPathFactory, compile_cache: object
     base = tmp_path_factory.mktemp("apptainer")
     out: dict[str, Path] = {}
     try:
-        out["apptainer"] = apptainer_root() / "usr/bin/apptainer"
+        out["sid-apptainer"] = apptainer_root() / "usr/bin/apptainer"
+        out["apptainer"] = _runnable_apptainer(out["sid-apptainer"], base)
         for arch in ("x86_64", "aarch64"):
             root = make_root(base / f"{arch}-root", arch, cache=compile_cache)
             (root / "usr/bin/up").unlink()  # apptainer refuses links out of the tree
@@ -64,6 +68,38 @@ def world(tmp_path_factory: pytest.TempPathFactory, compile_cache: object
     except CorpusUnavailable as exc:
         _give_up(f"no Apptainer root: {exc}")
     return out
+
+
+def _runnable_apptainer(sid: Path, base: Path) -> Path:
+    """sid's apptainer if it starts on this host, else a program built here
+    named ``apptainer`` (what is judged then is the image, as intended)."""
+    if subprocess.run([str(sid), "version"], capture_output=True, timeout=60).returncode == 0:
+        return sid
+    src = base / "standin.c"
+    src.write_text("int main(void) { return 0; }\n")
+    (base / "bin").mkdir(exist_ok=True)
+    standin = base / "bin" / "apptainer"
+    subprocess.run(["gcc", "-O1", "-o", str(standin), str(src)], check=True)
+    return standin
+
+
+def test_sid_apptainer_on_an_older_glibc_is_refused(world: dict[str, Path]) -> None:
+    """sid's apptainer 1.4.5 needs GLIBC_2.38: on Debian 12 (2.36) the
+    loader refuses it before main(); the plugin says so first, with the
+    loader's own text."""
+    sid = world["sid-apptainer"]
+    if world["apptainer"] == sid:
+        pytest.skip("this host's glibc starts sid's apptainer")
+    real = subprocess.run([str(sid), "version"], capture_output=True, text=True, timeout=60)
+    native = "x86_64" if HOST.machine == "x86_64" else "aarch64"
+    verdict = decide(_policy(), partition=None, argv=[str(sid), "exec", str(world[native]),
+                                                      "hello"],
+                     env={"PATH": "/nowhere"}, cwd="/", node=HOST)
+    assert verdict.action == "reject"
+    assert [f.rule for f in verdict.findings] == ["lib-version-missing"]
+    assert real.returncode != 0
+    assert real.stderr == verdict.findings[0].predicted_error + "\n"
+    assert "GLIBC_2.38" in verdict.findings[0].remediation
 
 
 def _policy() -> Policy:

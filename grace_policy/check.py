@@ -50,8 +50,10 @@ _BLOCKING = frozenset({"exe-arch-mismatch", "elf-invalid", "interp-missing", "li
 
 def _blocked(issues: Sequence[Issue]) -> bool:
     """Whether ``issues`` stop their program; a page finding on the node's own
-    file (severity at most info) does not."""
-    return any(i.rule in _BLOCKING and i.fact("max_severity") != "info" for i in issues)
+    file (severity at most info) does not, nor a finding that may never
+    happen (at most a warning: a lazily bound unversioned library)."""
+    return any(i.rule in _BLOCKING and i.fact("max_severity") not in ("info", "warning")
+               for i in issues)
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from . import fsprobe, ldcache
 from ._record import dataclass, field
 from .budget import Budget
 from .elf import (
+    DF_1_NOW,
     ELFCLASS32,
     ET_DYN,
     ET_EXEC,
@@ -140,6 +141,11 @@ class VersionMissing:
     newest: str = ""
     kind: str = "missing"
     assert_line: int = 0
+    #: ``needed_by`` binds every symbol at start (DF_1_NOW, ld -z now): the
+    #: assertion of an ``"unversioned"`` pair is then certain; with lazy
+    #: binding it comes only if a symbol there is ever called, so the
+    #: finding is a warning, never a refusal.
+    bind_now: bool = True
 
     def message(self) -> str:
         """glibc's text: the version check's (dl-version.c ``match_symbol``,
@@ -158,8 +164,11 @@ class VersionMissing:
             have = f"{self.path} defines {self.newest} at most"
         else:
             have = f"{self.path} does not define it"
-        return (("name", self.name), ("version", self.version),
-                ("needed_by", self.needed_by), ("detail", have))
+        facts = (("name", self.name), ("version", self.version),
+                 ("needed_by", self.needed_by), ("detail", have))
+        if self.kind == "unversioned" and not self.bind_now:
+            facts = (*facts, ("max_severity", "warning"))
+        return facts
 
 
 @dataclass(frozen=True)
@@ -906,7 +915,8 @@ class Process:
                     if old_lookup and strong is not None:
                         line = _CHECK_MATCH_ASSERT_LINE.get(tuple(glibc), 0)  # type: ignore[arg-type]
                         out.append(VersionMissing(strong, file, target.path, m.path,
-                                                  kind="unversioned", assert_line=line))
+                                                  kind="unversioned", assert_line=line,
+                                                  bind_now=bool(m.info.flags_1 & DF_1_NOW)))
                     continue
                 for version, vhash, weak in wants:
                     if weak or (vhash, version) in defined:

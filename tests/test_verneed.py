@@ -238,6 +238,19 @@ def test_library_without_version_definitions(tmp_path: Path) -> None:
     assert len(found) == 1, found
     assert real.stderr.splitlines()[-1] == found[0].predicted_error
     assert found[0].fact("detail") == f"{plain} was built without symbol versions"
+    # Severity: with lazy binding the abort comes only if a symbol there is
+    # ever called (the lazy program above ran), so a warning; a program
+    # linked -z now binds everything at start, so it cannot run: an error.
+    catalogue = Catalogue.load()
+    facts = {"glibc": ".".join(map(str, detect().glibc)), "node_arch": "x86_64"}
+    [lazy_found] = _versions(lazy)
+    assert catalogue.finding(lazy_found, facts).severity == "warning"
+    now = _prog(tmp_path / "now", PROG_C, new, plain.parent, "-Wl,-z,now")
+    real_now = _run(now)
+    assert real_now.returncode == 127, real_now.stderr
+    [now_found] = _versions(now)
+    assert real_now.stderr.splitlines()[-1] == now_found.predicted_error
+    assert catalogue.finding(now_found, facts).severity == "error"
     # The same files judged for a node with glibc 2.41: nothing to report.
     node = detect().with_overrides(glibc=(2, 41))
     budget = Budget(deadline_ms=60_000, max_files=100_000, max_bytes=1 << 32)

@@ -143,7 +143,11 @@ class SlurmEnv:
         self.set_plugin_line(self.plugin, *args, *extra)
 
     def set_plugin_line(self, plugin: str | Path, *args: str) -> None:
-        """plugstack.conf with one ``required`` line: ``plugin`` and ``args`` as
+        """plugstack.conf with one ``required`` line (:meth:`plugin_line`)."""
+        self.cluster.set_plugstack([f"required {self.plugin_line(plugin, *args)}"])
+
+    def plugin_line(self, plugin: str | Path, *args: str) -> str:
+        """Our plugstack line without its ``required``: ``plugin`` and ``args`` as
         given, plus ``cache_dir=`` and ``checker_socket=`` this cluster's own
         unless ``args`` has them.
 
@@ -162,7 +166,7 @@ class SlurmEnv:
         other = Path(plugin) != self.plugin or any(a.startswith("python_path=") for a in args)
         if other and not any(a.startswith("checker=") for a in args):
             args = (*args, "checker=step")
-        self.cluster.set_plugstack([f"required {plugin} {' '.join(args)}"])
+        return f"{plugin} {' '.join(args)}"
 
     def audit_lines(self) -> list[str]:
         return self.audit_log.read_text().splitlines()

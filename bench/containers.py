@@ -91,8 +91,8 @@ def rows(env: SlurmEnv, work: Path, runs: int) -> list[tuple[str, float, float, 
     out = []
     for title, args in (("cache warm", (f"cache_dir={env.cache_dir}",)),
                         ("cache cold (cache_dir=none)", ("cache_dir=none",))):
-        ours = (f"required {env.plugin} config={env.configs['base']} audit={env.audit_log} "
-                + " ".join(args))
+        ours = "required " + env.plugin_line(env.plugin, f"config={env.configs['base']}",
+                                             f"audit={env.audit_log}", *args)
         (conf / "alone.conf").write_text(pyxis + "\n")
         (conf / "both.conf").write_text(pyxis + "\n" + ours + "\n")
         (conf / "bare.conf").write_text("# bench: no plugin\n")

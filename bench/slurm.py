@@ -110,7 +110,7 @@ def start_node_checker(env: SlurmEnv, timeout: float = 60.0) -> tuple[tuple[str,
     """Restart slurmd with checker=node (it starts the server at its own
     start) and wait for the server. Returns the plugstack arguments that
     send misses to it and the server's pid."""
-    sock = env.cluster.root / "run" / "grace-checker" / "socket"
+    sock = env.checker_socket
     args = ("checker=node", f"checker_socket={sock}")
     env.use("base", *args)
     env.cluster.restart_slurmd()
@@ -146,7 +146,8 @@ def node_checker_rows(env: SlurmEnv, runs: int, row: Callable[..., str]) -> list
     """The checker=node rows of ``make bench``: slurmd restarted with the
     line (it starts the server at its own start), cold and warm steps
     alternating with no plugin, slurmstepd's peak RSS and the server's own;
-    then slurmd restarted without it, so the rest of the bench is as before."""
+    then slurmd restarted with the base line (the default, checker=node), as
+    the rest of the bench and every site without a checker= runs."""
     cold = ("cache_dir=none",)
     try:
         node_args, server = start_node_checker(env)
@@ -173,7 +174,7 @@ def node_checker_rows(env: SlurmEnv, runs: int, row: Callable[..., str]) -> list
     rss, pss = rss_kib(server)
     rows.append(row("node checker server, idle, once per node: VmRSS / Pss", "(informational)",
                     "", f"{rss / 1024:.1f} / {pss / 1024:.1f} MiB", "", "", ""))
-    env.cluster.set_plugstack(["# bench: no plugin"])
+    env.use("base")
     env.cluster.restart_slurmd()
     return rows
 

@@ -20,6 +20,7 @@ died), and when a request shows that the install it loaded has changed.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import select
 import signal
@@ -27,6 +28,7 @@ import socket
 import stat
 import struct
 import sys
+import time
 
 from . import slurm_bridge
 
@@ -39,6 +41,8 @@ _U32 = struct.Struct("=I")
 _FRAME_MAX = 16 << 20
 #: How long after slurmstepd's deadline a child still runs (its own timer).
 _SLACK_S = 0.2
+#: How long a new server waits for the one before it on the same socket.
+_TAKEOVER_S = 10.0
 
 
 class Refused(Exception):
@@ -162,8 +166,41 @@ class Server:
         self.stamp = _stamp(slurm_bridge.code_files())
         self.sock: socket.socket | None = None
         self.ino = 0
+        self.lock = -1
 
-    def listen(self) -> None:
+    def slurmd_gone(self, wait_s: float = 0.0) -> bool:
+        """Has slurmd's end of the life pipe closed (EOF; it never writes)?"""
+        return bool(select.select([self.life], [], [], wait_s)[0])
+
+    def take_over(self) -> bool:
+        """Wait for the server before us on this socket to end, then hold
+        ``<socket>.lock`` for our life (children close it). Why: slurmd
+        restarted while its old server was still importing gives two
+        servers at once; without this the old one could unlink the new
+        one's socket, or bind in between its unlink and bind (EADDRINUSE),
+        and the node has no checker until the next restart. False: slurmd
+        ended meanwhile, so there is nothing to serve."""
+        fd = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW,
+                     0o600)
+        until = time.monotonic() + _TAKEOVER_S
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                # An old server that does not end (it should within a
+                # second) does not keep the node without a checker.
+                if time.monotonic() >= until:
+                    break
+            if self.slurmd_gone(0.05):
+                os.close(fd)
+                return False
+        self.lock = fd
+        return not self.slurmd_gone()
+
+    def listen(self) -> bool:
+        """Make the directory, take the socket over and bind it. False:
+        slurmd has already ended (an old server that was still starting)."""
         parent = os.path.dirname(self.path)
         os.makedirs(os.path.dirname(parent) or "/", mode=0o755, exist_ok=True)
         try:
@@ -174,6 +211,8 @@ class Server:
         if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0:
             raise Refused(f"{parent} is not a directory of root's")
         os.chmod(parent, 0o700)
+        if not self.take_over():
+            return False
         try:
             os.unlink(self.path)
         except FileNotFoundError:
@@ -188,6 +227,7 @@ class Server:
             os.unlink(self.path + ".down")
         except FileNotFoundError:
             pass
+        return True
 
     def close(self) -> None:
         try:
@@ -236,6 +276,8 @@ class Server:
         credentials, read the step, judge it, answer, end."""
         assert self.sock is not None
         self.sock.close()
+        if self.lock >= 0:  # a hung child must not hold a new server off
+            os.close(self.lock)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         conn.setblocking(True)
@@ -309,7 +351,8 @@ def main(argv: Sequence[str]) -> int:
 
     signal.signal(signal.SIGTERM, _stop)
     try:
-        server.listen()
+        if not server.listen():
+            return 0  # slurmd ended while we started: the socket is not ours
         return server.serve()
     except (Refused, OSError) as exc:
         # stderr is /dev/null (slurmd's start): the system log is where an

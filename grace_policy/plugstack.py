@@ -48,9 +48,10 @@ class PluginLine:
     container_env: str | None = None
     python_path: str | None = None
     prestart: bool = False
-    #: "step" (a helper of slurmstepd runs a miss) or "node" (the node
-    #: checker slurmd starts; spank/grace_node.c) and that checker's socket.
-    checker: str = "step"
+    #: "node" (the default: the node checker slurmd starts;
+    #: spank/grace_node.c) or "step" (a helper of slurmstepd runs a miss),
+    #: and the node checker's socket.
+    checker: str = "node"
     checker_socket: str = DEFAULT_CHECKER_SOCKET
     #: The first argument problem: the plugin then follows on_error for every step.
     error: str | None = None

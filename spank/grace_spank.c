@@ -4,7 +4,7 @@
  *   required /usr/local/lib/slurm/spank_grace_policy.so config=FILE \
  *            [on_error=allow|deny] [python_path=DIR[:DIR]] [timeout_ms=N] \
  *            [audit=FILE] [container_env=NAME] [cache_dir=DIR|none] \
- *            [prestart=on|off] [checker=step|node] [checker_socket=PATH]
+ *            [prestart=on|off] [checker=node|step] [checker_socket=PATH]
  *
  * This file, grace_stepd.c and grace_cache.c make the plugin Slurm loads
  * everywhere; it has no DT_NEEDED on libpython. The embedded interpreter
@@ -69,6 +69,9 @@ static struct grace_context context = {
 	.node_cache_fd = -1,
 	.preload_fd = -1,
 	.checker_fd = -1,
+	/* checker=node unless checker=step: every failure to use it falls back
+	 * to checker=step (docs/SPANK.md "The node checker"). */
+	.checker_node = 1,
 };
 
 static int grace_option_cb(int val, const char *optarg, int remote);

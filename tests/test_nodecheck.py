@@ -5,8 +5,14 @@ The server itself is tested on the real Slurm (tests/slurm/test_nodecheck.py).
 
 from __future__ import annotations
 
+import os
 import re
+import socket
 import struct
+import subprocess
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -68,3 +74,61 @@ def test_records_follow_grace_send_outcome() -> None:
         at += 5 + n
     assert seen == [("U", b"grace-policy: u"), ("X", b"V"), ("S", b"K=v"), ("L", b"l\\0x"),
                     ("C", b"entry"), ("D", b""), ("R", b"2"), ("Z", b"")]
+
+
+# -- two servers on one socket (slurmd restarted while its old one starts) --
+REPO = Path(__file__).resolve().parent.parent
+BOOT = ("import sys; sys.path.insert(0, sys.argv[1]); from grace_policy.nodecheck import main; "
+        "sys.exit(main(sys.argv[2:]))")
+
+
+def _server(sock: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """A real server process as grace_node.c starts it; the write end of
+    its life pipe (closing it is slurmd's end)."""
+    r, w = os.pipe()
+    proc = subprocess.Popen(
+        [sys.executable, "-I", "-B", "-c", BOOT, str(REPO), "--socket", str(sock),
+         "--code", "x|-", "--life", str(r)], pass_fds=(r,), cwd="/", env={})
+    os.close(r)
+    return proc, w
+
+
+def _listening(sock: Path) -> bool:
+    with socket.socket(socket.AF_UNIX) as s:
+        try:
+            s.connect(str(sock))
+        except OSError:
+            return False
+    return True
+
+
+def _until(what: Callable[[], bool], timeout: float = 30.0) -> None:
+    end = time.monotonic() + timeout
+    while not what():
+        assert time.monotonic() < end, what
+        time.sleep(0.05)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the server wants a socket directory of root's")
+def test_a_restart_while_the_old_server_starts_leaves_one_server(tmp_path: Path) -> None:
+    """The old server still running (or still importing) when slurmd
+    restarts: the new one waits for it, then owns the socket; an old one
+    whose slurmd has already gone never touches the socket at all."""
+    sock = tmp_path / "checker" / "socket"
+    old, old_life = _server(sock)
+    _until(lambda: _listening(sock))
+    new, new_life = _server(sock)
+    time.sleep(1.5)  # the new one waits on <socket>.lock meanwhile
+    assert new.poll() is None
+    os.close(old_life)  # the old slurmd ends
+    assert old.wait(timeout=30) == 0
+    _until(lambda: _listening(sock))
+    ino = sock.stat().st_ino
+    # One that starts after its slurmd already ended: exits, socket untouched.
+    late, late_life = _server(sock)
+    os.close(late_life)
+    assert late.wait(timeout=30) == 0
+    assert sock.stat().st_ino == ino and _listening(sock) and new.poll() is None
+    os.close(new_life)
+    assert new.wait(timeout=30) == 0
+    assert not sock.exists()

@@ -81,3 +81,18 @@ def test_no_pyxis_no_word_about_it(tmp_path: Path) -> None:
     main, cfg = _tree(tmp_path, _snippet_name())
     (tmp_path / "plugstack.conf.d" / "pyxis.conf").unlink()
     assert "pyxis (" not in _check(main, cfg)
+
+
+def test_config_check_says_who_checks_cold_steps(tmp_path: Path) -> None:
+    """The default is the node checker, which exists only after a slurmd
+    restart with the line: config check says so; checker=step is named."""
+    main, cfg = _tree(tmp_path, _snippet_name())
+    out = _check(main, cfg)
+    assert ("  cold steps: checked by the node checker slurmd starts (checker=node, socket "
+            "/run/grace-policy/checker/socket); restart slurmd after changing this line or "
+            "the install, until then steps use checker=step") in out
+    snippet = tmp_path / "plugstack.conf.d" / _snippet_name()
+    snippet.write_text(snippet.read_text().rstrip("\n") + " checker=step\n")
+    out = _check(main, cfg)
+    assert "  cold steps: checked by a helper of slurmstepd (checker=step)" in out
+    assert "node checker" not in out

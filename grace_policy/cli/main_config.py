@@ -15,6 +15,9 @@ from .common import EX_ALLOW, EX_CONFIG, UsageError, err, report_config_error
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from .. import plugstack
     from ..policy import Policy
 
 
@@ -153,6 +156,7 @@ def _plugstack(path: str, policy: Policy, chosen: str | None) -> tuple[list[str]
                    f"{entry.on_error} ({then})")
         out.append(f"  check timeout: {entry.timeout_ms} ms; verdict cache: "
                    + (escape(entry.cache_dir) if entry.cache_dir else "off"))
+        out.append(_checker_line(entry, escape))
         out.append("  container steps: "
                    + (f"skipped when the step env has {escape(entry.container_env)}"
                       if entry.container_env else "never skipped (no container_env=); "
@@ -162,6 +166,16 @@ def _plugstack(path: str, policy: Policy, chosen: str | None) -> tuple[list[str]
         if entry.python_path:
             out.append(f"  python_path: {escape(entry.python_path)} (searched first)")
     return out, broken
+
+
+def _checker_line(entry: plugstack.PluginLine, escape: Callable[[str], str]) -> str:
+    """Who checks a cache miss: the default node checker exists only once
+    slurmd has been (re)started with this line, which nothing else shows."""
+    if entry.checker == "step":
+        return "  cold steps: checked by a helper of slurmstepd (checker=step)"
+    return (f"  cold steps: checked by the node checker slurmd starts (checker=node, socket "
+            f"{escape(entry.checker_socket)}); restart slurmd after changing this line or "
+            "the install, until then steps use checker=step")
 
 
 def _summary(policy: Policy) -> list[str]:

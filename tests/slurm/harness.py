@@ -90,6 +90,14 @@ class SlurmEnv:
         """The tests' verdict cache (never the machine's /run/grace-policy)."""
         return self.cluster.root.parent / "verdict-cache"
 
+    @property
+    def checker_socket(self) -> Path:
+        """This cluster's node-checker socket (never the machine's
+        /run/grace-policy/checker): under the cluster's own root-owned run
+        dir, the server makes its directory root 0700. Inside a release root
+        the cluster dir is the root's, so is the socket."""
+        return self.cluster.root / "run" / "grace-checker" / "socket"
+
     def copy_prefix(self, name: str) -> Path:
         """A fresh copy of the installed prefix (plugin + its Python dir), for
         tests that break or swap a part without touching the shared install."""
@@ -135,11 +143,30 @@ class SlurmEnv:
         self.set_plugin_line(self.plugin, *args, *extra)
 
     def set_plugin_line(self, plugin: str | Path, *args: str) -> None:
-        """plugstack.conf with one ``required`` line: ``plugin`` and ``args`` as
-        given, plus ``cache_dir=`` the tests' own directory unless ``args`` has one."""
+        """plugstack.conf with one ``required`` line (:meth:`plugin_line`)."""
+        self.cluster.set_plugstack([f"required {self.plugin_line(plugin, *args)}"])
+
+    def plugin_line(self, plugin: str | Path, *args: str) -> str:
+        """Our plugstack line without its ``required``: ``plugin`` and ``args`` as
+        given, plus ``cache_dir=`` and ``checker_socket=`` this cluster's own
+        unless ``args`` has them.
+
+        The node checker (the default ``checker=node``) is the one slurmd
+        started from the line in place at its start (:func:`prepare`: the
+        base line): later lines for the same install are served by it, as
+        config, audit and on_error travel with each step. A line for another
+        install (a copied prefix, ``python_path=``) is one that server would
+        turn away ('V', logged with every step): such a line is a test of
+        the in-slurmstepd path, so it gets ``checker=step`` unless it names a
+        checker (tests/slurm/test_nodecheck.py tests the turning away)."""
         if not any(a.startswith("cache_dir=") for a in args):
             args = (*args, f"cache_dir={self.cache_dir}")
-        self.cluster.set_plugstack([f"required {plugin} {' '.join(args)}"])
+        if not any(a.startswith("checker_socket=") for a in args):
+            args = (*args, f"checker_socket={self.checker_socket}")
+        other = Path(plugin) != self.plugin or any(a.startswith("python_path=") for a in args)
+        if other and not any(a.startswith("checker=") for a in args):
+            args = (*args, "checker=step")
+        return f"{plugin} {' '.join(args)}"
 
     def audit_lines(self) -> list[str]:
         return self.audit_log.read_text().splitlines()
@@ -241,6 +268,11 @@ def prepare(root: Path, *, contact: str = TEST_CONTACT) -> SlurmEnv:
                              f"{done.stdout}{done.stderr}")
 
     cluster = Cluster(root / "cluster")
+    env = SlurmEnv(cluster=cluster, prefix=prefix, files=files, audit_log=audit_log,
+                   configs=configs)
+    # The base line before slurmd starts: slurmd starts the node checker
+    # (the default checker=node) only from the line it finds at its start.
+    cluster.write_config()
+    env.use("base")
     cluster.start()
-    return SlurmEnv(cluster=cluster, prefix=prefix, files=files, audit_log=audit_log,
-                    configs=configs)
+    return env

@@ -83,10 +83,9 @@ def _marker_plugin(slurm: SlurmEnv) -> Path:
 
 
 def _use_with_marker(slurm: SlurmEnv, *extra: str) -> None:
-    line = [str(slurm.plugin), f"config={slurm.configs['base']}", f"audit={slurm.audit_log}",
-            *extra]
-    slurm.cluster.set_plugstack([f"required {_marker_plugin(slurm)}",
-                                 f"required {' '.join(line)}"])
+    line = slurm.plugin_line(slurm.plugin, f"config={slurm.configs['base']}",
+                             f"audit={slurm.audit_log}", *extra)
+    slurm.cluster.set_plugstack([f"required {_marker_plugin(slurm)}", f"required {line}"])
 
 
 @pytest.mark.parametrize("setup", ["default", "container_env"])

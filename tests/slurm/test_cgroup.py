@@ -67,6 +67,7 @@ def cgroup_slurm(slurm: SlurmEnv) -> Iterator[SlurmEnv]:
 
     cluster.stop()
     cluster.write_config = with_cgroup  # type: ignore[method-assign]
+    slurm.use("base")  # slurmd starts its node checker from this line
     try:
         cluster.start()
         yield slurm
@@ -75,6 +76,7 @@ def cgroup_slurm(slurm: SlurmEnv) -> Iterator[SlurmEnv]:
         cluster.write_config = plain  # type: ignore[method-assign]
         cgroup_conf.unlink(missing_ok=True)
         _remove_empty(FREEZER / f"slurm_{NODE}")
+        slurm.use("base")
         cluster.start()
 
 
@@ -106,15 +108,24 @@ def _cgroup_of(pid: int) -> str:
     return ""
 
 
-def test_a_hung_helper_under_proctrack_cgroup(cgroup_slurm: SlurmEnv) -> None:
+@pytest.mark.parametrize("checker", ["step", "node"])
+def test_a_hung_helper_under_proctrack_cgroup(cgroup_slurm: SlurmEnv, checker: str) -> None:
     """A step whose check hangs on the mount (a leaked CONDA_PREFIX there;
     /bin/echo never looks): on_error=allow runs it after timeout_ms. Then:
-    does the step end, does the node stay up?"""
+    does the step end, does the node stay up? checker=step: the helper is
+    slurmstepd's, in the job's cgroup; checker=node (the default): the
+    check is a child of the node checker, outside every job's cgroup."""
     env = cgroup_slurm
-    hung = HungMount(env.cluster.root.parent / "hung-mount-cgroup")
+    hung = HungMount(env.cluster.root.parent / f"hung-mount-cgroup-{checker}")
     try:
-        env.use("base", f"timeout_ms={TIMEOUT_MS}", "on_error=allow")
+        # checker=node: no cache, so no lookup child of slurmstepd's
+        # (which would meet the mount first): the node checker's child does.
+        cache = ("cache_dir=none",) if checker == "node" else ()
+        env.use("base", f"timeout_ms={TIMEOUT_MS}", "on_error=allow", f"checker={checker}",
+                *cache)
         log_before = env.cluster.slurmd_log_text()
+        # Other sessions' clusters on this machine have the same node name.
+        before = {h.split()[0] for h in _helpers()}
         assert "proctrack/cgroup" in env.cluster.conf.read_text()
         res = env.cluster.srun(["/bin/echo", "ran"], user="nobody",
                                env={"CONDA_PREFIX": f"{hung.path}/env"}, timeout=120)
@@ -126,9 +137,16 @@ def test_a_hung_helper_under_proctrack_cgroup(cgroup_slurm: SlurmEnv) -> None:
         # step's end does not wait for it.
         # (Only this cluster uses proctrack/cgroup: other helpers are in "/".)
         ended = time.monotonic()
-        cgroups = [c for c in (_cgroup_of(int(h.split()[0])) for h in _helpers())
-                   if c.startswith(f"/slurm_{NODE}/")]
-        assert cgroups and all(c.endswith(f"/job_{job}") for c in cgroups), cgroups
+        if checker == "step":
+            cgroups = [c for c in (_cgroup_of(int(h.split()[0])) for h in _helpers()
+                                   if h.split()[0] not in before)
+                       if c.startswith(f"/slurm_{NODE}/")]
+            assert cgroups and all(c.endswith(f"/job_{job}") for c in cgroups), cgroups
+        else:
+            ours = [h for h in _helpers() if f"--socket {env.checker_socket} " in h]
+            cgroups = [_cgroup_of(int(h.split()[0])) for h in ours]
+            assert ours and not any(c.startswith(f"/slurm_{NODE}/") for c in cgroups), (
+                ours, cgroups)
         # The job ends without waiting for it ...
         for _ in range(60):
             if str(job) not in env.cluster.run(["squeue", "-h", "-j", str(job)]).stdout:

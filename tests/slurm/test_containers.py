@@ -77,8 +77,9 @@ class Pyxis:
 
     def use(self, config: str = "base", pyxis: str = "required", order: str = "pyxis-first"
             ) -> None:
-        ours = (f"required {self.slurm.plugin} config={self.slurm.configs[config]} "
-                f"audit={self.slurm.audit_log} cache_dir={self.slurm.cache_dir}")
+        ours = "required " + self.slurm.plugin_line(
+            self.slurm.plugin, f"config={self.slurm.configs[config]}",
+            f"audit={self.slurm.audit_log}")
         theirs = f"{pyxis} {self.plugin} runtime_path={self.work / 'pyxis-runtime'}"
         lines = [theirs, ours] if order == "pyxis-first" else [ours, theirs]
         self.slurm.cluster.set_plugstack(lines)

@@ -139,9 +139,26 @@ class HungMount:
 
 
 def _helpers() -> list[str]:
-    """Processes that are a check's helper (comm grace-check, grace_helper.c)."""
-    ps = subprocess.run(["ps", "-eo", "pid,stat,comm,args"], capture_output=True, text=True)
-    return [line for line in ps.stdout.splitlines()[1:] if line.split()[2] == "grace-check"]
+    """Processes that run a check, as ``pid state comm args``: a helper of
+    slurmstepd (comm grace-check, grace_helper.c) or a child of a node
+    checker (checker=node, the default: grace_policy.nodecheck whose parent
+    is one too; the server is not). From /proc: ps cuts args at 80 columns
+    when not on a terminal, before a node checker's module name."""
+    rows = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            comm = (entry / "comm").read_text().strip()
+            fields = (entry / "stat").read_text().rpartition(")")[2].split()
+            args = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        rows[entry.name] = (fields[0], fields[1], comm, args.strip())
+    servers = {pid for pid, (_st, _pp, _c, args) in rows.items()
+               if "grace_policy.nodecheck" in args}
+    return [f"{pid} {st} {comm} {args}" for pid, (st, ppid, comm, args) in rows.items()
+            if st != "Z" and (comm == "grace-check" or (pid in servers and ppid in servers))]
 
 
 def _slurmstepd_of(job: int) -> list[str]:

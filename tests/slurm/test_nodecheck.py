@@ -38,7 +38,7 @@ SAY = 'echo JOBID=$SLURM_JOB_ID; echo VENV=$VIRTUAL_ENV'
 
 
 def _socket(env: SlurmEnv) -> Path:
-    return env.cluster.root / "run" / "grace-checker" / "socket"
+    return env.checker_socket
 
 
 def _line(env: SlurmEnv, plugin: Path | str, checker: str, *extra: str) -> None:
@@ -100,10 +100,12 @@ def hooks_prefix(slurm: SlurmEnv) -> Path:
 @pytest.fixture
 def node(slurm: SlurmEnv) -> Iterator[SlurmEnv]:
     yield slurm
-    # Back to the plugin as every other test file has it, with no server.
+    # Back to the plugin as every other test file has it: the base line at
+    # slurmd's start, so its server (the default checker=node), none older.
+    old = _servers(slurm)
     slurm.use("base")
     slurm.cluster.restart_slurmd()
-    _wait(lambda: not _servers(slurm))
+    _wait(lambda: bool(_servers(slurm)) and not set(old) & set(_servers(slurm)))
     state = slurm.cluster.settled_node_state()
     assert state in ("idle", "mixed", "allocated"), (state, slurm.cluster.node_reason())
 
@@ -176,6 +178,32 @@ def test_node_checker_judges_as_the_helper_does(node: SlurmEnv) -> None:
         assert record is not None, (name, res.stderr)
         assert {"rc": res.returncode == 0, "user": res.stderr.count(PREFIX),
                 **_same(record)} == seen[name], name
+
+
+def test_default_line_is_judged_by_the_node_checker(node: SlurmEnv) -> None:
+    """The base line names no checker=: slurmd started with it runs a
+    server, and a cold step is judged by it (no fallback said)."""
+    assert "checker=" not in node.cluster.plugstack.read_text().replace("checker_socket=", "")
+    node.use("base", "cache_dir=none")
+    old = _servers(node)
+    node.cluster.restart_slurmd()
+    _wait(lambda: any(p not in old for p in _servers(node)))
+    server = _server(node)
+    since = len(node.cluster.slurmd_log_text())
+    for name, (argv, env) in _cases(node).items():
+        res, record = _srun(node, argv, env=env)
+        assert record is not None and record.get("failure") is None, (name, res.stderr)
+    assert _fallbacks(node, since) == []
+    assert _server(node) == server
+
+
+def test_no_plugin_line_no_server(node: SlurmEnv) -> None:
+    """A slurmd whose plugstack has no line of ours starts no checker."""
+    node.cluster.set_plugstack(["# no grace-policy here"])
+    node.cluster.restart_slurmd()
+    _wait(lambda: not _servers(node))
+    time.sleep(2)  # time enough for a server to bind, if one would
+    assert not _servers(node) and not _socket(node).exists()
 
 
 def test_concurrent_steps_each_get_a_child(node: SlurmEnv) -> None:

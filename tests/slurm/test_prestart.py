@@ -49,7 +49,7 @@ def hooks_plugin(slurm: SlurmEnv) -> Path:
 
 def _use(env: SlurmEnv, plugin: Path | str, *extra: str) -> None:
     env.set_plugin_line(plugin, f"config={env.configs['base']}", f"audit={env.audit_log}",
-                        "prestart=on", *extra)
+                        "prestart=on", "checker=step", *extra)
 
 
 def _run(env: SlurmEnv, cmd: str = COUNT_HELPERS) -> tuple[subprocess.CompletedProcess[str],
@@ -123,7 +123,7 @@ def test_helper_hung_in_interpreter_start_follows_on_error(pre: SlurmEnv, hooks_
 
 def test_prestart_takes_on_or_off(pre: SlurmEnv) -> None:
     pre.set_plugin_line(pre.plugin, f"config={pre.configs['base']}",
-                        f"audit={pre.audit_log}", "prestart=yes")
+                        f"audit={pre.audit_log}", "prestart=yes", "checker=step")
     res, seen = _run(pre)
     assert res.returncode == 0, res.stderr
     log = [line for line in pre.cluster.slurmd_log_text().splitlines()

@@ -219,3 +219,16 @@ def test_4k_extension_in_the_arm64_image_on_a_gb200_partition(pyimages: PyImages
         assert (rec["action"], rec["rules"], rec["skipped"]) == ("allow", [], None)
         assert rec["image"] == py.image(image)
         assert ENROOT_EXEC_ERROR in res.stderr  # this x86_64 node cannot run it
+    # The stdlib only, with ext4k on PYTHONPATH: the step does not import it,
+    # so it runs (in enforce mode); the module that would fail if imported
+    # is named as a warning, in the loader's words.
+    before = len(py.env.slurm.audit_lines())
+    res = _srun(py, "pya4k", "json", "-p", "gb200sim")
+    assert f"{PREFIX}WARNING py-dist-broken: {py.image('pya4k')}:{inner}" in res.stderr, \
+        res.stderr
+    assert "ERROR" not in res.stderr
+    assert (f"would fail: ImportError: {inner}: ELF load command address/offset not "
+            "page-aligned") in _joined(res.stderr)
+    [rec] = py.env.records(before)
+    assert (rec["action"], rec["rules"]) == ("warn", ["py-dist-broken"])
+    assert ENROOT_EXEC_ERROR in res.stderr

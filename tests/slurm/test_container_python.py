@@ -229,6 +229,9 @@ def test_4k_extension_in_the_arm64_image_on_a_gb200_partition(pyimages: PyImages
     assert "ERROR" not in res.stderr
     assert (f"would fail: ImportError: {inner}: ELF load command address/offset not "
             "page-aligned") in _joined(res.stderr)
+    # The remedy is the image's (not "reinstall it from a job on this partition").
+    assert (f"what to do: ext4k (no package metadata) inside {py.image('pya4k')} would fail "
+            "here if imported") in _joined(res.stderr), res.stderr
     [rec] = py.env.records(before)
     assert (rec["action"], rec["rules"]) == ("warn", ["py-dist-broken"])
     assert ENROOT_EXEC_ERROR in res.stderr

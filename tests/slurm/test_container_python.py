@@ -74,17 +74,27 @@ class PyImages:
 
 
 def _compile_ext(arch: str, module: str, out_dir: Path) -> Path:
+    """``module`` for bookworm's CPython of ``arch``. Only its Python headers
+    are taken from the -dev root (its own ``usr/include`` holds bookworm's
+    libc headers too, which must not shadow the compiler's own)."""
     from . import containers
 
-    cc = ARCHES[arch][1]
-    dev = containers.debian_root(arch, "python-dev")
+    triplet, cc = ARCHES[arch]
+    dev = containers.debian_root(arch, "python-dev") / "usr" / "include"
+    inc = out_dir / "include"
+    for sub in ("python3.11", f"{triplet}/python3.11"):
+        link = inc / sub
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if not link.is_symlink():
+            link.symlink_to(dev / sub)
     src = out_dir / "ext.c"
     src.write_text(EXT_C)
     out = out_dir / ext_name(module, arch)
-    subprocess.run([cc, "-O1", "-shared", "-fPIC", f'-DMODNAME="{module}"',
-                    f"-DINIT=PyInit_{module}", f"-I{dev}/usr/include/python3.11",
-                    f"-I{dev}/usr/include", "-o", str(out), str(src), *PAGES[module]],
-                   check=True, capture_output=True, text=True)
+    done = subprocess.run([cc, "-O1", "-shared", "-fPIC", f'-DMODNAME="{module}"',
+                           f"-DINIT=PyInit_{module}", f"-I{inc}/python3.11", f"-I{inc}",
+                           "-o", str(out), str(src), *PAGES[module]],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
     return out
 
 

@@ -41,6 +41,8 @@ pytestmark = pytest.mark.slurm
 
 PREFIX = "grace-policy: "
 SITE = "/opt/app/site"
+#: Where `pip install` puts a package in a Debian-based image.
+PIP_SITE = "/usr/local/lib/python3.11/dist-packages"
 #: arch -> (Debian triplet, cross compiler); bookworm's CPython is 3.11.
 ARCHES = {"amd64": ("x86_64-linux-gnu", "gcc"), "arm64": ("aarch64-linux-gnu",
                                                           "aarch64-linux-gnu-gcc")}
@@ -120,6 +122,24 @@ def pyimages(pyxis: Pyxis) -> Iterator[PyImages]:  # noqa: F811
         "pya64k": ("arm64", ("ext64k",)),
     }
     roots: dict[str, Path] = {}
+    # ext4k as `pip install` in a Dockerfile leaves it: the distribution's
+    # /usr/local dist-packages, with its metadata, no PYTHONPATH.
+    pip = pyxis.work / "root-pyapip"
+    if pip.exists():
+        shutil.rmtree(pip)
+    shutil.copytree(containers.debian_root("arm64", "python"), pip, symlinks=True)
+    inner = f"{PIP_SITE}/{ext_name('ext4k', 'arm64')}"
+    info = f"{PIP_SITE}/ext4k-1.0.dist-info"
+    containers._add_files(pip, {"PATH": "/usr/bin:/bin"}, {inner: exts["arm64"]["ext4k"]})
+    (pip / info.lstrip("/")).mkdir()
+    for file, text in (("METADATA", "Metadata-Version: 2.1\nName: ext4k\nVersion: 1.0\n"),
+                       ("top_level.txt", "ext4k\n"),
+                       ("RECORD", f"{Path(inner).name},,\next4k-1.0.dist-info/METADATA,,\n")):
+        (pip / info.lstrip("/") / file).write_text(text)
+    for d in (pip / PIP_SITE.lstrip("/"), pip / info.lstrip("/")):
+        d.chmod(0o755)
+    containers.mksquashfs(pip, pyxis.slurm.cluster.shared / "pyapip.sqsh")
+    roots["pyapip"] = pip
     for name, (arch, modules) in images.items():
         root = pyxis.work / f"root-{name}"
         if root.exists():
@@ -245,3 +265,19 @@ def test_4k_extension_in_the_arm64_image_on_a_gb200_partition(pyimages: PyImages
     [rec] = py.env.records(before)
     assert (rec["action"], rec["rules"]) == ("warn", ["py-dist-broken"])
     assert ENROOT_EXEC_ERROR in res.stderr
+
+
+def test_pip_installed_4k_extension_in_the_image_on_a_gb200_partition(
+        pyimages: PyImages) -> None:
+    """``pip install`` in the image put ext4k (with its metadata) in
+    /usr/local's dist-packages, a directory that on the host is the node's
+    own Python: in the image it is the image's, and judged as such."""
+    py = pyimages
+    py.env.use(config="arm64-64k")
+    inner = f"{PIP_SITE}/{ext_name('ext4k', 'arm64')}"
+    res = _srun(py, "pyapip", "ext4k", "-p", "gb200sim")
+    assert res.returncode != 0
+    assert f"{PREFIX}ERROR page-congruence: {py.image('pyapip')}:{inner}" in res.stderr, \
+        res.stderr
+    assert (f"without this check: ImportError: {inner}: ELF load command address/offset "
+            "not page-aligned") in _joined(res.stderr), res.stderr

@@ -80,7 +80,11 @@ SYSTEM_PYTHON_DIRS = ("/usr/lib/python", "/usr/lib64/python", "/usr/local/lib/py
 
 
 def is_system(path: str) -> bool:
-    return path.startswith(SYSTEM_PYTHON_DIRS)
+    """Whether ``path`` is the node's own distribution Python. Never inside
+    an image (a view is in use): there these directories are the image's,
+    where ``pip install`` and apt put what the step imports, and nothing
+    else judges them."""
+    return fsprobe.current_view() is None and path.startswith(SYSTEM_PYTHON_DIRS)
 
 
 @dataclass(frozen=True)

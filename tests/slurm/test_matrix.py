@@ -52,7 +52,8 @@ SRC = "/src/grace-policy"
 #: after installing them.
 #: Apptainer (the root's own package), pyxis' batch step and enroot's mounts
 #: run there too.
-CONTAINERS = ("tests/slurm/test_containers.py", "tests/slurm/test_apptainer_slurm.py",
+CONTAINERS = ("tests/slurm/test_containers.py", "tests/slurm/test_container_python.py",
+              "tests/slurm/test_apptainer_slurm.py",
               "tests/slurm/test_pyxis_batch.py", "tests/slurm/test_enroot_mounts.py",
               "tests/slurm/test_oci_path.py")
 INNER_IGNORE = ("tests/slurm/test_matrix.py", "tests/slurm/test_packages.py", *CONTAINERS)

@@ -133,11 +133,17 @@ def _frame(conn: socket.socket, with_fd: bool = False) -> tuple[bytes, int]:
 def take_creds(frame: bytes) -> tuple[int, str | None]:
     """Become what slurmstepd is at user_init: groups, gids, then uids (the
     user's effective ids, root's real and saved ids, so the user can neither
-    signal nor trace us). Returns the time left (ms) and the sender's install."""
+    signal nor trace us), with slurmstepd's own PATH (what pyxis' enroot is
+    found on, container/enroot.py; the forked helper of checker=step has it
+    as its os.environ). Returns the time left (ms) and the sender's install."""
     c = _Cursor(frame)
     ru, eu, su, rg, eg, sg, n = (c.u32() for _ in range(7))
     groups = [c.u32() for _ in range(n)]
-    left, code = c.u32(), c.text()
+    left, code, path = c.u32(), c.text(), c.text()
+    if path is None:
+        os.environ.pop("PATH", None)
+    else:
+        os.environ["PATH"] = path
     os.setgroups(groups)
     os.setresgid(rg, eg, sg)
     os.setresuid(ru, eu, su)

@@ -1175,6 +1175,10 @@ static int grace_node_run(struct grace_context *ctx, const struct grace_step *st
 	}
 	grace_put_u32(&b, (uint32_t)grace_ms_left(until));
 	grace_put_str(&b, step->code);
+	/* slurmstepd's own PATH, which its children (pyxis' enroot) search and
+	 * the forked helper of checker=step inherits; the node checker started
+	 * with a fixed one. */
+	grace_put_str(&b, getenv("PATH"));
 	grace_end_frame(&b, at);
 	at = grace_begin_frame(&b);
 	grace_put_step(&b, step);

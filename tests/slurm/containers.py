@@ -149,27 +149,11 @@ def install_enroot(dest: Path) -> Path:
             path.chmod(0o755 if path.is_dir() or os.access(path, os.X_OK) else 0o644)
     return dest
 def site_enroot(dest: Path) -> Path:
-    """A site's install of the built enroot: ``dest/bin/enroot`` with its
-    configuration in ``dest/etc/enroot`` (a copy of the built one: mounts.d,
-    hooks.d, enroot.conf), as ``make sysconfdir=DEST/etc`` would bake it;
-    the libraries and helpers stay the cached build's. An admin's mounts.d
-    files then go into ``dest/etc/enroot/mounts.d``."""
-    prefix = enroot_prefix()
-    sysconf = dest / "etc" / "enroot"
-    if sysconf.exists():
-        shutil.rmtree(sysconf)
-    shutil.copytree(prefix / "etc" / "enroot", sysconf, symlinks=True)
-    (dest / "bin").mkdir(parents=True, exist_ok=True)
-    script = (prefix / "bin" / "enroot").read_text()
-    old = f'"{prefix}/etc/enroot'
-    if script.count(old) < 2:
-        raise CorpusUnavailable(f"{prefix}/bin/enroot does not name its sysconfdir {old}")
-    out = dest / "bin" / "enroot"
-    out.write_text(script.replace(old, f'"{sysconf}'))
-    out.chmod(0o755)
-    for path in (dest, dest / "bin", dest / "etc", sysconf):
-        path.chmod(0o755)
-    return out
+    """A site's install of the built enroot (:func:`install_enroot` at
+    ``dest``: its configuration in ``dest/etc/enroot``, as ``make
+    prefix=DEST`` would bake it), returning ``dest/bin/enroot``. An admin's
+    mounts.d files then go into ``dest/etc/enroot/mounts.d``."""
+    return install_enroot(dest) / "bin" / "enroot"
 
 
 def _spank_h_digest() -> str:
@@ -368,22 +352,6 @@ def mksquashfs(root: Path, out: Path, comp: str = "lzo") -> Path:
                     "-noappend", "-quiet", "-no-progress"], check=True, capture_output=True)
     out.chmod(0o644)
     return out
-
-
-def enroot_env(prefix: Path, data: Path) -> dict[str, str]:
-    """What a container step needs in its environment: enroot on PATH
-    (pyxis runs ``enroot`` with the job's environment) and enroot's state
-    under ``data`` (never the user's home)."""
-    for sub in ("data", "runtime", "cache", "temp"):
-        (data / sub).mkdir(parents=True, exist_ok=True)
-        (data / sub).chmod(0o1777)
-    return {
-        "PATH": f"{prefix / 'bin'}:/usr/sbin:/usr/bin:/sbin:/bin",
-        "ENROOT_DATA_PATH": str(data / "data"),
-        "ENROOT_RUNTIME_PATH": str(data / "runtime"),
-        "ENROOT_CACHE_PATH": str(data / "cache"),
-        "ENROOT_TEMP_PATH": str(data / "temp"),
-    }
 
 
 def make_bundle(dest: Path, arch: str, files: Mapping[str, Path],

@@ -41,7 +41,7 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 fi
 [ "${1:-}" = --packaging ] && exit 0
 PY=${PYTHON:-python3}
-"$PY" - <<'PYEOF' || "$PY" -m pip install -q pyelftools pydantic structlog cffi pytest pytest-cov hypothesis ruff \
+"$PY" - <<'PYEOF' || "$PY" -m pip install -q pyelftools pydantic structlog cffi pytest pytest-cov hypothesis ruff==0.17.6 \
     tree-sitter==0.26.1 tree-sitter-bash==0.25.1
 import importlib.util, sys
 mods = ["elftools", "pydantic", "structlog", "cffi", "pytest", "pytest_cov", "hypothesis", "ruff",

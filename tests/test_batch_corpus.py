@@ -14,12 +14,12 @@ import time
 import pytest
 from batch_corpus import fetch_scripts
 from corpus import CorpusUnavailable, _give_up
+from roomy import ROOMY
 from test_hostile import no_hang
 
 from grace_policy.batch.judge import decide_batch, read_script
 from grace_policy.budget import Budget
 from grace_policy.node import detect
-from grace_policy.policy import Policy
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +55,7 @@ def test_slurm_example_scripts_read_without_a_finding(scripts: list) -> None:
         assert reading.limit is None, (script.name, reading.limit)
         commands += len(reading.commands)
         with no_hang(60):
-            verdict = decide_batch(Policy(), partition=None, argv=[str(script)], env=env,
+            verdict = decide_batch(ROOMY, partition=None, argv=[str(script)], env=env,
                                    cwd="/tmp", node=node)
         assert verdict.error is None, (script.name, verdict.error)
         shown = [f.rule for f in verdict.findings if f.severity != "info"]

@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from roomy import ROOMY
 
 from grace_policy.container.plan import plan
 
@@ -120,7 +121,6 @@ def test_pyxis_batch_step_runs_slurmds_script_inside_the_image(tmp_path: Path) -
     ``#!`` interpreter is the image's (not the host's)."""
     from grace_policy.decide import decide
     from grace_policy.node import detect
-    from grace_policy.policy import Policy
 
     if shutil.which("mksquashfs") is None:
         pytest.skip("mksquashfs not installed (bash packaging/install-deps.sh)")
@@ -140,7 +140,7 @@ def test_pyxis_batch_step_runs_slurmds_script_inside_the_image(tmp_path: Path) -
     def judged(batch: bool) -> list[tuple[str, str]]:
         todo = plan("pyxis", str(image), True, "pyxis step", [str(script)], {}, "/",
                     batch=batch)
-        verdict = decide(Policy(), partition=None, argv=list(todo.argv), env=todo.env,
+        verdict = decide(ROOMY, partition=None, argv=list(todo.argv), env=todo.env,
                          cwd=todo.cwd, node=detect(), image=todo.image)
         return [(f.rule, f.path) for f in verdict.findings]
 

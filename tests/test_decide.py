@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from fixtures.build import ElfBuilder, src
+from roomy import ROOMY
 
 from grace_policy.decide import decide
 from grace_policy.findings import ACTIONS, Verdict
@@ -126,13 +127,13 @@ def test_simulated_64k_node_does_not_blame_the_system_libraries(elf_builder: Elf
     findings are info (audit only); the user's own 4 KiB build still fails."""
     node = NodeProfile(machine=detect().machine, page_size=65536, glibc=(2, 36))
     env = {"PATH": "/usr/bin:/bin"}
-    system = decide(Policy(), partition=None, argv=["/bin/true"], env=env, cwd="/", node=node)
+    system = decide(ROOMY, partition=None, argv=["/bin/true"], env=env, cwd="/", node=node)
     assert system.action == "allow"
     assert system.findings and {f.severity for f in system.findings} == {"info"}
     assert all(f.remediation and "system image" in f.remediation for f in system.findings
                if f.rule.startswith("page-"))
     own = elf_builder.compile(src("hello.c"), "bin/app", page_size=4096)
-    mine = decide(Policy(), partition=None, argv=[str(own)], env=env, cwd="/", node=node)
+    mine = decide(ROOMY, partition=None, argv=[str(own)], env=env, cwd="/", node=node)
     assert mine.action == "reject"
     assert ("page-congruence", "error") in {(f.rule, f.severity) for f in mine.findings
                                             if f.path == str(own)}

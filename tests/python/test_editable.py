@@ -25,12 +25,12 @@ from pathlib import Path
 
 import pytest
 from fixtures.build import ElfBuilder
+from roomy import ROOMY
 
 from grace_policy import elf, loader
 from grace_policy.budget import Budget
 from grace_policy.decide import decide
 from grace_policy.node import NodeProfile
-from grace_policy.policy import Policy
 from grace_policy.python import interp, step
 from grace_policy.python.finder import find_top_level
 from python import envs
@@ -236,7 +236,7 @@ def test_in_place_builds_are_judged_on_an_aarch64_node(
     py = _grace_venv(elf_builder, w, tmp_path)
 
     def verdict(code: str):
-        return decide(Policy(), partition=None, argv=[str(py), "-c", code],
+        return decide(ROOMY, partition=None, argv=[str(py), "-c", code],
                       env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
                       cwd=str(tmp_path), node=GRACE)
 
@@ -282,7 +282,7 @@ def test_in_place_builds_are_judged_on_an_aarch64_node(
     v = verdict("pass")
     assert v.action == "reject", v
     assert [f.rule for f in v.findings if f.severity == "error"] == ["py-ext-foreign"]
-    v = decide(Policy(), partition=None, argv=[str(py), "-S", "-c", "pass"],
+    v = decide(ROOMY, partition=None, argv=[str(py), "-S", "-c", "pass"],
                env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}, cwd=str(tmp_path),
                node=GRACE)
     assert v.action == "allow", v   # -S: no site, no .pth, no sitecustomize

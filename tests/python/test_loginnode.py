@@ -39,13 +39,13 @@ from pathlib import Path
 import pytest
 from corpus import _give_up, debian_arm64_python_or_skip
 from fixtures.build import ElfBuilder
+from roomy import ROOMY
 
 from grace_policy.cli.main import main
 from grace_policy.decide import decide
 from grace_policy.elf import read_elf
 from grace_policy.findings import Verdict
 from grace_policy.node import NodeProfile, detect, host_machine
-from grace_policy.policy import Policy
 from python import envs, torch_layouts
 from python.wheels import copy_site
 
@@ -140,7 +140,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
 
 
 def predict(node: NodeProfile, argv: list[str], env: dict[str, str], cwd: str) -> Verdict:
-    return decide(Policy(), partition=None, argv=argv, env=env, cwd=cwd, node=node)
+    return decide(ROOMY, partition=None, argv=argv, env=env, cwd=cwd, node=node)
 
 
 def interpreter_argv(argv: list[str]) -> list[str]:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from fixtures.build import ElfBuilder
+from roomy import ROOMY
 
 from grace_policy.decide import decide
 from grace_policy.node import NodeProfile
@@ -28,7 +29,7 @@ GRACE = NodeProfile(machine="aarch64", page_size=65536, glibc=(2, 36), root="/",
 
 
 def _decide(argv: list[str], cwd: Path, env: dict[str, str] | None = None):
-    return decide(Policy(), partition=None, argv=[str(a) for a in argv],
+    return decide(ROOMY, partition=None, argv=[str(a) for a in argv],
                   env={"PATH": "/usr/bin:/bin", "HOME": str(cwd), **(env or {})},
                   cwd=str(cwd), node=GRACE)
 
@@ -286,7 +287,7 @@ def test_extension_with_a_4k_jemalloc_is_rejected_on_64k(elf_builder: ElfBuilder
     assert "page-size-compiled" in verdict.rule_ids
     four_k = NodeProfile(machine="aarch64", page_size=4096, glibc=(2, 36), root="/",
                          root_is_native=False)
-    assert decide(Policy(), partition=None, argv=[str(py), "-c", "import polars"],
+    assert decide(ROOMY, partition=None, argv=[str(py), "-c", "import polars"],
                   env={"PATH": "/usr/bin", "HOME": str(tmp_path)}, cwd=str(tmp_path),
                   node=four_k).action == "allow"
 

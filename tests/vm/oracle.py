@@ -40,6 +40,7 @@ from pathlib import Path
 
 from elfpatch import set_load_align
 from fixtures.build import CompileCache, compile_c, src
+from roomy import ROOMY
 
 from grace_policy.decide import action_for, decide, finding_context
 from grace_policy.elf import ET_DYN, ET_EXEC, ElfError, read_elf
@@ -232,7 +233,7 @@ def predicted(case: Case, node: NodeProfile) -> Outcome:
         if case.env != "-":
             name, _, value = case.env.partition("=")
             env[name] = value
-        verdict = decide(Policy(), partition=None, argv=[root + case.argv[0], *case.argv[1:]],
+        verdict = decide(ROOMY, partition=None, argv=[root + case.argv[0], *case.argv[1:]],
                          env=env, cwd="/", node=node)
         if verdict.error:
             return Outcome("other", f"check failed: {verdict.error}", action=verdict.action)

@@ -3,14 +3,18 @@
 Why: a cold step pays for an interpreter start and the check's imports
 (15-35 ms) before the check itself. This server is started once per node by
 slurmd (spank/grace_node.c, ``checker=node``), imports what a check needs,
-and then only waits. slurmstepd connects in slurm_spank_init; each
-connection gets a child at once, so the fork is done while slurmstepd sets
-the step up. On a miss slurmstepd sends its credentials, then the step
-(spank/grace_helper.c "The node checker's client" has the frames); the child
-takes the credentials before it reads anything of the step, runs the same
-entry the embedded check runs (:func:`slurm_bridge.outcome_for`) and writes
-the same result records, then exits. The server itself never runs a check,
-so no child inherits anything a step left behind.
+and then only waits. slurmstepd connects in slurm_spank_init (as root, the
+only time it can reach the socket) and, on a verdict-cache hit - most
+steps - closes the connection without a word: the server only accepts and
+closes, and forks nothing. On a miss slurmstepd sends its credentials, then
+the step (spank/grace_helper.c "The node checker's client" has the frames);
+the server hands that connection to a *spare*: a child forked ahead of time
+that has already paid its copy-on-write faults (:func:`warm.prefault`) while
+it waited, and forks the next spare. The child takes the credentials before
+it reads anything of the step, runs the same entry the embedded check runs
+(:func:`slurm_bridge.outcome_for`) and writes the same result records, then
+exits. The server itself never runs a check, so no child inherits anything a
+step left behind.
 
 Who can reach it: the socket is mode 0600 in a directory that is root's,
 mode 0700, and each peer must be uid 0 (SO_PEERCRED) - slurmstepd, before it
@@ -43,6 +47,13 @@ _FRAME_MAX = 16 << 20
 _SLACK_S = 0.2
 #: How long a new server waits for the one before it on the same socket.
 _TAKEOVER_S = 10.0
+#: Connections held open waiting for slurmstepd's word (one per starting
+#: step on the node); past this a new one is closed and that step, on a
+#: miss, is checked by slurmstepd's own helper (checker=step).
+_MAX_PENDING = 512
+#: The spare prefaults at this niceness, so that it yields to the check it
+#: was forked beside and to slurmstepd; it is back at 0 before it judges.
+_SPARE_NICE = 10
 
 
 class Refused(Exception):
@@ -165,7 +176,8 @@ def _stamp(paths: Sequence[str]) -> dict[str, tuple[int, int, int, int]]:
 
 
 class Server:
-    """The listening parent: accepts, checks the peer, forks, forgets."""
+    """The listening parent: accepts, checks the peer, hands a step that
+    asks to be judged to the spare, forks the next spare, forgets."""
 
     def __init__(self, path: str, code: str, life: int, test: str | None = None) -> None:
         self.path, self.code, self.life, self.test = path, code, life, test
@@ -173,6 +185,10 @@ class Server:
         self.sock: socket.socket | None = None
         self.ino = 0
         self.lock = -1
+        #: Accepted connections whose slurmstepd has not spoken yet, by fd.
+        self.pending: dict[int, socket.socket] = {}
+        #: The server's end of the link to the spare child, or None.
+        self.spare: socket.socket | None = None
 
     def slurmd_gone(self, wait_s: float = 0.0) -> bool:
         """Has slurmd's end of the life pipe closed (EOF; it never writes)?"""
@@ -245,14 +261,20 @@ class Server:
     def serve(self) -> int:
         assert self.sock is not None
         signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children reap themselves
-        poll = select.poll()
-        poll.register(self.life, select.POLLIN)
-        poll.register(self.sock.fileno(), select.POLLIN)
+        self.poll = select.poll()
+        self.poll.register(self.life, select.POLLIN)
+        self.poll.register(self.sock.fileno(), select.POLLIN)
+        self._fork_spare()
         while True:
-            for fd, _event in poll.poll():
+            for fd, _event in self.poll.poll():
                 if fd == self.life:
                     return 0  # slurmd is gone (EOF; it never writes)
-                self._accept()
+                if fd == self.sock.fileno():
+                    self._accept()
+                elif self.spare is not None and fd == self.spare.fileno():
+                    self._spare_event()
+                elif fd in self.pending:
+                    self._spoke(fd)
 
     def _accept(self) -> None:
         assert self.sock is not None
@@ -260,37 +282,147 @@ class Server:
             conn, _addr = self.sock.accept()
         except (BlockingIOError, InterruptedError, ConnectionAbortedError):
             return
-        pid = -1
         try:
             peer = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
                                    struct.calcsize("3i"))
             _peer_pid, uid, _gid = struct.unpack("3i", peer)
-            if uid == 0:  # slurmstepd before it drops privileges, and only it
-                pid = os.fork()
         except OSError:
-            pid = -1
-        if pid != 0:
+            uid = -1
+        # slurmstepd before it drops privileges, and only it; a full table
+        # means that step's miss is checked by slurmstepd's own helper.
+        if uid != 0 or len(self.pending) >= _MAX_PENDING:
             conn.close()
             return
+        conn.setblocking(False)
+        self.pending[conn.fileno()] = conn
+        self.poll.register(conn.fileno(), select.POLLIN)
+
+    def _spoke(self, fd: int) -> None:
+        """slurmstepd wrote (a miss: judge it) or hung up (a hit, or the
+        step ended: nothing to do). Peeked, not read: the frame and the
+        descriptor that comes with it are the judging child's to take."""
+        conn = self.pending[fd]
         try:
-            self._child(conn)
+            first = conn.recv(1, socket.MSG_PEEK)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            first = b""
+        del self.pending[fd]
+        self.poll.unregister(fd)
+        if first:
+            self._judge(conn)
+        conn.close()
+
+    def _judge(self, conn: socket.socket) -> None:
+        """The spare takes the connection; without one, a child forked now."""
+        if self.spare is not None:
+            try:
+                socket.send_fds(self.spare, [b"S"], [conn.fileno()])
+                handed = True
+            except OSError:
+                handed = False
+            self._drop_spare()
+            if handed:
+                self._fork_spare()
+                return
+        try:
+            pid = os.fork()
+        except OSError:
+            return  # closed: slurmstepd reads EOF before 'A' and checks it itself
+        if pid == 0:
+            try:
+                self._leave(keep=conn)
+                self._child(conn)
+            finally:
+                os._exit(0)
+        self._fork_spare()
+
+    def _spare_event(self) -> None:
+        """The spare never writes: its link is readable only once it has
+        died (then the next miss forks its own child, and a new spare)."""
+        assert self.spare is not None
+        try:
+            self.spare.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except (BlockingIOError, InterruptedError):
+            return  # an event for an earlier socket of the same number
+        except OSError:
+            pass
+        self._drop_spare()
+
+    def _drop_spare(self) -> None:
+        if self.spare is not None:
+            self.poll.unregister(self.spare.fileno())
+            self.spare.close()
+            self.spare = None
+
+    def _fork_spare(self) -> None:
+        """The next step's child, forked now so that its fork and its page
+        copies are paid before its step arrives, not while slurmstepd waits."""
+        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            pid = os.fork()
+        except OSError:
+            mine.close()
+            theirs.close()
+            return  # no spare: the next miss forks its own child
+        if pid != 0:
+            theirs.close()
+            self.spare = mine
+            self.poll.register(mine.fileno(), select.POLLIN)
+            return
+        try:
+            mine.close()
+            self._leave(keep=theirs)
+            self._spare(theirs)
         finally:
             os._exit(0)
 
-    def _child(self, conn: socket.socket) -> None:
-        """One step: wait (as root, reading nothing of it), take the user's
-        credentials, read the step, judge it, answer, end."""
+    def _leave(self, keep: socket.socket) -> None:
+        """In a child: drop what is the server's (the listening socket, the
+        lock, other steps' connections, the spare's link)."""
         assert self.sock is not None
         self.sock.close()
         if self.lock >= 0:  # a hung child must not hold a new server off
             os.close(self.lock)
+        for other in self.pending.values():
+            if other is not keep:
+                other.close()
+        if self.spare is not None and self.spare is not keep:
+            self.spare.close()
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    def _spare(self, link: socket.socket) -> None:
+        """Prefault at low priority, then wait for one step's connection;
+        end when the server or slurmd is gone."""
+        from . import warm
+
+        try:
+            os.nice(_SPARE_NICE)
+        except OSError:
+            pass
+        warm.prefault()
+        ready, _, _ = select.select([link, self.life], [], [])
+        if link not in ready:
+            return  # slurmd is gone
+        try:
+            _msg, fds, _flags, _addr = socket.recv_fds(link, 1, 1)
+        except OSError:
+            return
+        link.close()
+        if not fds:
+            return  # the server is gone
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, 0)  # still root: the step's own pace
+        except OSError:
+            pass
+        self._child(socket.socket(fileno=fds[0]))
+
+    def _child(self, conn: socket.socket) -> None:
+        """One step: take the user's credentials, read the step, judge it,
+        answer, end."""
         conn.setblocking(True)
-        # No warm.prefault() here: every step connects, most are verdict-cache
-        # hits that never send a request, and on a small node the ~11 ms of
-        # CPU it takes competed with slurmstepd itself (make bench, quiet
-        # 2-core machine: warm steps 1.15x with it). It saves 2-3 ms on a miss.
         ready, _, _ = select.select([conn, self.life], [], [])
         if self.life in ready and conn not in ready:
             return

@@ -132,3 +132,90 @@ def test_a_restart_while_the_old_server_starts_leaves_one_server(tmp_path: Path)
     os.close(new_life)
     assert new.wait(timeout=30) == 0
     assert not sock.exists()
+
+
+# -- hits cost the server no fork; a miss goes to the spare ----------------
+def _children(pid: int) -> set[int]:
+    out = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid and fields[0] != "Z":
+            out.add(int(entry.name))
+    return out
+
+
+def _creds_frame(code: bytes) -> bytes:
+    """grace_put_creds + time left + install + PATH, as grace_node_run sends it."""
+    ids = (os.getuid(), os.geteuid(), os.getuid(), os.getgid(), os.getegid(), os.getgid())
+    groups = os.getgroups()
+    body = b"".join(U32.pack(n) for n in (*ids, len(groups), *groups))
+    body += U32.pack(20_000) + _s(code) + _s(b"/usr/bin:/bin")
+    return U32.pack(len(body)) + body
+
+
+def _records(conn: socket.socket) -> list[str]:
+    data = b""
+    kinds: list[str] = []
+    while not kinds or kinds[-1] != "Z":
+        got = conn.recv(65536)
+        assert got, kinds
+        data += got
+        while len(data) >= 5:
+            kind, n = struct.unpack_from("=BI", data)
+            if len(data) < 5 + n:
+                break
+            kinds.append(chr(kind))
+            data = data[5 + n:]
+    return kinds
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the server wants a socket directory of root's")
+def test_hits_fork_nothing_and_a_miss_is_judged_by_the_spare(tmp_path: Path) -> None:
+    """slurmstepd connects for every step and, on a cache hit, hangs up
+    without a word: the server forks nothing for those (its only child
+    stays the one spare). A step that speaks is judged by that spare (it
+    answers 'A' ... 'Z'), which then ends, and a new spare takes its place."""
+    sock = tmp_path / "checker" / "socket"
+    server, life = _server(sock)
+    try:
+        _until(lambda: _listening(sock) and len(_children(server.pid)) == 1)
+        [spare] = _children(server.pid)
+        held = socket.socket(socket.AF_UNIX)
+        held.connect(str(sock))  # a step still starting: says nothing yet
+        for _ in range(20):
+            with socket.socket(socket.AF_UNIX) as hit:
+                hit.connect(str(sock))
+        time.sleep(1.0)
+        assert _children(server.pid) == {spare}
+        held.close()
+        audit_r, audit_w = os.pipe()
+        with socket.socket(socket.AF_UNIX) as miss:
+            miss.connect(str(sock))
+            socket.send_fds(miss, [_creds_frame(b"x|-")], [audit_w])
+            step = _frame([b"/bin/true"], [b"PATH=/usr/bin:/bin"], audit_fd=audit_w)
+            miss.sendall(U32.pack(len(step)) + step)
+            kinds = _records(miss)
+        os.close(audit_r)
+        os.close(audit_w)
+        assert kinds[0] == "A" and kinds[-2:] == ["R", "Z"], kinds
+        _until(lambda: spare not in _children(server.pid)
+               and len(_children(server.pid)) == 1)
+        [spare] = _children(server.pid)
+    finally:
+        os.close(life)
+        assert server.wait(timeout=30) == 0
+    # The spare does not outlive slurmd (nor its server).
+    _until(lambda: not _alive(spare))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return False
+    return state != "Z"

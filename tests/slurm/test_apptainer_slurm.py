@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from corpus import _give_up
 
 from .harness import SIDE_EFFECT_C, SlurmEnv
 
@@ -96,7 +97,7 @@ def sifs(slurm: SlurmEnv) -> Sifs:
             real = Path(shutil.which("apptainer") or "")
         else:
             if shutil.which("mmdebstrap") is None:
-                pytest.skip("no apptainer installed and no mmdebstrap to make its sid root")
+                _give_up("no apptainer installed and no mmdebstrap to make its sid root")
             from image.sif_root import apptainer_root
 
             # srun runs it as given; a copy outside root's cache, readable by all.
@@ -129,7 +130,7 @@ def sifs(slurm: SlurmEnv) -> Sifs:
             out.chmod(0o644)
             images[arch] = out
     except CorpusUnavailable as exc:
-        pytest.skip(f"no Apptainer: {exc}")
+        _give_up(f"no Apptainer: {exc}")
     return Sifs(slurm=slurm, apptainer=real, installed=installed, standin=standin,
                 images=images)
 

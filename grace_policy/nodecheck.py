@@ -187,8 +187,12 @@ class Server:
         self.lock = -1
         #: Accepted connections whose slurmstepd has not spoken yet, by fd.
         self.pending: dict[int, socket.socket] = {}
-        #: The server's end of the link to the spare child, or None.
+        #: The server's end of the link to the spare child, or None; and
+        #: whether the spare said it is done prefaulting.
         self.spare: socket.socket | None = None
+        self.spare_ready = False
+        #: The server's pid: the only process a child may stop (stale install).
+        self.pid = os.getpid()
 
     def slurmd_gone(self, wait_s: float = 0.0) -> bool:
         """Has slurmd's end of the life pipe closed (EOF; it never writes)?"""
@@ -282,6 +286,12 @@ class Server:
             conn, _addr = self.sock.accept()
         except (BlockingIOError, InterruptedError, ConnectionAbortedError):
             return
+        except OSError:
+            # Out of descriptors or memory: the step's connect succeeded
+            # but goes unserved (its miss falls back to checker=step);
+            # pause so a full table does not spin this loop.
+            time.sleep(0.01)
+            return
         try:
             peer = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
                                    struct.calcsize("3i"))
@@ -310,13 +320,19 @@ class Server:
             first = b""
         del self.pending[fd]
         self.poll.unregister(fd)
-        if first:
-            self._judge(conn)
-        conn.close()
+        try:
+            if first:
+                self._judge(conn)
+        finally:
+            conn.close()
 
     def _judge(self, conn: socket.socket) -> None:
-        """The spare takes the connection; without one, a child forked now."""
-        if self.spare is not None:
+        """The spare takes the connection if it is ready; else a child
+        forked now (a spare still prefaulting at low priority would make
+        this step wait for it). The server's copy of the connection is
+        closed before the next spare is forked: a copy held by any other
+        process keeps slurmstepd from reading the end of the answer."""
+        if self.spare is not None and self.spare_ready:
             try:
                 socket.send_fds(self.spare, [b"S"], [conn.fileno()])
                 handed = True
@@ -324,6 +340,7 @@ class Server:
                 handed = False
             self._drop_spare()
             if handed:
+                conn.close()
                 self._fork_spare()
                 return
         try:
@@ -336,39 +353,49 @@ class Server:
                 self._child(conn)
             finally:
                 os._exit(0)
-        self._fork_spare()
+        conn.close()
+        if self.spare is None:
+            self._fork_spare()
 
     def _spare_event(self) -> None:
-        """The spare never writes: its link is readable only once it has
-        died (then the next miss forks its own child, and a new spare)."""
+        """The spare writes once, 'R' when its prefault is done; its link
+        reads EOF once it has died (then the next miss forks its own child,
+        and a new spare)."""
         assert self.spare is not None
         try:
-            self.spare.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+            said = self.spare.recv(16, socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):
             return  # an event for an earlier socket of the same number
         except OSError:
-            pass
-        self._drop_spare()
+            said = b""
+        if said:
+            self.spare_ready = True
+        else:
+            self._drop_spare()
 
     def _drop_spare(self) -> None:
         if self.spare is not None:
             self.poll.unregister(self.spare.fileno())
             self.spare.close()
             self.spare = None
+            self.spare_ready = False
 
     def _fork_spare(self) -> None:
         """The next step's child, forked now so that its fork and its page
         copies are paid before its step arrives, not while slurmstepd waits."""
-        mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        except OSError:
+            return  # no spare: the next miss forks its own child
         try:
             pid = os.fork()
         except OSError:
             mine.close()
             theirs.close()
-            return  # no spare: the next miss forks its own child
+            return
         if pid != 0:
             theirs.close()
-            self.spare = mine
+            self.spare, self.spare_ready = mine, False
             self.poll.register(mine.fileno(), select.POLLIN)
             return
         try:
@@ -403,6 +430,10 @@ class Server:
         except OSError:
             pass
         warm.prefault()
+        try:
+            link.send(b"R")
+        except OSError:
+            return  # the server is gone
         ready, _, _ = select.select([link, self.life], [], [])
         if link not in ready:
             return  # slurmd is gone
@@ -433,7 +464,8 @@ class Server:
         stale = self._stale()
         if stale:
             conn.sendall(_record("V", stale.encode()) + _record("Z"))
-            os.kill(os.getppid(), signal.SIGTERM)
+            if os.getppid() == self.pid:  # not whoever adopted us after it ended
+                os.kill(self.pid, signal.SIGTERM)
             return
         try:
             left, code = take_creds(frame)

@@ -1028,9 +1028,10 @@ static int grace_pre_wait(const struct timespec *until, struct grace_outcome *ou
 /*
  * slurm_spank_init (root) connects to the server's socket and checks that
  * root is at the other end (SO_PEERCRED: the socket lives in a root-only
- * directory, but that is the server's promise, not ours). The server forks
- * a child for the connection at once; that child waits, as root, reading
- * nothing of the step. On a miss, user_init sends two frames: first the
+ * directory, but that is the server's promise, not ours). The server only
+ * holds the connection until we write or close it: on a miss it hands it
+ * to a child it forked ahead of time (or forks one then), which has read
+ * nothing of any step. On a miss, user_init sends two frames: first the
  * credentials slurmstepd has now (the user's euid/egid/groups, root's real
  * and saved ids, as grace_put_creds), the time left and the install that
  * sends it ('code', as the step's), with the audit descriptor passed along
@@ -1039,7 +1040,7 @@ static int grace_pre_wait(const struct timespec *until, struct grace_outcome *ou
  * here ('A' first, 'Z' last). 'V' first: the server runs another install;
  * EOF before 'A': it is gone. Both mean today's path, under the same
  * deadline. A hit, or any end of user_init, just closes the connection:
- * the server's child reads EOF and exits.
+ * the server reads EOF and forks nothing.
  */
 
 /* Create the once-per-server marker; 1 if this call created it. */

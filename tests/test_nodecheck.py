@@ -200,9 +200,23 @@ def test_hits_fork_nothing_and_a_miss_is_judged_by_the_spare(tmp_path: Path) -> 
             step = _frame([b"/bin/true"], [b"PATH=/usr/bin:/bin"], audit_fd=audit_w)
             miss.sendall(U32.pack(len(step)) + step)
             kinds = _records(miss)
+            # Then the end: slurmstepd reads to EOF, so no other process
+            # (the next spare) may hold a copy of this connection.
+            miss.settimeout(10)
+            assert miss.recv(1) == b""
         os.close(audit_r)
         os.close(audit_w)
         assert kinds[0] == "A" and kinds[-2:] == ["R", "Z"], kinds
+        # A request the child cannot read ends in EOF too (slurmstepd then
+        # checks the step itself), not in a wait for the deadline.
+        with socket.socket(socket.AF_UNIX) as bad:
+            bad.connect(str(sock))
+            bad.sendall(U32.pack(1 << 30) + b"xx")
+            bad.settimeout(10)
+            try:
+                assert bad.recv(1) == b""
+            except ConnectionResetError:
+                pass  # closed with our bytes unread: an end all the same
         _until(lambda: spare not in _children(server.pid)
                and len(_children(server.pid)) == 1)
         [spare] = _children(server.pid)

@@ -14,6 +14,7 @@ fail for real the way the plugin's message said they would.
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from pathlib import Path
@@ -22,7 +23,7 @@ import pytest
 from corpus import CorpusUnavailable, _give_up
 from fixtures.build import CompileCache
 from vm import twoarch, twoarch_cases
-from vm.twoarch_cases import CASES, Case, Outcome
+from vm.twoarch_cases import CASES, Case, Outcome, visible
 
 from grace_policy.node import host_machine
 from grace_policy.rules import Catalogue
@@ -40,11 +41,6 @@ WARN_CASES = tuple(c for c in CASES if c.fails_with)
 
 
 SEVERITY = Catalogue()
-
-
-def visible(rules: object) -> list[str]:
-    """The rule ids a user is shown (info findings go to the audit log only)."""
-    return [r for r in rules if SEVERITY.severity(r) != "info"]  # type: ignore[attr-defined]
 
 
 class Run:
@@ -232,3 +228,16 @@ def test_warn_mode_runs_and_fails_as_predicted(run: Run, case: Case) -> None:
     first = next(f for f in predicted["findings"]  # type: ignore[attr-defined]
                  if f["rule"] == case.rules[0])
     assert case.fails_with in first["predicted_error"], first
+
+
+def test_cpu_torch_warning_names_the_partitions_cuda_index(run: Run) -> None:
+    """The --gpus step with a CPU-only torch runs (a warning), and both the
+    node's message and the login node's prediction point at the PyTorch
+    index of the partition's CUDA (cuda_index = "cu130" on gb200)."""
+    step = run.enforce["torch-cpu-gpus"]
+    assert step.rc == 0 and "torch imported" in step.stdout, step.stderr
+    assert "WARNING torch-cpu-only" in said(step.stderr)
+    assert "cu130" in said(step.stderr), said(step.stderr)
+    [finding] = [f for f in run.predicted["torch-cpu-gpus"]["findings"]  # type: ignore[attr-defined]
+                 if f["rule"] == "torch-cpu-only"]
+    assert "cu130" in json.dumps(finding), finding

@@ -42,7 +42,7 @@ def main() -> int:
             twoarch_cases.build_home(cluster, None)
             print(f"node {twoarch.NODE} idle after {cluster.boot_seconds:.0f} s; "
                   f"user {twoarch.USER}, home {cluster.home} (9p on the node)\n", flush=True)
-            rows = []
+            rows: list[tuple[str, object, object, bool]] = []
             for case in twoarch_cases.CASES:
                 before = len(cluster.audit_lines())
                 out = twoarch_cases.submit(cluster, case)
@@ -60,7 +60,8 @@ def main() -> int:
                 print(f"   node audit: {node}")
                 print(f"   login-node prediction: {pred['action']} {pred['rules']}\n",
                       flush=True)
-                rows.append((case.name, node, (pred["action"], pred["rules"])))
+                rows.append((case.name, node, (pred["action"], pred["rules"]),
+                             twoarch_cases.agrees(records, pred)))
                 if case.action == "reject":
                     warned = twoarch_cases.submit(cluster, case, twoarch.WARN_PARTITION)
                     print(f"   the same on {twoarch.WARN_PARTITION} (warn mode): it runs and fails "
@@ -69,12 +70,17 @@ def main() -> int:
                         if not line.startswith("grace-policy: "):
                             print(f"   {line}")
                     print(f"   exit {warned.rc}\n", flush=True)
-            print("scenario | node (action, rules) | prediction")
-            for name, node, pred in rows:
-                print(f"{name} | {node} | {pred}")
+            print("scenario | node (action, rules) | prediction | agree")
+            for name, node, pred, same in rows:
+                print(f"{name} | {node} | {pred} | {'yes' if same else 'NO'}")
         finally:
             cluster.stop()
     print(f"\nstopped; {time.monotonic() - t0:.0f} s in all")
+    differ = [name for name, _node, _pred, same in rows if not same]
+    if differ:
+        print(f"demo-cluster: the login node's prediction differs from the node's decision: "
+              f"{', '.join(differ)}", file=sys.stderr)
+        return 1
     return 0
 
 

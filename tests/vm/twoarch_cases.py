@@ -25,6 +25,8 @@ from fixtures.build import CompileCache, compile_c, src
 from python import torch_layouts
 from python.wheels import copy_site
 
+from grace_policy.rules import Catalogue
+
 from .ffmpeg import ffmpeg5_libs, link_into
 from .twoarch import PARTITION, TwoArchCluster
 
@@ -223,3 +225,17 @@ def node_record(cluster: TwoArchCluster, before: int) -> list[dict[str, object]]
     """The audit lines the node wrote since ``before`` lines."""
     return [json.loads(line) for line in cluster.audit_lines()[before:]]
 
+
+_CATALOGUE = Catalogue()
+
+
+def visible(rules: object) -> list[str]:
+    """The rule ids a user is shown (info findings go to the audit log only)."""
+    return [r for r in rules if _CATALOGUE.severity(r) != "info"]  # type: ignore[attr-defined]
+
+
+def agrees(records: list[dict[str, object]], predicted: dict[str, object]) -> bool:
+    """The node's one audit line and the login node's prediction: the same
+    action and the same rules a user is shown."""
+    return (len(records) == 1 and records[0]["action"] == predicted["action"]
+            and visible(records[0]["rules"]) == visible(predicted["rules"]))

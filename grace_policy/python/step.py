@@ -397,12 +397,19 @@ class Environment:
         search = self.search_path()
         out: list[Group] = []
         # The standard library's extension modules load for nearly every
-        # step: judged with normal severities.
+        # step: judged with normal severities. Those of the node's own
+        # distribution Python are its packages' files, built for this node:
+        # judged there only when the step's LD_LIBRARY_PATH can make their
+        # libraries resolve to something else (about half of a cold
+        # `python3 -c pass` check was reading its ~45 of them otherwise).
         for e in entries:
-            if e.kind == "lib-dynload" and (self.node.root_is_native or not e.system):
-                names = [f"{e.path}/{n}" for n in _listdir(self._host(e.path)) if ".so" in n]
-                found = self._loadables(classify(names, e.path, self.suffixes))
-                out.append(Group("the standard library", e.path, True, tuple(found)))
+            if e.kind != "lib-dynload":
+                continue
+            if e.system and not (self.node.root_is_native and self.env.get("LD_LIBRARY_PATH")):
+                continue
+            names = [f"{e.path}/{n}" for n in _listdir(self._host(e.path)) if ".so" in n]
+            found = self._loadables(classify(names, e.path, self.suffixes))
+            out.append(Group("the standard library", e.path, True, tuple(found)))
         # Distributions, per sys.path entry that holds metadata.
         by_dir: dict[str, tuple[Dist, ...]] = {}
         for e in entries:

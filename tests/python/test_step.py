@@ -364,3 +364,39 @@ def test_a_pth_file_that_stops_python_before_it_runs(grace_venv: Path, tmp_path:
     assert verdict.action == "reject"
     (finding,) = verdict.findings
     assert finding.rule == "py-startup-error" and "Fatal Python error" in finding.predicted_error
+
+
+def test_the_distributions_extension_modules_are_judged_under_ld_library_path(
+        elf_builder: ElfBuilder, tmp_path: Path) -> None:
+    """On its own node the distribution Python's lib-dynload is not read for
+    a clean step (its files are built for the node); a LD_LIBRARY_PATH can
+    make their libraries resolve elsewhere, and then they are judged: a
+    stand-in libffi there breaks _ctypes, as the real interpreter shows."""
+    import glob
+    import subprocess
+
+    from grace_policy.elf import read_elf
+    from grace_policy.node import detect
+
+    found = glob.glob("/usr/lib/python3*/lib-dynload/_ctypes.*.so")
+    if not found or not Path("/usr/bin/python3").exists():
+        pytest.skip("no Debian python3 with lib-dynload/_ctypes here")
+    [ffi] = [n for n in read_elf(found[0]).needed if n.startswith("libffi.so")]
+    stub = elf_builder.library(f"llp/{ffi}", source="int not_ffi(void) { return 0; }\n")
+    llp = str(stub.parent)
+    # The oracle: the distribution's interpreter itself, under that path.
+    real = subprocess.run(["/usr/bin/python3", "-c", "import ctypes"], capture_output=True,
+                          text=True, env={"LD_LIBRARY_PATH": llp}, check=False)
+    assert real.returncode != 0 and found[0] in real.stderr, real.stderr
+
+    def judged(env: dict[str, str]) -> tuple[list[tuple[str, str]], bool]:
+        """The findings, and whether _ctypes' file was read at all."""
+        probes: list[tuple[str, str, str]] = []
+        v = decide(ROOMY, partition=None, argv=["/usr/bin/python3", "-c", "pass"],
+                   env={"PATH": "/usr/bin:/bin", **env}, cwd=str(tmp_path), node=detect(),
+                   probes=probes)
+        return [(f.rule, f.path) for f in v.findings], any(found[0] in p for p in probes)
+
+    assert judged({}) == ([], False)
+    findings, read = judged({"LD_LIBRARY_PATH": llp})
+    assert read and ("lib-version-missing", found[0]) in findings, findings

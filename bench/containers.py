@@ -133,7 +133,7 @@ def table(found: list[tuple[str, float, float, float, float]], runs: int) -> lis
         ok = (added <= 100) if cold else (added <= 0.05 * start)
         out.append(f"| {title} (median of {runs}; pyxis' own start {start:.1f} ms; the check "
                    f"in user_init {check:.1f} ms) | {target} | {alone:.1f} ms | {both:.1f} ms "
-                   f"| +{added:.1f} ms ({100 * added / start:.1f}% of pyxis' start) | "
+                   f"| {added:+.1f} ms ({100 * added / start:.1f}% of pyxis' start) | "
                    f"{both / alone:.2f}× | {'holds' if ok else '**misses**'} |")
     return out
 

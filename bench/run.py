@@ -200,9 +200,10 @@ def main() -> int:
             # stores a new entry. The hit count comes from the audit log.
             cold = ("cache_dir=none",)
             cases = [
-                ("`srun /bin/true`, cache warm", ["/bin/true"], (), (), "ratio ≤ 1.25"),
+                # Warm: issue 18's ≤ 1.05 (issue 4 had asked ≤ 1.25).
+                ("`srun /bin/true`, cache warm", ["/bin/true"], (), (), "ratio ≤ 1.05"),
                 ("`srun python3 -c pass`, cache warm", ["python3", "-c", "pass"], (), (),
-                 "ratio ≤ 1.25"),
+                 "ratio ≤ 1.05"),
                 ("`srun /bin/true`, cache cold (cache_dir=none)", ["/bin/true"], (), cold,
                  "(informational)"),
                 ("`srun python3 -c pass`, cache cold (cache_dir=none)",

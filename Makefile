@@ -15,7 +15,7 @@ deps:
 
 test: deps
 	$(PYTHON) -m ruff check grace_policy tests spank bench
-	$(PYTHON) -m pytest -q --cov=grace_policy --cov-report=term-missing:skip-covered tests
+	$(PYTHON) -m pytest -q --durations=30 --cov=grace_policy --cov-report=term-missing:skip-covered tests
 
 test-fast:
 	$(PYTHON) -m pytest -q -m "not slurm" tests

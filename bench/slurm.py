@@ -142,7 +142,9 @@ def rss_kib(pid: int) -> tuple[int, int]:
     return rss, pss
 
 
-def node_checker_rows(env: SlurmEnv, runs: int, row: Callable[..., str]) -> list[str]:
+def node_checker_rows(env: SlurmEnv, runs: int, row: Callable[..., str],
+                      first_seen: tuple[Sequence[str], Sequence[Path]] | None = None
+                      ) -> list[str]:
     """The checker=node rows of ``make bench``: slurmd restarted with the
     line (it starts the server at its own start), cold and warm steps
     alternating with no plugin, slurmstepd's peak RSS and the server's own;
@@ -157,6 +159,8 @@ def node_checker_rows(env: SlurmEnv, runs: int, row: Callable[..., str]) -> list
     rows = []
     for title, argv, args, limit in (
             ("`srun /bin/true`, cache warm, checker=node", ["/bin/true"], (), 1.05),
+            ("`srun python3 -c pass`, cache warm, checker=node", ["python3", "-c", "pass"], (),
+             1.05),
             ("`srun /bin/true`, cache cold, checker=node", ["/bin/true"], cold, 1.25),
             ("`srun python3 -c pass`, cache cold, checker=node", ["python3", "-c", "pass"],
              cold, 1.25)):
@@ -166,6 +170,17 @@ def node_checker_rows(env: SlurmEnv, runs: int, row: Callable[..., str]) -> list
                         f"ratio ≤ {limit}", f"{mwo:.1f} ms", f"{mw:.1f} ms",
                         f"{mw - mwo:+.1f} ms", f"{mw / mwo:.2f}×",
                         "holds" if mw / mwo <= limit else "**misses**"))
+    if first_seen is not None:
+        # What a first step of a new program costs by default (miss + store).
+        argv, files = first_seen
+        w, wo, (hits, decisions) = alternate(env, argv, runs, first_seen=files,
+                                             plugin_args=node_args)
+        mw, mwo = median(w), median(wo)
+        rows.append(row("`srun` first-seen executable, 100 own libraries (miss + store), "
+                        f"checker=node (median of {runs}; {hits}/{decisions} cache hits)",
+                        "≤ 40 ms added", f"{mwo:.1f} ms", f"{mw:.1f} ms",
+                        f"{mw - mwo:+.1f} ms", f"{mw / mwo:.2f}×",
+                        "holds" if mw - mwo <= 40 else "**misses**"))
     rw, rwo = peak_rss(env, max(5, runs // 3), plugin_args=(*node_args, *cold))
     mw, mwo = median(rw) / 1024, median(rwo) / 1024
     rows.append(row("slurmstepd peak RSS (VmHWM seen by the task), cache cold, checker=node",

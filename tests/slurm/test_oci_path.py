@@ -56,10 +56,12 @@ def _runc_error(stderr: str) -> list[str]:
 
 
 def _predicted(stderr: str) -> str:
-    """Our ``without this check:`` text, its wrapped lines joined again."""
+    """Our ``without this check:`` text, its wrapped lines joined again.
+    Only our lines: srun writes the step's stderr as it comes, and runc's own
+    error can land between two lines of our message (seen in a cold CI run)."""
     head = f"{PREFIX}  without this check: "
     cont = PREFIX + " " * (len(head) - len(PREFIX))
-    lines = stderr.splitlines()
+    lines = [line for line in stderr.splitlines() if line.startswith(PREFIX)]
     [at] = [i for i, line in enumerate(lines) if line.startswith(head)]
     words = [lines[at][len(head):]]
     for line in lines[at + 1:]:

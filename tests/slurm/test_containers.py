@@ -260,7 +260,9 @@ def test_4k_program_in_the_image_on_a_64k_partition(pyxis: Pyxis, user: str) -> 
     assert "the kernel maps the program at the wrong file offsets" in res.stderr
     assert "side-effect program ran" not in res.stdout
     res = pyxis.srun(["-p", "gb200sim", "--container-image=./pages64k.sqsh", "tool"], user=user)
-    assert res.returncode == 0 and PREFIX not in res.stderr, res.stderr
+    # Runs: the program is 64 KiB-linked (the image's own Debian loader and
+    # libc are warned about: page-overlap, a warning).
+    assert res.returncode == 0 and f"{PREFIX}ERROR" not in res.stderr, res.stderr
     assert "side-effect program ran" in res.stdout
 
 

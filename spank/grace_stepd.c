@@ -368,9 +368,13 @@ int grace_stepd_user_init(struct grace_context *ctx, spank_t sp)
 	snprintf(s.code, sizeof(s.code), "%s|%s", ctx->plugin_dir,
 		 ctx->python_path ? ctx->python_path : "-");
 	grace_copy_env(sp, "SLURM_JOB_PARTITION", s.partition, sizeof(s.partition));
-	/* 22.05 has no SPANK item for the cwd and slurmstepd changes into it only
-	 * in the task child; srun and sbatch export it as PWD. */
-	grace_copy_env(sp, "PWD", s.cwd, sizeof(s.cwd));
+	/* No SPANK item names the step's cwd, but slurmstepd changes into it
+	 * (or, failing that, /tmp, where the tasks go too) right before
+	 * spank_user() (mgr.c _fork_all_tasks, 22.05 to 26.05). PWD in the step
+	 * environment is the submitting shell's: srun --chdir does not change
+	 * it. PWD is only the fallback. */
+	if (getcwd(s.cwd, sizeof(s.cwd)) == NULL || s.cwd[0] != '/')
+		grace_copy_env(sp, "PWD", s.cwd, sizeof(s.cwd));
 	if (gethostname(s.node, sizeof(s.node) - 1) != 0)
 		s.node[0] = '\0';
 	s.step = (struct grace_step){

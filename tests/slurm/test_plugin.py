@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 
 import pytest
 
@@ -258,3 +259,32 @@ def test_zz_node_never_drained(slurm: SlurmEnv) -> None:
     assert state in ("idle", "mixed", "allocated"), (state, slurm.cluster.node_reason())
     assert "drain" not in state and "down" not in state
     assert slurm.cluster.node_reason() in ("", "Reason=(null)")
+
+
+def test_relative_program_is_judged_in_the_steps_directory(grace: SlurmEnv) -> None:
+    """``srun --chdir=DIR ./tool`` runs DIR/tool: the check judges that
+    file, not ./tool in the submitting shell's directory (PWD, which srun
+    passes on unchanged). Both ways round: a foreign tool there is refused
+    although the one here is native, and a native one there runs although
+    the one here is foreign."""
+    here = grace.cluster.shared / "chdir-submit"
+    there = grace.cluster.shared / "chdir-step"
+    for d in (here, there):
+        d.mkdir(exist_ok=True)
+        d.chmod(0o755)
+    env = {"PATH": "/usr/bin:/bin", "PWD": str(here)}
+    for native_at, foreign_at in ((here, there), (there, here)):
+        shutil.copy2(grace.files / "native", native_at / "tool")
+        shutil.copy2(grace.files / "foreign", foreign_at / "tool")
+        out = grace.side_file("chdir.out")
+        before = len(grace.audit_lines())
+        res = grace.cluster.srun([f"--chdir={there}", "./tool", str(out)], user="nobody",
+                                 env=env, cwd=here)
+        _no_traceback(res.stderr, res.stdout)
+        [record] = _new_records(grace, before)
+        if foreign_at == there:
+            assert res.returncode != 0 and f"{PREFIX}ERROR exe-arch-mismatch" in res.stderr
+            assert str(there) in res.stderr and record["action"] == "reject", record
+        else:
+            assert res.returncode == 0 and PREFIX not in res.stderr, res.stderr
+            assert "side-effect program ran" in res.stdout and record["action"] == "allow"

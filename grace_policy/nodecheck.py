@@ -163,6 +163,17 @@ def take_creds(frame: bytes) -> tuple[int, str | None]:
     return left, code
 
 
+def _name(comm: str) -> None:
+    """What ps and top show for this process (the kernel's comm): a check in
+    progress is ``grace-check`` whichever checker runs it (grace_helper.c
+    names slurmstepd's helper so), a waiting spare ``grace-spare``."""
+    try:
+        with open("/proc/self/comm", "w") as fh:
+            fh.write(comm)
+    except OSError:
+        pass
+
+
 def _stamp(paths: Sequence[str]) -> dict[str, tuple[int, int, int, int]]:
     out = {}
     for path in paths:
@@ -425,6 +436,7 @@ class Server:
         end when the server or slurmd is gone."""
         from . import warm
 
+        _name("grace-spare")
         try:
             os.nice(_SPARE_NICE)
         except OSError:
@@ -453,6 +465,7 @@ class Server:
     def _child(self, conn: socket.socket) -> None:
         """One step: take the user's credentials, read the step, judge it,
         answer, end."""
+        _name("grace-check")
         conn.setblocking(True)
         ready, _, _ = select.select([conn, self.life], [], [])
         if self.life in ready and conn not in ready:

@@ -185,6 +185,8 @@ def test_hits_fork_nothing_and_a_miss_is_judged_by_the_spare(tmp_path: Path) -> 
     try:
         _until(lambda: _listening(sock) and len(_children(server.pid)) == 1)
         [spare] = _children(server.pid)
+        # ps tells it from a check in progress (grace-check)
+        _until(lambda: Path(f"/proc/{spare}/comm").read_text().strip() == "grace-spare")
         held = socket.socket(socket.AF_UNIX)
         held.connect(str(sock))  # a step still starting: says nothing yet
         for _ in range(20):

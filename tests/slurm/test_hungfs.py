@@ -139,26 +139,25 @@ class HungMount:
 
 
 def _helpers() -> list[str]:
-    """Processes that run a check, as ``pid state comm args``: a helper of
-    slurmstepd (comm grace-check, grace_helper.c) or a child of a node
-    checker (checker=node, the default: grace_policy.nodecheck whose parent
-    is one too; the server is not). From /proc: ps cuts args at 80 columns
-    when not on a terminal, before a node checker's module name."""
-    rows = {}
+    """Processes that run a check, as ``pid state comm args``: comm
+    grace-check, which names both a helper of slurmstepd (grace_helper.c)
+    and a node checker's child once it has taken a step (nodecheck._name;
+    not the server, nor its idle spare, grace-spare). From /proc: ps cuts
+    args at 80 columns when not on a terminal, before a node checker's
+    module name."""
+    rows = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             comm = (entry / "comm").read_text().strip()
-            fields = (entry / "stat").read_text().rpartition(")")[2].split()
+            state = (entry / "stat").read_text().rpartition(")")[2].split()[0]
             args = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        rows[entry.name] = (fields[0], fields[1], comm, args.strip())
-    servers = {pid for pid, (_st, _pp, _c, args) in rows.items()
-               if "grace_policy.nodecheck" in args}
-    return [f"{pid} {st} {comm} {args}" for pid, (st, ppid, comm, args) in rows.items()
-            if st != "Z" and (comm == "grace-check" or (pid in servers and ppid in servers))]
+        if comm == "grace-check" and state != "Z":
+            rows.append(f"{entry.name} {state} {comm} {args.strip()}")
+    return rows
 
 
 def _slurmstepd_of(job: int) -> list[str]:

@@ -9,6 +9,7 @@ step ran is shown by a file its code writes before any import.
 
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 import subprocess
@@ -121,30 +122,35 @@ def test_clean_python_step_is_cached_and_a_new_package_is_a_miss(slurm: SlurmEnv
     subprocess.run(["chmod", "-R", "a+rX", str(root)], check=True)
     python = root / "bin" / "python"
     slurm.use("base", f"cache_dir={cache}")
+    # -c puts the step's directory first on sys.path, so the check lists
+    # it: run the steps in one they do not write to (the venv), not in the
+    # shared directory where each step leaves its marker (a changed
+    # listing is rightly a miss).
+    step = functools.partial(_step, slurm, python, srun_args=(f"--chdir={root}",))
     try:
         hits = []
         for _ in range(2):  # the same step twice (same arguments)
-            res, out, records = _step(slurm, python, "import cleanpkg", marker="py-cache.out")
+            res, out, records = step("import cleanpkg", marker="py-cache.out")
             assert res.returncode == 0 and out.exists(), res.stderr
             assert PREFIX not in res.stderr, res.stderr
             hits.append(records[0].get("cache") == "hit")
         assert hits == [False, True]
         # Other arguments: another step, judged again.
-        res, out, records = _step(slurm, python, "import json", marker="py-cache2.out")
+        res, out, records = step("import json", marker="py-cache2.out")
         assert records[0].get("cache") != "hit"
         # A package installed after the clean verdict: the listing changed.
         envs.pip_install(envs.build_wheel(tmp_path, "laterpkg", "1.0", {
             "laterpkg/__init__.py": b""}), site)
         subprocess.run(["chmod", "-R", "a+rX", str(root)], check=True)
-        res, out, records = _step(slurm, python, "import cleanpkg", marker="py-cache.out")
+        res, out, records = step("import cleanpkg", marker="py-cache.out")
         assert out.exists() and records[0].get("cache") != "hit"
-        res, out, records = _step(slurm, python, "import cleanpkg", marker="py-cache.out")
+        res, out, records = step("import cleanpkg", marker="py-cache.out")
         assert records[0].get("cache") == "hit"
         # The imported package replaced by pip (same name, new files): a miss.
         envs.pip_install(envs.build_wheel(tmp_path / "v2", "cleanpkg", "1.0", {
             "cleanpkg/__init__.py": b"VALUE = 2\n"}), site)
         subprocess.run(["chmod", "-R", "a+rX", str(root)], check=True)
-        res, out, records = _step(slurm, python, "import cleanpkg", marker="py-cache.out")
+        res, out, records = step("import cleanpkg", marker="py-cache.out")
         assert records[0].get("cache") != "hit"
     finally:
         slurm.use("base")

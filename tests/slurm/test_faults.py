@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -263,7 +264,13 @@ def test_core_deadline_exceeded_follows_on_error(faults: SlurmEnv) -> None:
     faults.use(cfg)
     before = len(faults.audit_lines())
     out = faults.side_file("deadline.out")
-    res = faults.cluster.srun([str(faults.files / "native"), str(out)], user="nobody")
+    # A check that takes many milliseconds on any machine: python3 with a
+    # LD_LIBRARY_PATH, so the standard library's ~45 extension modules and
+    # their libraries are judged (a small native program's check can now
+    # end within 1 ms, before the deadline is ever looked at).
+    libdir = f"/usr/lib/{platform.machine()}-linux-gnu"
+    res = faults.cluster.srun(["/usr/bin/python3", "-c", f"open({str(out)!r}, 'w').write('x')"],
+                              user="nobody", env={"LD_LIBRARY_PATH": libdir})
     assert res.returncode != 0, res.stderr
     assert f"{PREFIX}ERROR check-limit" in res.stderr, res.stderr
     assert "Traceback" not in res.stderr

@@ -23,10 +23,9 @@ import pytest
 from corpus import CorpusUnavailable, _give_up
 from fixtures.build import CompileCache
 from vm import twoarch, twoarch_cases
-from vm.twoarch_cases import CASES, Case, Outcome, visible
+from vm.twoarch_cases import CASES, CATALOGUE, Case, Outcome, visible
 
 from grace_policy.node import host_machine
-from grace_policy.rules import Catalogue
 
 pytestmark = [
     pytest.mark.vm, pytest.mark.slurm, pytest.mark.network, pytest.mark.cross,
@@ -39,8 +38,6 @@ PREFIX = "grace-policy: "
 #: and fail the way the prediction said it would.
 WARN_CASES = tuple(c for c in CASES if c.fails_with)
 
-
-SEVERITY = Catalogue()
 
 
 class Run:
@@ -164,7 +161,7 @@ def test_login_node_prediction_equals_the_node_decision(run: Run, case: Case) ->
     extra = list(record["rules"])  # type: ignore[call-overload]
     for rule in predicted["rules"]:  # type: ignore[attr-defined]
         extra.remove(rule)
-    assert all(SEVERITY.severity(r) == "info" for r in extra), (extra, record)
+    assert all(CATALOGUE.severity(r) == "info" for r in extra), (extra, record)
     pred_paths = {f["path"] for f in predicted["findings"]}  # type: ignore[attr-defined]
     node_only = [p for p in record["paths"] if p not in pred_paths]  # type: ignore[attr-defined]
     assert not [p for p in node_only if p.startswith(str(run.home))], (node_only, predicted)

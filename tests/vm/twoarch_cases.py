@@ -226,12 +226,13 @@ def node_record(cluster: TwoArchCluster, before: int) -> list[dict[str, object]]
     return [json.loads(line) for line in cluster.audit_lines()[before:]]
 
 
-_CATALOGUE = Catalogue()
+#: The rule catalogue: which rules a user is shown.
+CATALOGUE = Catalogue()
 
 
 def visible(rules: object) -> list[str]:
     """The rule ids a user is shown (info findings go to the audit log only)."""
-    return [r for r in rules if _CATALOGUE.severity(r) != "info"]  # type: ignore[attr-defined]
+    return [r for r in rules if CATALOGUE.severity(r) != "info"]  # type: ignore[attr-defined]
 
 
 def agrees(records: list[dict[str, object]], predicted: dict[str, object]) -> bool:

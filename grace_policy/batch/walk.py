@@ -284,7 +284,8 @@ class Reader:
             self._nested(node.named_children, state, depth, line, "a subshell", keep=True)
         elif kind in ("if_statement", "case_statement", "for_statement", "while_statement",
                       "c_style_for_statement", "until_statement", "select_statement"):
-            self._nested(node.named_children, state, depth, line, f"this {kind.split('_')[0]}")
+            what = "for" if kind == "c_style_for_statement" else kind.split("_")[0]
+            self._nested(node.named_children, state, depth, line, f"this {what}")
         elif kind in ("elif_clause", "else_clause", "case_item", "do_group"):
             self._block(node.named_children, state, main, depth + 1)
         elif kind == "function_definition":

@@ -62,12 +62,13 @@ def shebang_shell(script: str, budget: Budget) -> tuple[str, bool] | None:
 
 
 def read_script(script: str, args: Sequence[str], env: Mapping[str, str], cwd: str,
-                budget: Budget, *, login: bool = False) -> Reading:
-    """Parse and follow ``script``: a :class:`~.walk.Reading` (its ``limit``
-    set when the budget or a cap ended it)."""
+                budget: Budget, *, shell: tuple[str, bool] = ("bash", False)) -> Reading:
+    """Parse and follow ``script`` as ``shell`` (its #! line's: name, login)
+    runs it: a :class:`~.walk.Reading` (its ``limit`` set when the budget or
+    a cap ended it)."""
     from ..python.nodepath import read_small
     from . import shparse
-    from .walk import Reader, Reading
+    from .walk import Reader, Reading, Start
 
     try:
         size = os.stat(script).st_size
@@ -81,8 +82,8 @@ def read_script(script: str, args: Sequence[str], env: Mapping[str, str], cwd: s
         if source is None:
             return Reading(limit="the batch script is not a readable regular file")
         tree = shparse.parse(source, budget)
-        return Reader(source, tree, dict(env), cwd, tuple(args), script, budget,
-                      login=login).read()
+        start = Start(dict(env), cwd, tuple(args), script, shell[0], shell[1])
+        return Reader(source, tree, start, budget).read()
     except BudgetExceeded as exc:
         return Reading(limit=str(exc))
     except shparse.ParserUnavailable as exc:
@@ -140,7 +141,7 @@ def _with_lines(policy: Policy, own: Verdict, partition: str | None, argv: Seque
         return own  # not a sh/bash script: judged as any program
     node = node or node_for(policy, partition)
     start_env = own.env.apply(dict(env))
-    reading = read_script(argv[0], argv[1:], start_env, cwd, budget, login=shell[1])
+    reading = read_script(argv[0], argv[1:], start_env, cwd, budget, shell=shell)
     if reading.skipped:
         return own
     kept_own = own.findings
@@ -154,7 +155,7 @@ def _with_lines(policy: Policy, own: Verdict, partition: str | None, argv: Seque
         from ..findings import EnvChanges
 
         env_changes = EnvChanges()
-        reading = read_script(argv[0], argv[1:], dict(env), cwd, budget, login=shell[1])
+        reading = read_script(argv[0], argv[1:], dict(env), cwd, budget, shell=shell)
     found, limit = _judge(policy, reading, node, partition, budget,
                           start_env if env_changes is own.env else dict(env))
     if who is not None and policy.exemptions and found:

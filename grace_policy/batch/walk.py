@@ -13,14 +13,15 @@ function call, a block that changed the state). Nothing is ever run.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 
 from .. import fsprobe
-from .._record import dataclass, field
+from .._record import dataclass, field, replace
 from ..budget import Budget, BudgetExceeded
 from ..launch import which
-from . import envs
+from . import builtins, envs
 from .srunopts import apply_export, srun_command
-from .words import ShellVars, fields, value
+from .words import ShellVars, fields, is_name, value
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -32,17 +33,14 @@ MAX_DEPTH = 64
 #: Characters of a command's source text kept for messages.
 TEXT_CHARS = 160
 
-#: Builtins and keywords that change nothing a later command depends on.
-_INERT = frozenset("""
-echo printf true false : test [ [[ shopt trap wait pwd return break continue ulimit
-umask hash type jobs disown alias unalias history let caller times help kill bg fg
-logout suspend enable complete compgen
-""".split())
-#: Commands whose effect on the environment a reader cannot know.
+#: Commands whose effect on the environment a reader cannot know: shell
+#: functions a profile defines (``module``, ``ml``, ...) and ``eval``.
 _UNKNOWABLE = frozenset({"module", "ml", "spack", "eval", "setenv", "use", "envmodule",
                          "lmod", "source_env", "direnv", "pyenv", "nvm", "conda.sh"})
-#: Programs that run their arguments as a command (after their own options).
-_WRAPPERS = {"time": 0, "nohup": 0, "command": 0, "builtin": 0}
+#: How a command's first word is looked up: as bash does by default
+#: (functions, builtins, then PATH); after ``command`` (no functions); after
+#: ``exec`` or ``nohup`` (a program only); after ``builtin`` (builtins only).
+_ANY, _NO_FUNCTIONS, _PROGRAM, _BUILTIN = "any", "command", "program", "builtin"
 _CONDA = frozenset({"conda", "mamba", "micromamba"})
 #: ``eval "$(conda shell.bash hook)"`` and its spellings (compiled when met).
 _HOOK = r"""^eval\s+["']?\$\(\s*(\S+)\s+shell(\.bash|\s+hook)"""
@@ -61,6 +59,20 @@ class Command:
     certain: bool
     #: Started as an ``srun`` step (the plugin will also judge it there).
     srun: bool = False
+
+
+@dataclass(frozen=True)
+class Start:
+    """How slurmd starts the script: its environment and directory, its
+    arguments and path, the shell its #! line names ("bash", "dash" or
+    "sh", which may be either) and whether that is a login shell."""
+
+    env: Mapping[str, str]
+    cwd: str
+    args: tuple[str, ...] = ()
+    script: str = ""
+    shell: str = "bash"
+    login: bool = False
 
 
 @dataclass
@@ -87,15 +99,35 @@ class _State:
     #: Main path still certain (no unknowable line so far).
     sure: bool = True
     done: bool = False
+    #: ``hash -p FILE NAME``: NAME -> (FILE, ShellVars.path_epoch then:
+    #: assigning PATH empties bash's table).
+    hashed: dict[str, tuple[str, int]] = field(default_factory=dict)
 
     def copy(self) -> _State:
-        return _State(self.shell.copy(), self.cwd, set(self.functions), self.sure, self.done)
+        return _State(self.shell.copy(), self.cwd, set(self.functions), self.sure, self.done,
+                      dict(self.hashed))
 
     def same(self, other: _State) -> bool:
         return (self.shell.values == other.shell.values
                 and self.shell.exported == other.shell.exported
                 and self.cwd == other.cwd and self.functions == other.functions
-                and self.shell.args == other.shell.args)
+                and self.hashed == other.hashed
+                and self.shell.args == other.shell.args
+                and self.shell.allexport == other.shell.allexport)
+
+
+@dataclass(frozen=True)
+class _At:
+    """One simple command being read: its node, the state it runs in, on
+    the main path or not, its line, the assignments before its name, and
+    whether ``exec -c`` empties its environment."""
+
+    node: Any
+    state: _State
+    main: bool
+    line: int
+    extra: Mapping[str, str | None]
+    clear: bool = False
 
 
 def _text(node: Any) -> str:
@@ -107,22 +139,62 @@ def _short(node: Any) -> str:
     return text if len(text) <= TEXT_CHARS else text[:TEXT_CHARS - 3] + "..."
 
 
+def _same_dir(a: str, b: str) -> bool:
+    try:
+        one, two = fsprobe.stat(a), fsprobe.stat(b)
+    except (OSError, ValueError):
+        return False
+    return (one.st_dev, one.st_ino) == (two.st_dev, two.st_ino)
+
+
+def _start_dirs(shell: ShellVars, cwd: str) -> str:
+    """PWD and OLDPWD as the shell sets them at start-up (bash's
+    ``set_pwd``, dash's ``getpwd``): the inherited PWD when it is absolute
+    and names the directory the shell starts in (kept as written), else that
+    directory's physical path (``getcwd``); exported either way. OLDPWD is
+    dropped unless it names a directory, and is exported once ``cd`` sets
+    it. Returns the shell's own idea of its directory (what ``cd ..``
+    starts from). Slurm starts the script in the job's directory
+    (``--chdir`` or the submit directory) with the submitting shell's PWD."""
+    inherited = shell.get("PWD")
+    if inherited and inherited.startswith("/") and _same_dir(inherited, cwd):
+        here = os.path.normpath(inherited)
+    else:
+        try:
+            here = fsprobe.realpath(cwd)
+        except (OSError, ValueError):
+            here = cwd
+        shell.values["PWD"] = here
+    shell.exported.add("PWD")
+    old = shell.get("OLDPWD")
+    if old is None or not fsprobe.isdir(os.path.join(here, old)):
+        shell.values.pop("OLDPWD", None)
+    shell.exported.add("OLDPWD")
+    return here
+
+
 class Reader:
-    def __init__(self, source: bytes, tree: Any, env: dict[str, str], cwd: str,
-                 args: tuple[str, ...], script: str, budget: Budget,
-                 login: bool = False) -> None:
+    def __init__(self, source: bytes, tree: Any, start: Start, budget: Budget) -> None:
         self.budget = budget
         self.source = source
         self.tree = tree
-        shell = ShellVars(dict(env), set(env), args, script)
-        shell.values.setdefault("PWD", cwd)
+        self.dialect = start.shell
+        env = start.env
+        shell = ShellVars(dict(env), set(env), tuple(start.args), start.script)
+        cwd = _start_dirs(shell, start.cwd)
         self.state = _State(shell, cwd)
         self.out = Reading()
         self.first_command_seen = False
-        if login:
+        if start.login:
             self._uncertain(1, "a login shell (#! ... -l) first reads the user's profile")
-        if env.get("BASH_ENV"):
+        if env.get("BASH_ENV") and start.shell == "bash":
             self._uncertain(1, "BASH_ENV names a file bash reads before the script")
+        if "allexport" in (env.get("SHELLOPTS") or "").split(":"):
+            # bash turns on what SHELLOPTS lists; dash does not read it.
+            if start.shell == "bash":
+                shell.allexport = True
+            elif start.shell == "sh":
+                self._uncertain(1, "SHELLOPTS turns allexport on if /bin/sh is bash")
 
     # -- bookkeeping ------------------------------------------------------
     def _uncertain(self, line: int, why: str) -> None:
@@ -212,7 +284,8 @@ class Reader:
             self._nested(node.named_children, state, depth, line, "a subshell", keep=True)
         elif kind in ("if_statement", "case_statement", "for_statement", "while_statement",
                       "c_style_for_statement", "until_statement", "select_statement"):
-            self._nested(node.named_children, state, depth, line, f"this {kind.split('_')[0]}")
+            what = "for" if kind == "c_style_for_statement" else kind.split("_")[0]
+            self._nested(node.named_children, state, depth, line, f"this {what}")
         elif kind in ("elif_clause", "else_clause", "case_item", "do_group"):
             self._block(node.named_children, state, main, depth + 1)
         elif kind == "function_definition":
@@ -320,8 +393,9 @@ class Reader:
         words: list[str] | None = []
         for child in node.children:
             if child.type in ("variable_assignment", "file_redirect", "heredoc_redirect",
-                              "herestring_redirect") or not child.is_named:
-                continue
+                              "herestring_redirect") or not (child.is_named or
+                                                             child.type == "$"):
+                continue  # (a lone '$' is a word: itself)
             if child.type == "command_name":
                 child = child.named_children[0] if child.named_children else child
             got = fields(child, state.shell)
@@ -349,84 +423,163 @@ class Reader:
             if n is not None:
                 env_extra[_text(n)] = value(assignment.child_by_field_name("value"),
                                             state.shell)
-        self._run(words, env_extra, node, state, main, line)
+        self._run(words, _At(node, state, main, line, env_extra))
 
-    def _run(self, words: list[str], env_extra: dict[str, str | None], node: Any,
-             state: _State, main: bool, line: int) -> None:
+    def _run(self, words: list[str], at: _At, lookup: str = _ANY,
+             path: str | None = None) -> None:
+        """One command's words, looked up as bash looks up its first word
+        (``lookup``, ``path``: see _ANY); a program it starts is kept."""
         cmd = words[0]
-        if cmd in _INERT:
+        state = at.state
+        if lookup == _ANY:
+            if cmd in state.functions:
+                if cmd == "deactivate":
+                    self._deactivate_venv(state)
+                    return
+                self._uncertain_at(state, at.line, f"the function '{cmd}' may change the "
+                                   "environment")
+                return
+            if cmd == "time":  # a keyword: times the command after it
+                rest = builtins.after_options(words[1:], "p")
+                if rest:
+                    self._run(rest, at)
+                return
+        if lookup != _PROGRAM and cmd in builtins.BUILTINS:
+            self._builtin(words, at, path)
             return
-        if cmd in _WRAPPERS:
-            rest = words[1:]
-            while rest and rest[0].startswith("-") and cmd in ("time", "command"):
-                rest = rest[1:]
+        if lookup == _BUILTIN:
+            return  # 'builtin X' of no builtin: an error, nothing runs
+        if cmd == "nohup":
+            rest = builtins.after_options(words[1:], "")
             if rest:
-                self._run(rest, env_extra, node, state, main, line)
+                self._run(rest, at, _PROGRAM)
             return
-        if cmd == "exit":
-            if main and state is self.state:
+        if lookup == _ANY:
+            if cmd in _CONDA and self._conda(words, state, at.line):
+                return
+            if cmd in _UNKNOWABLE:
+                self._uncertain_at(state, at.line, f"'{_short(at.node)}' changes the "
+                                   "environment in ways a reader cannot know")
+                return
+        self._program(words, at, path)
+
+    def _builtin(self, words: list[str], at: _At, path: str | None) -> None:
+        """A builtin: what it changes in the state, or the command it runs."""
+        cmd = words[0]
+        state, line = at.state, at.line
+        if cmd == "command":
+            parsed = builtins.command_words(words[1:])
+            if parsed is not None and parsed[0] != "describe" and parsed[1]:
+                self._run(parsed[1], at, _NO_FUNCTIONS,
+                          builtins.STD_PATH if parsed[0] == "std" else path)
+        elif cmd == "builtin":
+            rest = builtins.after_options(words[1:], "")
+            if rest:
+                self._run(rest, at, _BUILTIN, path)
+        elif cmd == "exec":
+            self._exec(words[1:], at)
+        elif cmd == "exit":
+            if at.main and state is self.state:
                 state.done = True
-            return
-        if cmd == "exec":
-            if len(words) > 1:  # 'exec > log' only redirects: the script goes on
-                self._run(words[1:], env_extra, node, state, main, line)
-                if main and state is self.state:
-                    state.done = True
-            return
-        if cmd in ("cd", "pushd"):
+        elif cmd in ("cd", "pushd"):
             self._cd(words[1:], state, line)
-            return
-        if cmd == "popd":
+        elif cmd == "popd":
             self._uncertain_at(state, line, "'popd' returns to a directory the reader "
                                "does not track")
-            return
-        if cmd in ("source", "."):
-            self._source(words[1:], node, state, line)
-            return
-        if cmd in ("export", "declare", "typeset", "readonly", "local", "unset"):
-            self._uncertain_at(state, line, f"'{cmd}' with computed words")
-            return
-        if cmd == "set":
-            if len(words) > 1 and words[1] == "--":
-                state.shell.args = tuple(words[2:])
-            elif any(w.startswith("-") and "a" in w[1:] for w in words[1:]):
-                self._uncertain_at(state, line, "'set -a' exports what follows")
-            return
-        if cmd == "shift":
-            count = int(words[1]) if len(words) > 1 and words[1].isdigit() else 1
-            state.shell.args = state.shell.args[count:]
-            return
-        if cmd in ("read", "getopts", "mapfile", "readarray"):
+        elif cmd in ("source", "."):
+            self._source(words[1:], at.node, state, line)
+        elif cmd in ("export", "declare", "typeset", "readonly", "local", "unset", "eval"):
+            self._uncertain_at(state, line, f"'{_short(at.node)}' cannot be read")
+        elif cmd in ("set", "shift"):
+            self._positional(words, at)
+        elif cmd in ("read", "getopts", "mapfile", "readarray", "let"):
             for word in words[1:]:
-                if not word.startswith("-") and word.isidentifier():
-                    state.shell.values[word] = None
+                for name in _names_in(word) if cmd == "let" else [word]:
+                    if is_name(name) and (cmd != "let" or name in state.shell.values):
+                        state.shell.set(name, None)
+        elif cmd == "printf":
+            if len(words) > 2 and words[1] == "-v" and is_name(words[2]):
+                state.shell.set(words[2], None)
+        elif cmd == "hash":
+            self._hash(words[1:], at)
+        # Any other builtin changes nothing a later command depends on.
+
+    def _positional(self, words: list[str], at: _At) -> None:
+        """``set`` and ``shift``: allexport and the arguments, and where a
+        POSIX shell ends the script on their error."""
+        shell = at.state.shell
+        run = builtins.run_set if words[0] == "set" else builtins.run_shift
+        after = run(self.dialect, words[1:], shell.allexport, shell.args)
+        shell.allexport, shell.args = after.allexport, after.args
+        if after.ends is None:
+            self._uncertain_at(at.state, at.line, f"'{_short(at.node)}' fails: dash "
+                               "and bash as sh go on differently")
+        elif after.ends and at.main and at.state is self.state:
+            at.state.done = True
+
+    def _hash(self, words: list[str], at: _At) -> None:
+        """``hash -p FILE NAME``: NAME then runs FILE (bash; dash has no -p)."""
+        parsed = builtins.hash_words(words)
+        if parsed is None:
             return
-        if cmd == "printf" or cmd == "echo":
-            return
-        if cmd == "deactivate" and "deactivate" in state.functions:
-            self._deactivate_venv(state)
-            return
-        if cmd in _CONDA and self._conda(words, state, line):
-            return
-        if cmd in state.functions:
-            self._uncertain_at(state, line, f"the function '{cmd}' may change the "
-                               "environment")
-            return
-        if cmd in _UNKNOWABLE:
-            self._uncertain_at(state, line, f"'{_short(node)}' changes the environment "
-                               "in ways a reader cannot know")
-            return
+        flush, file, delete, names = parsed
+        table = at.state.hashed
+        if flush:
+            table.clear()
+        if file is not None and self.dialect != "dash":
+            if self.dialect == "sh":
+                self._uncertain_at(at.state, at.line, "'hash -p' works only if /bin/sh "
+                                   "is bash")
+            for name in names:
+                table[name] = (file, at.state.shell.path_epoch)
+        elif delete:
+            for name in names:
+                table.pop(name, None)
+
+    def _exec(self, words: list[str], at: _At) -> None:
+        parsed = builtins.exec_words(words)
+        if parsed is None or not parsed[1]:
+            return  # a usage error, or 'exec > log' (only redirects): the script goes on
+        clear, rest = parsed
+        self._run(rest, replace(at, clear=clear or at.clear), _PROGRAM)
+        if at.main and at.state is self.state:
+            at.state.done = True  # replaced, or (not found) bash exits
+
+    def _program(self, words: list[str], at: _At, path: str | None) -> None:
+        """A program the shell starts, found as bash finds it: with ``path``
+        (``command -p``), else the shell's own PATH variable (exported or
+        not, or the one assigned before the name)."""
+        state = at.state
         env = state.shell.environ()
         if env is None or state.cwd is None:
             self.out.unknown += 1
             return
-        for key, val in env_extra.items():
+        for key, val in at.extra.items():
             if val is None:
                 self.out.unknown += 1
                 return
             env[key] = val
-        sure = main and state.sure
-        text = _short(node)
+        if at.clear:
+            env = {}
+        cmd = words[0]
+        if path is None:
+            path = at.extra["PATH"] if "PATH" in at.extra else state.shell.get("PATH")
+            hashed = state.hashed.get(cmd) if "/" not in cmd else None
+            if hashed is not None and hashed[1] == state.shell.path_epoch:
+                words = [hashed[0], *words[1:]]
+                cmd = hashed[0]
+        if "/" not in cmd and path != env.get("PATH"):
+            # The child's PATH is not the one bash searched: judge the file found.
+            found = which(cmd, path, state.cwd, self.budget) if path is not None else None
+            if found is None:
+                if path is None:
+                    self.out.unknown += 1
+                return  # bash: command not found; nothing runs
+            words = [found, *words[1:]]
+            cmd = found
+        sure = at.main and state.sure
+        text = _short(at.node)
+        line = at.line
         if os.path.basename(cmd) == "srun":
             parsed = srun_command(words)
             if parsed is None:
@@ -615,12 +768,26 @@ class Reader:
         shell.set("CONDA_PREFIX", prefix, export=True)
         shell.set("CONDA_DEFAULT_ENV", name, export=True)
         level = shell.get("CONDA_SHLVL") or "0"
-        shell.set("CONDA_SHLVL", str(int(level) + 1) if level.isdigit() else None,
+        shell.set("CONDA_SHLVL", str(int(level) + 1) if builtins.is_digits(level) else None,
                   export=True)
         if envs.has_activate_hooks(prefix):
             self._uncertain_at(state, line, f"{prefix}/etc/conda/activate.d runs scripts "
                                "on activation")
         return True
+
+
+def _names_in(text: str) -> list[str]:
+    """The variable names an arithmetic word (``let``) may assign."""
+    out: list[str] = []
+    word = ""
+    for ch in text + " ":
+        if ch.isascii() and (ch.isalnum() or ch == "_"):
+            word += ch
+            continue
+        if word:
+            out.append(word)
+        word = ""
+    return out
 
 
 def _drop_path(path: str, entry: str) -> str:

@@ -18,6 +18,10 @@ if TYPE_CHECKING:
 #: Characters that make an unquoted word a glob pattern.
 _GLOB = frozenset("*?[")
 _IFS = " \t\n"
+_NAME_START = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz_")
+_NAME_CHARS = _NAME_START | frozenset("0123456789")
+#: Positional parameters beyond this index are never set (a bound on int()).
+_MAX_INDEX_DIGITS = 9
 
 
 @dataclass
@@ -29,11 +33,17 @@ class ShellVars:
     exported: set[str] = field(default_factory=set)
     args: tuple[str, ...] = ()
     script: str = ""
+    #: ``set -a`` / ``set -o allexport``: every assignment also exports.
+    allexport: bool = False
+    #: Bumped on every assignment or unset of PATH (bash then forgets what
+    #: ``hash -p`` said).
+    path_epoch: int = 0
     #: How many ``${...}`` are being expanded inside one another right now.
     depth: int = 0
 
     def copy(self) -> ShellVars:
-        return ShellVars(dict(self.values), set(self.exported), self.args, self.script)
+        return ShellVars(dict(self.values), set(self.exported), self.args, self.script,
+                         self.allexport, self.path_epoch)
 
     def get(self, name: str) -> str | None:
         """The value, or None when unset or unknown (both unknowable to us)."""
@@ -59,13 +69,30 @@ class ShellVars:
         return out
 
     def set(self, name: str, value: str | None, *, export: bool = False) -> None:
+        """Assign as bash's ``bind_variable`` does (under allexport it exports)."""
         self.values[name] = value
-        if export:
+        if export or self.allexport:
             self.exported.add(name)
+        if name == "PATH":
+            self.path_epoch += 1
 
     def unset(self, name: str) -> None:
         self.values.pop(name, None)
         self.exported.discard(name)
+        if name == "PATH":
+            self.path_epoch += 1
+
+
+def is_name(text: str) -> bool:
+    """A bash variable name: ASCII letters, digits and ``_``, not starting
+    with a digit (``str.isidentifier`` also takes ``é`` or ``x²``)."""
+    return bool(text) and text[0] in _NAME_START and all(c in _NAME_CHARS for c in text)
+
+
+def ascii_digits(text: str) -> bool:
+    """Only ``0``-``9`` (``str.isdigit`` also takes ``²``, ``٣``, ``３``, which
+    bash never reads as numbers and ``int`` turns into errors or values)."""
+    return text.isascii() and text.isdigit()
 
 
 class Unknown(Exception):
@@ -115,8 +142,11 @@ def _special(name: str, shell: ShellVars, quoted: bool) -> list[str] | str:
 
 
 def _variable(name: str, shell: ShellVars) -> str:
-    if name.isdigit():
-        index = int(name)
+    if ascii_digits(name):
+        digits = name.lstrip("0") or "0"  # ${01} is $1
+        if len(digits) > _MAX_INDEX_DIGITS:
+            raise Unknown(name)
+        index = int(digits)
         if index == 0:
             return shell.script
         if index <= len(shell.args):
@@ -234,9 +264,17 @@ def _pieces(node: Any, shell: ShellVars, quoted: bool) -> list[tuple[str, bool, 
                 out.append((_unescape_dquoted(gap.decode("utf-8", "surrogateescape")),
                             False, False))
         return out or [("", False, False)]
+    if kind == "$":
+        return [("$", False, False)]  # a '$' no name follows is itself (bash)
     if kind == "simple_expansion":
         target = node.children[-1]
         name = _text(target)
+        if target.type == "variable_name" and not is_name(name):
+            if ascii_digits(name[:1]):
+                # $10 is ${1} then "0": one digit is a positional parameter.
+                return [(_variable(name[0], shell), not quoted, False),
+                        (name[1:], False, False)]
+            return [("$" + name, False, False)]  # "$ b": no expansion at all
         if target.type == "special_variable_name":
             value = _special(name, shell, quoted)
             if isinstance(value, list):

@@ -165,6 +165,33 @@ def test_commands_built_by_command_substitution_are_not_judged(grace: SlurmEnv,
     _assert_ran_in_silence(state, text, side, "script-ran")
 
 
+def test_command_v_of_a_foreign_tool_runs_in_silence(grace: SlurmEnv,
+                                                      envs: dict[str, Path]) -> None:
+    """Issue 28: ``command -v tool`` only looks the name up; the job must not
+    be rejected for a program it never starts."""
+    state, text, side = _run(grace, "b-cmdv",
+                             f"export PATH={envs['fbin']}:$PATH\n"
+                             "command -v tool >/dev/null || exit 1\ntype -P tool\n"
+                             "echo looked-up\n")
+    _assert_ran_in_silence(state, text, side, "looked-up")
+
+
+def test_chdir_resets_pwd_as_bash_does(grace: SlurmEnv, envs: dict[str, Path]) -> None:
+    """Issue 28: submitted from a (the job's PWD says a) with ``--chdir=b``:
+    bash resets PWD to b, so ``cd "$PWD"; ./tool`` runs b's native tool,
+    not a's foreign one."""
+    a, b = grace.files / "chdir-a", grace.files / "chdir-b"
+    for d, tool in ((a, grace.files / "foreign"), (b, Path("/bin/true"))):
+        d.mkdir(exist_ok=True)
+        shutil.copy2(tool, d / "tool")
+        d.chmod(0o755)
+    state, text, side = _run(grace, "b-chdir", 'echo "PWD=$PWD"\ncd "$PWD"\n./tool\n'
+                             "echo tool-ran\n", env={"PWD": str(a)},
+                             args=("--chdir", str(b)))
+    _assert_ran_in_silence(state, text, side, "tool-ran")
+    assert f"PWD={b}" in text, text
+
+
 # -- at submit time: cli_filter/lua with the shipped cli_filter.lua ----------
 
 @pytest.fixture(scope="module")

@@ -265,7 +265,7 @@ class _Walk:
             head = r.read(pos, _FATBIN_HEADER.size)
             magic, version, hsize, size = _FATBIN_HEADER.unpack(head)
             if magic != FATBIN_MAGIC:
-                if head == bytes(_FATBIN_HEADER.size) and not one:
+                if head[:8] == bytes(8) and not one:
                     pos = self._skip_zeros(pos, end)
                     continue
                 r.problem(f"bytes at offset {pos} are not a fat binary header")

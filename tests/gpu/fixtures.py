@@ -76,6 +76,7 @@ VARIANTS: dict[str, tuple[str, ...]] = {
     "ptx90a": (_gen("compute_90a", "compute_90a"),),
     "sm100f": (_gen("compute_100f", "sm_100f"),),
     "ptx100f": (_gen("compute_100f", "compute_100f"),),
+    "sm100a": (_gen("compute_100a", "sm_100a"),),
     "sm103a": (_gen("compute_103a", "sm_103a"),),
     "sm120_ptx120": (_gen("compute_120", "[sm_120,compute_120]"),),
     "rdc_sm80_ptx90": ("-rdc=true", SM80, PTX90),

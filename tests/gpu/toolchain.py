@@ -67,6 +67,10 @@ CURAND = {
     "aarch64": Wheel("nvidia-curand-cu12==10.3.10.19",
                      "de663377feb1697e1d30ed587b07d5721fdd6d2015c738d7528a6002a6134d37", ARM),
 }
+#: CUDA 12's runtime (the second seed's harmless case: CUDA 12 code on a
+#: CUDA 13 driver).
+CUDART12 = Wheel("nvidia-cuda-runtime-cu12==12.9.79",
+                 "25bba2dfb01d48a9b59ca474a1ac43c6ebf7011f1b0b8cc44f54eb6ac48a96c3", X86)
 #: The torch CUDA wheel that lies on this kind of machine's disk.
 TORCH = ("torch==2.14.1", "305a61f61f35f128579f299c5bd33d475f6a01c6307336139632e30856c4854d")
 TORCH_MEMBER = "torch/lib/libtorch_cuda.so"
@@ -185,6 +189,22 @@ def curand_lib(arch: str) -> Path:
         return root / "nvidia" / "curand" / "lib" / "libcurand.so.10"
 
     return _or_skip(f"curand-{arch}", make)  # type: ignore[no-any-return]
+
+
+def cudart12_lib() -> Path:
+    """``libcudart.so.12`` of the pinned CUDA 12.9 runtime wheel."""
+
+    def build(work: Path) -> Path:
+        root = work / "root"
+        _unpack(_download(CUDART12, work), root, ("nvidia/cuda_runtime/lib/",))
+        return root
+
+    def make() -> Path:
+        root = _cached_tree("cuda-cudart12", {"wheel": [CUDART12.requirement, CUDART12.sha256]},
+                            build)
+        return root / "nvidia" / "cuda_runtime" / "lib" / "libcudart.so.12"
+
+    return _or_skip("cudart12", make)  # type: ignore[no-any-return]
 
 
 def _torch_wheel_file() -> Path:

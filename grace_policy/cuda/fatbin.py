@@ -29,6 +29,8 @@ and the file; every walk has a cap. A hostile or truncated file gives
 from __future__ import annotations
 
 import bisect
+import errno
+import os
 import struct
 
 from .._record import dataclass
@@ -159,8 +161,23 @@ class _Stop(Exception):
     reason is already in the problems."""
 
 
+#: preadv2(RWF_NOWAIT) answers from the page cache or fails with EAGAIN
+#: instead of waiting for the disk (Linux 4.14+, Python 3.7+).
+_NOWAIT = getattr(os, "RWF_NOWAIT", 0) if hasattr(os, "preadv") else 0
+_WILLNEED = getattr(os, "POSIX_FADV_WILLNEED", None)
+
+
 class _Reader:
-    """Bounded positional reads through one window, charged to the budget."""
+    """Bounded positional reads, charged to the budget.
+
+    A file that is not in the page cache (the first check after a reboot, a
+    network filesystem) costs one disk round trip per header if headers are
+    read one after the other, and a big library has thousands of them. So
+    where the file is a host file descriptor, a read first asks the page
+    cache only (``RWF_NOWAIT``); what is not there is asked for with
+    ``POSIX_FADV_WILLNEED`` and read later, after the hints for every other
+    header of the same round have gone out, so the disk serves them
+    together. A file whose pages are cached pays nothing extra."""
 
     def __init__(self, fh, size: int, budget: Budget | None) -> None:  # type: ignore[no-untyped-def]
         self.fh = fh
@@ -169,31 +186,92 @@ class _Reader:
         self.start = 0
         self.buf = b""
         self.problems: list[str] = []
+        fd = getattr(fh, "fd", None)
+        self.fd: int | None = fd if isinstance(fd, int) and _NOWAIT and _WILLNEED else None
 
     def problem(self, text: str) -> None:
         if len(self.problems) < MAX_PROBLEMS:
             self.problems.append(text)
 
-    def read(self, offset: int, length: int, window: int = WINDOW) -> bytes:
-        """``length`` bytes at ``offset``; :class:`_Stop` (with a problem)
-        when the file ends first or the read fails."""
-        end = offset + length
-        if self.start <= offset and end <= self.start + len(self.buf):
-            return self.buf[offset - self.start:end - self.start]
-        if offset < 0 or end > self.size:
+    def _check(self, offset: int, length: int) -> None:
+        if offset < 0 or offset + length > self.size:
             self.problem(f"a header at offset {offset} runs past the end of the file")
             raise _Stop
-        want = min(max(length, window), self.size - offset)
-        if self.budget is not None:
-            self.budget.spend_bytes(want)
+
+    def pread(self, offset: int, length: int, *, charged: bool = False) -> bytes:
+        """``length`` bytes at ``offset`` (already checked against the file
+        size), waiting for the disk if need be."""
+        if self.budget is not None and not charged:
+            self.budget.spend_bytes(length)
         try:
-            data = self.fh.pread(want, offset)
+            data = self.fh.pread(length, offset)
         except OSError as exc:
             self.problem(f"read failed at offset {offset}: {exc.strerror or exc}")
             raise _Stop from None
         if len(data) < length:
             self.problem(f"the file ended at offset {offset + len(data)} while reading")
             raise _Stop
+        return data  # type: ignore[no-any-return]
+
+    def cached(self, offset: int, length: int, need: int) -> bytes | bytearray | None:
+        """At least ``need`` of ``length`` bytes at ``offset`` if the page
+        cache has them; else None, with a read-ahead hint sent. The caller
+        has charged the bytes (:meth:`charge`), also for its later
+        :meth:`pread` of what was not cached."""
+        if self.fd is None:
+            return self.pread(offset, length, charged=True)
+        buf = bytearray(length)
+        try:
+            got = os.preadv(self.fd, [buf], offset, _NOWAIT)
+        except BlockingIOError:
+            got = 0
+        except OSError as exc:
+            if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS):
+                self.fd = None  # this filesystem has no RWF_NOWAIT: plain reads
+                return self.pread(offset, length, charged=True)
+            self.problem(f"read failed at offset {offset}: {exc.strerror or exc}")
+            raise _Stop from None
+        if got >= need:
+            if got < length:
+                del buf[got:]
+            return buf
+        self.hint(offset, length)
+        return None
+
+    def charge(self, nbytes: int) -> None:
+        """Charge reads about to be made (the budget raises before them)."""
+        if self.budget is not None and nbytes:
+            self.budget.spend_bytes(nbytes)
+
+    def hint(self, offset: int, length: int) -> None:
+        if self.fd is not None:
+            try:
+                os.posix_fadvise(self.fd, offset, length, _WILLNEED)  # type: ignore[arg-type]
+            except OSError:
+                self.fd = None
+
+    def prefetch(self, offsets: list[int]) -> None:
+        """Ask for every offset's page at once when the first is not cached."""
+        if self.fd is None or not offsets:
+            return
+        first = min(offsets[0], self.size - 16)
+        if first < 0:
+            return
+        self.charge(16)
+        if self.cached(first, 16, 16) is not None:
+            return
+        for offset in offsets[:MAX_WRAPPERS]:
+            self.hint(offset, WINDOW)
+
+    def read(self, offset: int, length: int, window: int = WINDOW) -> bytes:
+        """``length`` bytes at ``offset`` through one window; :class:`_Stop`
+        (with a problem) when the file ends first or the read fails."""
+        end = offset + length
+        if self.start <= offset and end <= self.start + len(self.buf):
+            return self.buf[offset - self.start:end - self.start]
+        self._check(offset, length)
+        want = min(max(length, window), self.size - offset)
+        data = self.pread(offset, want)
         self.start, self.buf = offset, data
         return data[:length]
 
@@ -209,6 +287,8 @@ class _Section:
 
 def _sections(r: _Reader) -> list[_Section]:
     """The section headers with their names (64-bit little-endian only)."""
+    if r.size < 64:
+        return []
     ident = r.read(0, 64)
     if ident[:4] != b"\x7fELF" or ident[4] != 2 or ident[5] != 1:
         return []  # not a 64-bit LE ELF: no CUDA images this reader knows
@@ -247,14 +327,31 @@ def _sections(r: _Reader) -> list[_Section]:
     return out
 
 
+class _Cursor:
+    """Where the walk of one fat binary's entries stands."""
+
+    __slots__ = ("bstart", "buf", "out", "pos", "relocatable", "stop")
+
+    def __init__(self, pos: int, stop: int, relocatable: bool) -> None:
+        self.pos, self.stop, self.relocatable = pos, stop, relocatable
+        self.out: list[Entry] = []
+        self.bstart = 0
+        self.buf: bytes | bytearray = b""
+
+
 class _Walk:
-    """The state of one file's walk: entries so far, fat binaries seen."""
+    """The state of one file's walk: the fat binaries found, then their
+    entries, walked a round at a time across all of them."""
 
     def __init__(self, r: _Reader) -> None:
         self.r = r
-        self.entries: list[Entry] = []
+        self.cursors: list[_Cursor] = []
         self.starts: set[int] = set()
-        self.fatbins = 0
+        self.count = 0
+
+    @property
+    def entries(self) -> list[Entry]:
+        return [e for c in self.cursors for e in c.out]
 
     def region(self, start: int, end: int, relocatable: bool, *, one: bool = False) -> None:
         """Every fat binary from ``start`` to ``end`` (a section), or only
@@ -273,17 +370,16 @@ class _Walk:
             if version != 1 or not _FATBIN_HEADER.size <= hsize <= MAX_ENTRY_HEADER:
                 r.problem(f"fat binary at offset {pos}: version {version}, header size {hsize}")
                 return
-            if self.fatbins >= MAX_FATBINS:
+            if len(self.cursors) >= MAX_FATBINS:
                 r.problem(f"more than {MAX_FATBINS} fat binaries; the rest were not read")
                 raise _Stop
-            self.fatbins += 1
             self.starts.add(pos)
             stop = pos + hsize + size
             if stop > end:
                 r.problem(f"fat binary at offset {pos} claims {size} bytes, past the end of "
                           "its section")
                 stop = end
-            self._entries(pos + hsize, stop, relocatable)
+            self.cursors.append(_Cursor(pos + hsize, stop, relocatable))
             if one:
                 return
             pos = (stop + 7) & ~7
@@ -304,93 +400,102 @@ class _Walk:
             return end
         return pos
 
-    def _entries(self, pos: int, stop: int, relocatable: bool) -> None:
-        # The hot loop of a big library (thousands of entries): the window
-        # test is inlined and names are local; one pread per entry whose
-        # header is not already in the window.
-        r, entries = self.r, self.entries
-        append, head_of, target_of, flags_of = (
-            entries.append, _ENTRY_HEAD.unpack_from, _ENTRY_TARGET.unpack_from,
-            _FLAGS.unpack_from)
-        budget = r.budget
-        while pos + MIN_ENTRY_HEADER <= stop:
-            if len(entries) >= MAX_ENTRIES:
-                r.problem(f"more than {MAX_ENTRIES} kernel images; the rest were not read")
-                raise _Stop
-            at = pos - r.start
-            if at < 0 or at + 48 > len(r.buf):
-                r.read(pos, 48)
-                at = 0
-            buf = r.buf
-            kind, _v, ehs, psz = head_of(buf, at)
-            if not MIN_ENTRY_HEADER <= ehs <= MAX_ENTRY_HEADER:
-                r.problem(f"entry at offset {pos}: header size {ehs}")
-                return
-            nxt = pos + ehs + psz
-            if nxt > stop:
-                r.problem(f"entry at offset {pos} claims {psz} bytes, past the end of its "
-                          "fat binary")
-                return
-            version, sm = target_of(buf, at + 24)
-            (flags,) = flags_of(buf, at + 40)
-            append(Entry(
-                "ptx" if kind == KIND_PTX else "cubin" if kind == KIND_ELF else "other",
-                sm,
-                "a" if flags & FLAG_ARCH_SPECIFIC else "f" if flags & FLAG_FAMILY else "",
-                (version >> 16, version & 0xFFFF),
-                "zstd" if flags & FLAG_ZSTD else "lz4" if flags & FLAG_LZ4 else "",
-                relocatable,
-                pos,
-            ))
-            pos = nxt
-            if budget is not None and not len(entries) & 255:
-                budget.tick()
-
-    def wrappers(self, wrap: _Section, sections: list[_Section],
-                 walked: list[tuple[int, int]]) -> int:
-        """Follow each wrapper's pointer to its fat binary; walk the ones the
-        fat binary sections did not hold. Returns how many pointers are left
-        to relocations (zero in the file)."""
+    def walk_entries(self) -> None:
+        """Every fat binary's entries, one entry of each per round: the
+        headers a round needs are asked of the disk together (see
+        :class:`_Reader`), so a cold file costs about one round trip per
+        round (the most entries one fat binary has), not one per entry."""
         r = self.r
-        count = min(wrap.size // _WRAPPER.size, MAX_WRAPPERS)
-        if wrap.size // _WRAPPER.size > MAX_WRAPPERS:
-            r.problem(f"more than {MAX_WRAPPERS} fat binary wrappers; the rest were not read")
-        if not count:
-            return 0
-        data = r.read(wrap.offset, count * _WRAPPER.size, window=0)
-        unresolved = 0
-        mapped = sorted((s.addr, s.addr + s.size, s.offset) for s in sections
-                        if s.type != SHT_NOBITS and s.addr and s.size)
-        addrs = [m[0] for m in mapped]
-        for magic, _version, pointer, _extra in _WRAPPER.iter_unpack(data):
-            if magic != WRAPPER_MAGIC:
-                continue
-            if pointer == 0:
-                unresolved += 1
-                continue
-            offset, end = _file_offset(mapped, addrs, pointer)
-            if offset < 0 or offset in self.starts:
-                continue
-            if any(s <= offset < e for s, e in walked):
-                r.problem(f"a wrapper points into the middle of a fat binary section "
-                          f"(offset {offset})")
-                continue
-            self.region(offset, end, False, one=True)
-        return unresolved
+        active = [c for c in self.cursors if c.pos + MIN_ENTRY_HEADER <= c.stop]
+        while active:
+            # Charged once a round, before its reads: each cursor whose next
+            # header is not in its window reads at most one window.
+            r.charge(sum(min(WINDOW, c.stop - c.pos) for c in active
+                         if not 0 <= c.pos - c.bstart <= len(c.buf) - 48))
+            waiting, more = [], []
+            for c in active:
+                at = c.pos - c.bstart
+                if at < 0 or at + 48 > len(c.buf):
+                    data = r.cached(c.pos, min(WINDOW, c.stop - c.pos), 48)
+                    if data is None:
+                        waiting.append(c)
+                        continue
+                    c.bstart, c.buf = c.pos, data
+                if self._step(c):
+                    more.append(c)
+            for c in waiting:
+                c.bstart = c.pos
+                c.buf = r.pread(c.pos, min(WINDOW, c.stop - c.pos), charged=True)
+                if self._step(c):
+                    more.append(c)
+            active = more
+
+    def _step(self, c: _Cursor) -> bool:
+        """Take the entry at the cursor (its header is in ``c.buf``); whether
+        the fat binary has more."""
+        r = self.r
+        if self.count >= MAX_ENTRIES:
+            r.problem(f"more than {MAX_ENTRIES} kernel images; the rest were not read")
+            raise _Stop
+        buf, at, pos = c.buf, c.pos - c.bstart, c.pos
+        kind, _v, ehs, psz = _ENTRY_HEAD.unpack_from(buf, at)
+        if not MIN_ENTRY_HEADER <= ehs <= MAX_ENTRY_HEADER:
+            r.problem(f"entry at offset {pos}: header size {ehs}")
+            return False
+        nxt = pos + ehs + psz
+        if nxt > c.stop:
+            r.problem(f"entry at offset {pos} claims {psz} bytes, past the end of its "
+                      "fat binary")
+            return False
+        version, sm = _ENTRY_TARGET.unpack_from(buf, at + 24)
+        (flags,) = _FLAGS.unpack_from(buf, at + 40)
+        c.out.append(Entry(
+            "ptx" if kind == KIND_PTX else "cubin" if kind == KIND_ELF else "other",
+            sm,
+            "a" if flags & FLAG_ARCH_SPECIFIC else "f" if flags & FLAG_FAMILY else "",
+            (version >> 16, version & 0xFFFF),
+            "zstd" if flags & FLAG_ZSTD else "lz4" if flags & FLAG_LZ4 else "",
+            c.relocatable,
+            pos,
+        ))
+        self.count += 1
+        c.pos = nxt
+        return nxt + MIN_ENTRY_HEADER <= c.stop
 
 
-def _file_offset(mapped: list[tuple[int, int, int]], addrs: list[int],
-                 addr: int) -> tuple[int, int]:
-    """(file offset, end of its section) for a virtual address, (-1, -1)
-    when no section with file bytes holds it. ``mapped``: (address, end,
-    offset) of those sections, sorted; ``addrs`` their addresses."""
-    i = bisect.bisect_right(addrs, addr) - 1
-    if i < 0:
-        return -1, -1
-    start, end, offset = mapped[i]
-    if addr >= end:
-        return -1, -1
-    return offset + (addr - start), offset + (end - start)
+def _wrapper_targets(r: _Reader, sections: list[_Section]) -> tuple[list[tuple[int, int]], int]:
+    """(file offset, end of its section) of the fat binary each
+    ``.nvFatBinSegment`` wrapper points to, and how many pointers are left
+    to relocations (zero in the file: object files; the sections are walked
+    instead)."""
+    wrap = next((s for s in sections if s.name == WRAPPER_SECTION and s.type != SHT_NOBITS),
+                None)
+    if wrap is None or wrap.offset + wrap.size > r.size:
+        return [], 0
+    count = min(wrap.size // _WRAPPER.size, MAX_WRAPPERS)
+    if wrap.size // _WRAPPER.size > MAX_WRAPPERS:
+        r.problem(f"more than {MAX_WRAPPERS} fat binary wrappers; the rest were not read")
+    if not count:
+        return [], 0
+    data = r.read(wrap.offset, count * _WRAPPER.size, window=0)
+    mapped = sorted((s.addr, s.addr + s.size, s.offset) for s in sections
+                    if s.type != SHT_NOBITS and s.addr and s.size)
+    addrs = [m[0] for m in mapped]
+    targets, unresolved, seen = [], 0, set()
+    for magic, _version, pointer, _extra in _WRAPPER.iter_unpack(data):
+        if magic != WRAPPER_MAGIC:
+            continue
+        if pointer == 0:
+            unresolved += 1
+            continue
+        if pointer in seen:
+            continue
+        seen.add(pointer)
+        i = bisect.bisect_right(addrs, pointer) - 1
+        if i >= 0 and pointer < mapped[i][1]:
+            start, end, offset = mapped[i]
+            targets.append((offset + (pointer - start), offset + (end - start)))
+    return targets, unresolved
 
 
 def read_fatbins(path: str, files, budget: Budget | None = None) -> FatbinInfo:  # type: ignore[no-untyped-def]
@@ -410,6 +515,8 @@ def read_fatbins(path: str, files, budget: Budget | None = None) -> FatbinInfo: 
     unresolved = 0
     try:
         sections = _sections(r)
+        targets, unresolved = _wrapper_targets(r, sections)
+        r.prefetch([t[0] for t in targets])
         walked = []
         for s in sections:
             relocatable = FATBIN_SECTIONS.get(s.name)
@@ -420,13 +527,18 @@ def read_fatbins(path: str, files, budget: Budget | None = None) -> FatbinInfo: 
                 continue
             walked.append((s.offset, s.offset + s.size))
             walk.region(s.offset, s.offset + s.size, relocatable)
-        for s in sections:
-            if s.name == WRAPPER_SECTION and s.type != SHT_NOBITS and \
-                    s.offset + s.size <= r.size:
-                unresolved += walk.wrappers(s, sections, walked)
+        for offset, end in targets:
+            if offset in walk.starts:
+                continue
+            if any(a <= offset < b for a, b in walked):
+                r.problem(f"a wrapper points into the middle of a fat binary section "
+                          f"(offset {offset})")
+                continue
+            walk.region(offset, end, False, one=True)
+        walk.walk_entries()
     except _Stop:
         pass
     finally:
         fh.close()
-    return FatbinInfo(path=path, entries=tuple(walk.entries), fatbins=walk.fatbins,
+    return FatbinInfo(path=path, entries=tuple(walk.entries), fatbins=len(walk.cursors),
                       problems=tuple(r.problems), unresolved_wrappers=unresolved)

@@ -171,3 +171,46 @@ def test_byte_flips_of_a_real_library_never_raise(tmp_path: Path) -> None:
             data[rng.randrange(lo, min(hi, len(data)))] = rng.randrange(256)
         got = read(tmp_path, bytes(data))
         assert len(got.entries) <= fb.MAX_ENTRIES and len(got.problems) <= fb.MAX_PROBLEMS
+
+
+class _NoFd:
+    """A file object as an image view gives one: pread only, no descriptor."""
+
+    def __init__(self, path: str) -> None:
+        self.f = open(path, "rb")
+
+    def pread(self, length: int, offset: int) -> bytes:
+        self.f.seek(offset)
+        return self.f.read(length)
+
+    def close(self) -> None:
+        self.f.close()
+
+
+class _Files:
+    @staticmethod
+    def open_regular(path: str):  # type: ignore[no-untyped-def]
+        import os
+
+        return _NoFd(path), os.stat(path)
+
+
+@pytest.mark.network
+def test_cold_page_cache_and_plain_files_read_the_same() -> None:
+    """The read-ahead path (page cache dropped for the file, so reads
+    answer EAGAIN and are hinted) and a view's file object without a
+    descriptor give what a warm read gives."""
+    import os
+
+    from .toolchain import curand_lib
+
+    path = str(curand_lib("aarch64"))
+    warm = read_fatbins(path, fsprobe)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+    cold = read_fatbins(path, fsprobe, Budget())
+    assert cold == warm and len(warm.entries) > 100
+    assert read_fatbins(path, _Files) == warm

@@ -14,7 +14,7 @@ this GPU says nothing. An older CUDA runtime on a newer driver is fine
 
 from __future__ import annotations
 
-from .._record import dataclass
+from .._record import dataclass, replace
 from ..findings import Issue
 from . import arch
 
@@ -105,21 +105,31 @@ def judge_runtime(soname: str, path: str, gpus: StepGpus,
                         ("cuda_needed", f"{major}.0")))
 
 
+def index_facts(cuda_index: str | None) -> tuple[tuple[str, str], ...]:
+    """``cuda_index``/``index_note`` as torch-cpu-only fills them: the
+    partition's PyTorch wheel index from the config, or a placeholder and
+    how to read it. (The integration moves both rules onto one helper.)"""
+    index = (cuda_index or "").strip()
+    if index:
+        return (("cuda_index", index), ("index_note", ""))
+    return (("cuda_index", "cuXYZ"),
+            ("index_note", " (XYZ: the node's CUDA version without the dot, e.g. cu130 for "
+                           "CUDA 13.0; the cluster admins know which one)"))
+
+
 def judge(files: Iterable[FatbinInfo], runtimes: Iterable[tuple[str, str]],
-          gpus: StepGpus) -> tuple[Issue, ...]:
+          gpus: StepGpus, *, cuda_index: str | None = None) -> tuple[Issue, ...]:
     """Every issue of a step: ``files`` are the fat binary readings of what
     it loads, ``runtimes`` the (soname, path) of the CUDA libraries in its
-    closure (``libcudart.so.13``, ``libcublas.so.12``, ...)."""
+    closure (``libcudart.so.13``, ``libcublas.so.12``, ...), ``cuda_index``
+    the partition's PyTorch wheel index (config ``cuda_index``)."""
     if not gpus.capabilities:
         return ()
     t = arch.tables()
     out = []
     for soname, path in runtimes:
-        issue = judge_runtime(soname, path, gpus, t)
-        if issue is not None:
-            out.append(issue)
+        out.append(judge_runtime(soname, path, gpus, t))
     for info in files:
-        issue = judge_kernels(info, gpus, t)
-        if issue is not None:
-            out.append(issue)
-    return tuple(out)
+        out.append(judge_kernels(info, gpus, t))
+    extra = index_facts(cuda_index)
+    return tuple(replace(i, facts=i.facts + extra) for i in out if i is not None)

@@ -91,10 +91,8 @@ def test_no_gpus_no_judgement() -> None:
 def test_message_names_file_holdings_gpu_error_and_fix() -> None:
     [fx] = [f for f in _fixtures() if f.name == "aarch64/libsm80_sm90.so"]
     info = read_fatbins(str(fx.path), fsprobe)
-    [issue] = judge([info], [], StepGpus(((10, 0),), (13, 0)))
-    finding = Catalogue.load().finding(
-        issue, {"partition": "gb200", "node_arch": "aarch64", "cuda_index": "cu130",
-                "index_note": ""})
+    [issue] = judge([info], [], StepGpus(((10, 0),), (13, 0)), cuda_index="cu130")
+    finding = Catalogue.load().finding(issue, {"partition": "gb200", "node_arch": "aarch64"})
     assert finding is not None and finding.severity == "error"
     assert "no kernel image is available for execution on the device" in \
         finding.predicted_error
@@ -108,7 +106,7 @@ def test_jit_and_too_new_ptx_messages() -> None:
     [fx] = [f for f in _fixtures() if f.name == "x86_64/libptx90.so"]
     info = read_fatbins(str(fx.path), fsprobe)
     cat = Catalogue.load()
-    ctx = {"partition": "gb200", "cuda_index": "cu130", "index_note": ""}
+    ctx = {"partition": "gb200"}
     [jit] = judge([info], [], StepGpus(((10, 0),), (13, 5)))
     f = cat.finding(jit, ctx)
     assert f is not None and f.severity == "warning" and f.rule == "gpu-ptx-jit"
@@ -119,6 +117,7 @@ def test_jit_and_too_new_ptx_messages() -> None:
     assert f is not None and f.severity == "error" and f.rule == "cuda-driver-too-old"
     assert "cudaErrorUnsupportedPtxVersion" in f.predicted_error
     assert "CUDA 13.5" in f.remediation and "CUDA 13.0" in f.remediation
+    assert "cuXYZ (XYZ: the node's CUDA version" in f.remediation and "{" not in f.remediation
 
 
 def _needed(path) -> list[str]:  # type: ignore[no-untyped-def]
@@ -157,3 +156,26 @@ def test_torch_2_14_1_runs_on_blackwell_and_not_on_volta() -> None:
     issue = judge_kernels(info, StepGpus(((7, 0),), (13, 0)))
     assert issue is not None and issue.rule == "gpu-arch-missing"
     assert issue.fact("holds").startswith("sm_75 sm_80 sm_86 sm_89 sm_90 sm_90a sm_100")
+
+
+def test_every_remedy_of_the_three_rules_is_filled() -> None:
+    """Each cause's text, with the facts the judgement gives and what a
+    container step's context adds, leaves no {field} unfilled."""
+    fx = {f.name: f for f in _fixtures()}
+    sm80 = read_fatbins(str(fx["x86_64/libsm80.so"].path), fsprobe)
+    ptx = read_fatbins(str(fx["x86_64/libptx90.so"].path), fsprobe)
+    issues = judge([sm80, ptx], [("libcudart.so.13", "/opt/x/libcudart.so.13")],
+                   StepGpus(((10, 0),), (12, 8)), cuda_index="cu128")
+    issues += judge([ptx], [], StepGpus(((10, 0),), (13, 5)))
+    assert {i.rule for i in issues} == {"gpu-arch-missing", "gpu-ptx-jit", "cuda-driver-too-old"}
+    cat = Catalogue.load()
+    ctx = {"partition": "gb200", "node_arch": "aarch64", "image": "/img.sqsh",
+           "inner": "/usr/lib/x.so"}
+    for issue in issues:
+        rule = cat.rule(issue.rule)
+        assert rule is not None
+        for cause in [c for c, _ in rule.remedies] + ["none"]:
+            from dataclasses import replace
+
+            f = cat.finding(replace(issue, causes=(cause,)), ctx)
+            assert f is not None and "{" not in f.remediation, (issue.rule, cause, f.remediation)

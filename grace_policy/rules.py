@@ -49,6 +49,10 @@ RULE_IDS = (
     "batch-uncertain",
 
     "image-arch-mismatch",
+    # CUDA kernels and the node's GPUs (issue 26).
+    "gpu-arch-missing",
+    "gpu-ptx-jit",
+    "cuda-driver-too-old",
 )
 
 #: Causes the checks may put in ``Issue.causes``, most specific first.
@@ -113,6 +117,17 @@ TEMPLATE_FIELDS = frozenset(
         "fix_hint",
         # the installed distribution a file belongs to ("numpy 1.19.0")
         "dist",
+        # CUDA kernels (issue 26): what a file holds ("sm_80 sm_90"), the
+        # step's GPU ("sm_100"), its TORCH_CUDA_ARCH_LIST spelling ("10.0"),
+        # the CUDA version the driver supports, a PTX ISA version, the CUDA
+        # release it needs, a library's CUDA major.
+        "holds",
+        "gpu_arch",
+        "arch_list",
+        "cuda_driver",
+        "ptx_version",
+        "cuda_needed",
+        "cuda_major",
     }
 )
 

@@ -12,6 +12,9 @@
 # reader's native decoders are tested against them: grace_policy/image/native.py).
 # libfuse2 + fusepy (pinned): the hung FUSE mount of tests/slurm/test_hungfs.py.
 # iproute2: the two-architecture cluster's network namespace and tap (ip).
+# g++-aarch64-linux-gnu: the CUDA fixtures' aarch64 builds (nvcc -ccbin
+# aarch64-linux-gnu-g++, tests/gpu/fixtures.py; nvcc itself comes from PyPI
+# wheels the tests fetch, pinned, into the test cache).
 # python3-pytest: make bench runs under the embedded /usr/bin/python3, and its
 # container figures build images with the tests' helpers (tests/corpus.py).
 set -euo pipefail
@@ -22,7 +25,8 @@ all_pkgs=(slurmd slurmctld slurm-client libslurm-dev munge gcc-aarch64-linux-gnu
           mmdebstrap debhelper rpm util-linux
           qemu-system-arm flex bison bc cpio xz-utils libssl-dev libelf-dev
           squashfs-tools parallel gawk makeself libmd-dev libbsd-dev jq zstd curl
-          libcap2-bin runc libfuse2 liblzo2-2 libzstd1 iproute2 python3-pytest)
+          libcap2-bin runc libfuse2 liblzo2-2 libzstd1 iproute2 python3-pytest
+          g++-aarch64-linux-gnu)
 # --packaging deb|rpm: only what make deb / make rpm need (no test tools).
 if [ "${1:-}" = --packaging ]; then
   all_pkgs=(libslurm-dev python3-dev python3-pip build-essential debhelper dpkg-dev)

@@ -17,6 +17,9 @@
 # wheels the tests fetch, pinned, into the test cache).
 # python3-pytest: make bench runs under the embedded /usr/bin/python3, and its
 # container figures build images with the tests' helpers (tests/corpus.py).
+# ipxe-qemu: qemu-system-aarch64's virtio-net option ROM (efi-virtio.rom) for
+# the two-architecture cluster's NIC; apt pulls it in only as a Recommends,
+# which images that install without Recommends leave out.
 set -euo pipefail
 need_apt=()
 all_pkgs=(slurmd slurmctld slurm-client libslurm-dev munge gcc-aarch64-linux-gnu
@@ -25,23 +28,66 @@ all_pkgs=(slurmd slurmctld slurm-client libslurm-dev munge gcc-aarch64-linux-gnu
           mmdebstrap debhelper rpm util-linux
           qemu-system-arm flex bison bc cpio xz-utils libssl-dev libelf-dev
           squashfs-tools parallel gawk makeself libmd-dev libbsd-dev jq zstd curl
-          libcap2-bin runc libfuse2 liblzo2-2 libzstd1 iproute2 python3-pytest
-          g++-aarch64-linux-gnu)
+          libcap2-bin runc libfuse2 liblzo2-2 libzstd1 iproute2 python3-pytest ipxe-qemu
+          debian-archive-keyring g++-aarch64-linux-gnu)
 # --packaging deb|rpm: only what make deb / make rpm need (no test tools).
 if [ "${1:-}" = --packaging ]; then
   all_pkgs=(libslurm-dev python3-dev python3-pip build-essential debhelper dpkg-dev)
   [ "${2:-}" = rpm ] && all_pkgs+=(rpm)
 fi
+# The files the tests and demos open or run, by the package that ships them: a
+# package dpkg calls installed can still lack one (a Recommends left out, a
+# path removed by hand, a slimmed image), and the failure then comes much
+# later ("failed to find romfile", "No such file"). Such a package is
+# reinstalled.
+need_files=(
+  /usr/sbin/slurmd-wlm:slurmd /usr/sbin/slurmstepd-wlm:slurmd /usr/sbin/slurmctld-wlm:slurmctld
+  /usr/bin/srun:slurm-client /usr/include/slurm/spank.h:libslurm-dev /usr/sbin/munged:munge
+  /usr/bin/aarch64-linux-gnu-gcc:gcc-aarch64-linux-gnu
+  /usr/bin/aarch64-linux-gnu-g++:g++-aarch64-linux-gnu
+  /usr/aarch64-linux-gnu/lib/ld-linux-aarch64.so.1:libc6-arm64-cross
+  /usr/aarch64-linux-gnu/lib/libc.so:libc6-dev-arm64-cross
+  /usr/bin/qemu-aarch64:qemu-user /usr/bin/qemu-system-aarch64:qemu-system-arm
+  /usr/lib/ipxe/qemu/efi-virtio.rom:ipxe-qemu
+  /usr/bin/mksquashfs:squashfs-tools /usr/bin/unsquashfs:squashfs-tools
+  /usr/share/makeself/makeself-header.sh:makeself /usr/bin/mmdebstrap:mmdebstrap
+  /usr/share/keyrings/debian-archive-keyring.gpg:debian-archive-keyring
+  /usr/sbin/runc:runc /usr/bin/jq:jq /usr/bin/zstd:zstd /usr/bin/curl:curl /bin/ip:iproute2
+  /usr/bin/patchelf:patchelf /usr/bin/fakeroot:fakeroot /usr/bin/python3-config:python3-dev
+)
+reinstall=()
 for pkg in "${all_pkgs[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
-if [ ${#need_apt[@]} -gt 0 ]; then
+if [ "${1:-}" != --packaging ]; then
+  for entry in "${need_files[@]}"; do
+    file=${entry%%:*} pkg=${entry##*:}
+    [ -e "$file" ] && continue
+    if dpkg -s "$pkg" >/dev/null 2>&1; then
+      echo "install-deps: $file is missing though $pkg is installed: reinstalling $pkg" >&2
+      reinstall+=("$pkg")
+    else
+      need_apt+=("$pkg")
+    fi
+  done
+fi
+if [ ${#need_apt[@]} -gt 0 ] || [ ${#reinstall[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "install-deps: run as root (or install: ${need_apt[*]})" >&2
     exit 1
   fi
   apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+  if [ ${#need_apt[@]} -gt 0 ]; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+      "${need_apt[@]}" >/dev/null
+  fi
+  if [ ${#reinstall[@]} -gt 0 ]; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+      --reinstall "${reinstall[@]}" >/dev/null
+  fi
+  for entry in "${need_files[@]}"; do
+    [ -e "${entry%%:*}" ] || { echo "install-deps: ${entry%%:*} still missing after installing ${entry##*:}" >&2; exit 1; }
+  done
 fi
 [ "${1:-}" = --packaging ] && exit 0
 PY=${PYTHON:-python3}

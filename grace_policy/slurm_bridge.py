@@ -19,7 +19,7 @@ header is generated; the struct, codes and kinds below are read from it):
 * user lines already start with ``grace-policy: `` and are escaped; log lines
   go to slurmd's log only (never a traceback, never to the user);
 * the decision's audit line is not written here but handed back as a log
-  item that starts with :data:`AUDIT_MARK` (spank/grace.h ``GRACE_LOG_AUDIT``):
+  item that starts with :data:`AUDIT_MARK` (``GRACE_LOG_AUDIT``):
   C writes it once the verdict has been applied, or writes its own failure
   line instead (an env edit that failed, a verdict that came too late), so
   every step leaves exactly one audit line, always written by slurmstepd.
@@ -451,7 +451,7 @@ def emissions(out: Outcome) -> list[tuple[str, bytes]]:
     items += [("unset", _c_bytes(name)) for name in out.unset]
     items += [("set", _c_bytes(f"{key}={value}")) for key, value in out.set]
     items += [("log", _c_bytes(line)) for line in out.log]
-    if out.audit:  # C writes it once the verdict is applied (spank/grace.h GRACE_LOG_AUDIT)
+    if out.audit:  # C writes it once the verdict is applied (GRACE_LOG_AUDIT)
         items.append(("log", _c_bytes(AUDIT_MARK + out.audit)))
     if out.cache:
         items.append(("cache", _c_bytes(out.cache)))

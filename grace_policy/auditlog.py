@@ -66,7 +66,7 @@ class Decision:
     node: str | None
     job_id: str | None
     #: Set on the lines C writes when the check gave no verdict and on_error
-    #: decided (spank/grace.h GRACE_FAIL_*: timeout, python, config,
+    #: decided (contract.FAILURES: timeout, python, config,
     #: plugstack, env, check, internal); their mode is null.
     failure: str | None = None
 

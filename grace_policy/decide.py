@@ -131,9 +131,11 @@ def decide(
 
 
 def _wraps_an_image(argv0: str) -> bool:
-    """A name test (every host step pays it): apptainer/singularity."""
-    name = argv0.rpartition("/")[2]
-    return name in ("apptainer", "singularity")
+    """A name test (every host step pays it): the contract's one rule, which
+    the verdict cache's C and the bridge apply too."""
+    from .contract import wraps_an_image
+
+    return wraps_an_image(argv0)
 
 
 def _apptainer(policy: Policy, mode: str, partition: str | None, argv: Sequence[str],

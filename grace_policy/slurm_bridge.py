@@ -5,18 +5,21 @@ slurmstepd -> spank/grace_stepd.c -> ``grace_py_decide(struct grace_step *)``
 (``load_policy``, ``decide``, ``user_lines``, ``render_decision``) -> results
 handed back one string at a time through the C function ``grace_emit``.
 
-Contract with the C side (spank/grace.h):
+Contract with the C side (grace_policy/contract.py, from which spank/'s
+header is generated; the struct, codes and kinds below are read from it):
 
 * the return value is ``GRACE_RC_ALLOW``/``WARN``/``REJECT`` for a verdict,
   ``GRACE_RC_ERROR`` when the check could not be made (the reason was emitted
-  as a log line); C then follows the plugstack's ``on_error``. 0 and -1 are
-  never returned on purpose: 0 is what cffi returns when its own start-up
-  failed, -1 what ``def_extern`` returns for an escaped exception;
+  as a log line, the kind of failure as a ``fail`` item: C never reads the
+  kind from the reason's words); C then follows the plugstack's
+  ``on_error``. 0 and -1 are never returned on purpose: 0 is what cffi
+  returns when its own start-up failed, -1 what ``def_extern`` returns for
+  an escaped exception;
 * ``GRACE_EMIT_DONE`` is emitted last: C trusts no verdict without it;
 * user lines already start with ``grace-policy: `` and are escaped; log lines
   go to slurmd's log only (never a traceback, never to the user);
 * the decision's audit line is not written here but handed back as a log
-  item that starts with :data:`AUDIT_MARK` (spank/grace.h ``GRACE_LOG_AUDIT``):
+  item that starts with :data:`AUDIT_MARK` (``GRACE_LOG_AUDIT``):
   C writes it once the verdict has been applied, or writes its own failure
   line instead (an env edit that failed, a verdict that came too late), so
   every step leaves exactly one audit line, always written by slurmstepd.
@@ -31,6 +34,7 @@ import os
 import sys
 import time
 
+from . import contract
 from ._record import dataclass, field
 
 TYPE_CHECKING = False
@@ -45,10 +49,9 @@ _STEP_NAMES = {0xFFFFFFFB: "batch", 0xFFFFFFFC: "extern", 0xFFFFFFFD: "interacti
 
 _PREFIX = "grace-policy: "
 #: Starts the log item that carries the decision's audit line to C
-#: (spank/grace.h GRACE_LOG_AUDIT). No other log item can start with it:
-#: they are escaped (messages.escape), which turns control characters into
-#: text.
-AUDIT_MARK = "\x1e"
+#: (GRACE_LOG_AUDIT). No other log item can start with it: they are escaped
+#: (messages.escape), which turns control characters into text.
+AUDIT_MARK = contract.AUDIT_MARK
 
 
 @dataclass(frozen=True)
@@ -107,10 +110,13 @@ class Outcome:
     #: The decision's audit line (newline included) for C to write once it
     #: has applied the verdict, or None (no ``audit=``).
     audit: str | None = None
+    #: With action error: the kind of failure (contract.PYTHON_FAILURES),
+    #: handed to C as a code of its own, never left for C to read in the reason.
+    failure: str = contract.FAIL_CHECK
 
     @classmethod
-    def failed(cls, reason: str) -> Outcome:
-        return cls(action="error", log=[reason])
+    def failed(cls, reason: str, failure: str = contract.FAIL_CHECK) -> Outcome:
+        return cls(action="error", log=[reason], failure=failure)
 
 
 # What a cold check of a clean step imports (grace_policy/warm.py STEP, which
@@ -160,16 +166,17 @@ def run_step(step: StepInput) -> Outcome:
         from .policy import ConfigError
     except Exception as exc:
         return Outcome.failed(f"cannot import grace_policy.compiled: {type(exc).__name__}: "
-                              f"{_one_line(str(exc))}")
+                              f"{_one_line(str(exc))}", contract.FAIL_PYTHON)
     if not step.config:
-        return Outcome.failed("no config=FILE in plugstack.conf")
+        return Outcome.failed("no config=FILE in plugstack.conf", contract.FAIL_ARGS)
     try:
         policy = load_policy(step.config)
     except ConfigError as exc:
-        return Outcome.failed(f"config {_shown(step.config)}: {_one_line(str(exc))}")
+        return Outcome.failed(f"config {_shown(step.config)}: {_one_line(str(exc))}",
+                              contract.FAIL_CONFIG)
     except Exception as exc:
         return Outcome.failed(f"config {_shown(step.config)}: {type(exc).__name__}: "
-                              f"{_one_line(str(exc))}")
+                              f"{_one_line(str(exc))}", contract.FAIL_CONFIG)
 
     from .decide import decide
 
@@ -267,11 +274,9 @@ def _user_lines(policy: Any, verdict: Verdict) -> list[str]:
 
 
 def credentials() -> str:
-    """The rights the check ran with, as C writes them (``grace_cache.c``):
-    ``<egid>:<sorted supplementary gids>``. Which files a user may read
-    depends on their groups, not only on the files' identity."""
-    groups = sorted(set(os.getgroups()))
-    return f"{os.getegid()}:" + ",".join(str(g) for g in groups)
+    """The rights this check runs with (contract.format_credentials, as
+    grace_cache.c computes them for a lookup)."""
+    return contract.format_credentials(os.getegid(), os.getgroups())
 
 
 def code_files() -> list[str]:
@@ -299,7 +304,7 @@ def _cache_entry(step: StepInput, policy: Any, verdict: Verdict,
         return None  # a batch step's stored script is new for every job
     if step.container and not (step.container_kind and step.container_local):
         return None  # skipped on the admin's word: nothing was judged
-    if step.argv[0].rpartition("/")[2] in ("apptainer", "singularity"):
+    if contract.wraps_an_image(step.argv[0]):
         return None  # the image is an argument the entry would not key on (grace_cache.c)
     from .check import READ_VARS  # imported already: the verdict came from a check
     from .compiled import compiled_path_for
@@ -359,12 +364,6 @@ def _audit(step: StepInput, verdict: Verdict, elapsed_ms: float,
 # cffi side
 
 
-def _text(ffi: Any, ptr: Any) -> str | None:
-    if ptr == ffi.NULL:
-        return None
-    return os.fsdecode(ffi.string(ptr))
-
-
 def env_dict(entries: Any) -> dict[str, str]:
     """``NAME=VALUE`` entries as a dict, like getenv(): the first definition wins."""
     env: dict[str, str] = {}
@@ -377,33 +376,52 @@ def env_dict(entries: Any) -> dict[str, str]:
     return env
 
 
+def _signed(value: int) -> int:
+    return value - (1 << 32) if value >= 1 << 31 else value
+
+
+def step_input(raw: dict[str, Any]) -> StepInput:
+    """The step from its fields as C holds them, by contract.STEP's names
+    (bytes or None for a text, ints, lists of bytes or None): the one
+    conversion behind both readers, the cffi struct's (:func:`read_step`)
+    and the frame's (checker/wire.py). Bytes are decoded with the file
+    system encoding, UTF-8 with surrogateescape, so odd bytes survive."""
+    fsdecode = os.fsdecode
+    values: dict[str, Any] = {}
+    for f in contract.FRAME:
+        value = raw[f.name]
+        kind = f.kind
+        if kind == contract.TEXT:
+            values[f.name] = f.null if value is None else fsdecode(value)
+        elif kind == contract.FLAG:
+            values[f.name] = bool(value)
+        elif kind == contract.FD:
+            values[f.name] = _signed(int(value))
+        elif kind == contract.ARGV:
+            values[f.name] = tuple("" if v is None else fsdecode(v) for v in value)
+        elif kind == contract.ENV:
+            values[f.name] = env_dict(None if v is None else fsdecode(v) for v in value)
+        else:
+            values[f.name] = int(value)
+    return StepInput(**values)
+
+
 def read_step(ffi: Any, c_step: Any) -> StepInput:
-    """Copy the C struct into Python values (bytes decoded with the file
-    system encoding, UTF-8 with surrogateescape, so odd bytes survive)."""
-    argv = tuple(_text(ffi, c_step.argv[i]) or "" for i in range(max(0, c_step.argc)))
-    env = env_dict(_text(ffi, c_step.env[i]) for i in range(max(0, c_step.envc)))
-    return StepInput(
-        config=_text(ffi, c_step.config),
-        on_error=_text(ffi, c_step.on_error) or "allow",
-        partition=_text(ffi, c_step.partition),
-        cwd=_text(ffi, c_step.cwd),
-        user_mode=_text(ffi, c_step.user_mode),
-        node=_text(ffi, c_step.node) or "",
-        argv=argv,
-        env=env,
-        job_id=int(c_step.job_id),
-        step_id=int(c_step.step_id),
-        uid=int(c_step.uid),
-        batch=bool(c_step.batch),
-        container=_text(ffi, c_step.container),
-        audit_path=_text(ffi, c_step.audit_path),
-        audit_fd=int(c_step.audit_fd),
-        code=_text(ffi, c_step.code),
-        container_kind=_text(ffi, c_step.container_kind),
-        container_image=_text(ffi, c_step.container_image),
-        container_local=bool(c_step.container_local),
-        container_args=_text(ffi, c_step.container_args),
-    )
+    """Copy the C struct into Python values, field by field as the contract
+    lists them."""
+    null = ffi.NULL
+    string = ffi.string
+    raw: dict[str, Any] = {}
+    for f in contract.FRAME:
+        value = getattr(c_step, f.name)
+        if f.kind == contract.TEXT:
+            raw[f.name] = None if value == null else string(value)
+        elif f.kind in contract.LISTS:
+            n = max(0, getattr(c_step, f.count))
+            raw[f.name] = [None if value[i] == null else string(value[i]) for i in range(n)]
+        else:
+            raw[f.name] = int(value)
+    return step_input(raw)
 
 
 def _c_bytes(text: str) -> bytes:
@@ -411,9 +429,9 @@ def _c_bytes(text: str) -> bytes:
     return os.fsencode(text).replace(b"\0", b"\\0")
 
 
-#: spank/grace.h's GRACE_RC_* by action: what the node checker
-#: (grace_policy/nodecheck.py), which has no cffi, sends as the 'R' record.
-RC_CODES = {"allow": 1, "warn": 2, "reject": 3, "error": 4}
+#: GRACE_RC_* by action (contract.RC): what grace_py_decide returns and the
+#: node checker (grace_policy/checker/), which has no cffi, sends as 'R'.
+RC_CODES = contract.RC_CODES
 
 
 def outcome_for(step: StepInput) -> Outcome:
@@ -426,36 +444,42 @@ def outcome_for(step: StepInput) -> Outcome:
 
 
 def emissions(out: Outcome) -> list[tuple[str, bytes]]:
-    """What C is handed, in order, by kind (``user``, ``unset``, ``set``,
-    ``log``, ``cache``, ``done`` last), as the bytes C expects."""
+    """What C is handed, in order, by kind (contract.EMIT's names: ``user``,
+    ``unset``, ``set``, ``log``, ``cache``, ``fail`` for an error, ``done``
+    last), as the bytes C expects."""
     items: list[tuple[str, bytes]] = [("user", _c_bytes(line)) for line in out.user]
     items += [("unset", _c_bytes(name)) for name in out.unset]
     items += [("set", _c_bytes(f"{key}={value}")) for key, value in out.set]
     items += [("log", _c_bytes(line)) for line in out.log]
-    if out.audit:  # C writes it once the verdict is applied (spank/grace.h GRACE_LOG_AUDIT)
+    if out.audit:  # C writes it once the verdict is applied (GRACE_LOG_AUDIT)
         items.append(("log", _c_bytes(AUDIT_MARK + out.audit)))
     if out.cache:
         items.append(("cache", _c_bytes(out.cache)))
+    if out.action == "error":
+        items.append(("fail", out.failure.encode()))
     items.append(("done", b""))
     return items
 
 
+def _built_from_this_contract(ffi: Any, lib: Any) -> None:
+    """Raise unless the plugin's glue was generated from the table this
+    package has (a plugin and a Python tree of two installs): the init code
+    then reports it as failure python, and no field is read as another."""
+    built = [name for name, _type in ffi.typeof("struct grace_step").fields]
+    table = [n for f in contract.STEP for n in ((f.name, f.count) if f.count else (f.name,))]
+    codes = [(f"GRACE_RC_{n.upper()}", c) for n, c in contract.RC]
+    codes += [(f"GRACE_EMIT_{n.upper()}", c) for n, c, _d in contract.EMIT]
+    if built != table or any(getattr(lib, name, None) != c for name, c in codes):
+        raise RuntimeError("the plugin was built from another grace_policy/contract.py than "
+                           "this package's: reinstall both from one build")
+
+
 def register(ffi: Any, lib: Any) -> None:
     """Called once by the plugin's cffi init code: install ``grace_py_decide``."""
-    codes = {
-        "allow": lib.GRACE_RC_ALLOW,
-        "warn": lib.GRACE_RC_WARN,
-        "reject": lib.GRACE_RC_REJECT,
-        "error": lib.GRACE_RC_ERROR,
-    }
-    kinds = {
-        "user": lib.GRACE_EMIT_USER,
-        "unset": lib.GRACE_EMIT_UNSET,
-        "set": lib.GRACE_EMIT_SET,
-        "log": lib.GRACE_EMIT_LOG,
-        "cache": lib.GRACE_EMIT_CACHE,
-        "done": lib.GRACE_EMIT_DONE,
-    }
+    _built_from_this_contract(ffi, lib)
+    # The numbers cffi was built with are the table's (checked just now);
+    # the table's own are used, so a name can only be one of its.
+    codes, kinds = contract.RC_CODES, contract.EMIT_CODES
 
     def _escaped(exc_type: Any, exc_value: Any, traceback: Any) -> None:
         # Only a BaseException (SystemExit, KeyboardInterrupt) gets here; the

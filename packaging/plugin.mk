@@ -11,8 +11,11 @@ PLUGIN_PY_SO := $(BUILD)/grace_policy_py.so
 PYDEPS := $(BUILD)/pydeps
 PLUGIN_REQS := packaging/plugin-requirements.txt
 SPANK_C := spank/grace_spank.c spank/grace_stepd.c spank/grace_helper.c spank/grace_cache.c \
-		spank/grace_container.c spank/grace_node.c
-SPANK_H := spank/grace.h
+		spank/grace_container.c spank/grace_node.c spank/grace_wire.c spank/grace_contract.c
+# The C <-> Python contract (grace_policy/contract.py), as C sees it: written
+# before any C file is compiled, and again whenever the table changes.
+CONTRACT_H := $(BUILD)/grace_contract.h
+SPANK_H := spank/grace.h spank/grace_wire.h $(CONTRACT_H)
 CFFI_C := $(BUILD)/spank_grace_policy_cffi.c
 # Names the per-user cache file (DIR/<uid>.v<version>): entries of another
 # version are never read.
@@ -49,7 +52,13 @@ $(PYDEPS)/.stamp: $(PLUGIN_REQS)
 		--target $(PYDEPS) -r $(PLUGIN_REQS)
 	touch $@
 
-$(CFFI_C) $(BUILD)/grace_build.h: spank/build_plugin.py spank/grace_python.c $(SPANK_H) $(PYDEPS)/.stamp
+# Any interpreter that runs this repository's Python will do (the table
+# imports nothing); PLUGIN_PYTHON is the one the build already needs.
+$(CONTRACT_H): grace_policy/contract.py spank/gen_contract.py grace_policy/slurm_bridge.py
+	$(PLUGIN_PYTHON) -s spank/gen_contract.py $@
+
+$(CFFI_C) $(BUILD)/grace_build.h: spank/build_plugin.py spank/gen_contract.py spank/grace_python.c \
+		$(SPANK_H) $(PYDEPS)/.stamp
 	PYTHONPATH=$(PYDEPS) $(PLUGIN_PYTHON) -s spank/build_plugin.py $(BUILD)
 
 $(BUILD)/%.o: spank/%.c $(SPANK_H) grace_policy/__init__.py | $(PYDEPS)/.stamp
@@ -64,7 +73,7 @@ $(BUILD)/spank_grace_policy_cffi.o: $(CFFI_C) $(SPANK_H) spank/grace_python.c
 # The stub: exports only plugin_*/slurm_spank_* (grace_policy.map).
 $(PLUGIN_SO): $(BUILD)/grace_spank.o $(BUILD)/grace_stepd.o $(BUILD)/grace_helper.o \
 		$(BUILD)/grace_cache.o $(BUILD)/grace_container.o $(BUILD)/grace_node.o \
-		spank/grace_policy.map
+		$(BUILD)/grace_wire.o $(BUILD)/grace_contract.o spank/grace_policy.map
 	$(CC) $(PLUGIN_LDFLAGS) -Wl,--version-script=spank/grace_policy.map -o $@ \
 		$(filter %.o,$^) -lpthread -ldl
 
@@ -82,7 +91,7 @@ TESTHOOKS_SO := $(BUILD)/testhooks/spank_grace_policy.so
 $(TESTHOOKS_SO): $(SPANK_C) $(SPANK_H) spank/grace_policy.map grace_policy/__init__.py
 	mkdir -p $(dir $@)
 	$(CC) $(PLUGIN_CFLAGS) -DGRACE_TEST_HOOKS -DGRACE_VERSION='"$(GRACE_VERSION)"' \
-		-DGRACE_PY_EXE='"$(PLUGIN_PY_EXE)"' -Ispank \
+		-DGRACE_PY_EXE='"$(PLUGIN_PY_EXE)"' -Ispank -I$(BUILD) \
 		$(PLUGIN_LDFLAGS) -Wl,--version-script=spank/grace_policy.map -o $@ $(SPANK_C) -lpthread -ldl
 
 plugin-testhooks: $(TESTHOOKS_SO)

@@ -22,48 +22,14 @@ import sysconfig
 from pathlib import Path
 
 import cffi
+import gen_contract  # spank/, this script's own directory
 
 HERE = Path(__file__).resolve().parent
 
-#: Must match spank/grace.h word for word; cffi checks the layout at compile time.
-CDEF = """
-#define GRACE_RC_ALLOW 1
-#define GRACE_RC_WARN 2
-#define GRACE_RC_REJECT 3
-#define GRACE_RC_ERROR 4
-#define GRACE_EMIT_USER 1
-#define GRACE_EMIT_UNSET 2
-#define GRACE_EMIT_SET 3
-#define GRACE_EMIT_LOG 4
-#define GRACE_EMIT_DONE 5
-#define GRACE_EMIT_CACHE 6
-
-struct grace_step {
-    const char *config;
-    const char *on_error;
-    const char *partition;
-    const char *cwd;
-    const char *user_mode;
-    const char *node;
-    char **argv;
-    int argc;
-    char **env;
-    int envc;
-    unsigned int job_id;
-    unsigned int step_id;
-    unsigned int uid;
-    int batch;
-    void *result;
-    const char *container;
-    const char *audit_path;
-    int audit_fd;
-    const char *code;
-    const char *container_kind;
-    const char *container_image;
-    int container_local;
-    const char *container_args;
-};
-
+#: grace_policy/contract.py's constants and struct grace_step, the same text
+#: build/grace_contract.h holds (cffi checks the struct's layout against it
+#: when the glue is compiled), and the one C function Python calls.
+CDEF = gen_contract.cdef() + """
 void grace_emit(void *result, int kind, const char *text);
 """
 
@@ -73,8 +39,10 @@ int grace_py_decide(const struct grace_step *step);
 """
 
 #: Runs once, when the interpreter starts in slurmstepd. If the bridge cannot
-#: be imported, a stand-in reports why (to slurmd's log through C) instead of
-#: leaving cffi to print to a stderr nobody reads and return 0.
+#: be imported, a stand-in reports why (to slurmd's log through C, as failure
+#: "python") instead of leaving cffi to print to a stderr nobody reads and
+#: return 0. The package cannot be trusted then, so the failure's name is
+#: written in here, from the contract, at build time.
 INIT_CODE = """
 from spank_grace_policy import ffi, lib
 try:
@@ -87,9 +55,10 @@ except BaseException as _exc:
     @ffi.def_extern(name="grace_py_decide", error=-1)
     def _grace_py_decide_unavailable(step):
         lib.grace_emit(step.result, lib.GRACE_EMIT_LOG, _why)
+        lib.grace_emit(step.result, lib.GRACE_EMIT_FAIL, @PYTHON@)
         lib.grace_emit(step.result, lib.GRACE_EMIT_DONE, b"")
         return lib.GRACE_RC_ERROR
-"""
+""".replace("@PYTHON@", repr(gen_contract.contract().FAIL_PYTHON.encode()))
 
 
 def build_header() -> str:
@@ -127,6 +96,7 @@ def main(argv: list[str]) -> int:
         return 2
     out = Path(argv[0])
     out.mkdir(parents=True, exist_ok=True)
+    gen_contract.check_python_side()
     header = build_header()
     target = out / "grace_build.h"
     if not target.exists() or target.read_text() != header:

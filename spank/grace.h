@@ -18,61 +18,23 @@
 #define GRACE_PREFIX "grace-policy: "
 
 /*
- * The C <-> Python interface. Declared again, word for word, in the cdef of
- * spank/build_plugin.py: cffi checks the layout when the plugin is compiled.
- *
- * Return codes of grace_py_decide. 0 is deliberately NOT a success: cffi
- * returns a zeroed result when its start-up failed (field notes §3), and an
- * exception gives -1 (def_extern error=-1). Both land in on_error.
+ * The C <-> Python interface: grace_policy/contract.py, the one table both
+ * sides are derived from. build/grace_contract.h (spank/gen_contract.py,
+ * written by make before any C file is compiled) holds struct grace_step,
+ * GRACE_RC_* (grace_py_decide's return codes; 0 is deliberately NOT a
+ * success: cffi returns a zeroed result when its start-up failed, field
+ * notes section 3, and an exception gives -1, def_extern error=-1; both land
+ * in on_error), GRACE_EMIT_* (what Python hands back through grace_emit(),
+ * one string at a time), GRACE_REC_* (the helpers' records), GRACE_FAIL_*
+ * (the kinds of failure in the audit line), GRACE_LOG_AUDIT (a GRACE_EMIT_LOG
+ * item that starts with it is the decision's audit line, which grace_stepd.c
+ * writes once the verdict is applied, or its own failure line instead) and
+ * the frame's field list. spank/build_plugin.py hands cffi the same struct.
  */
-#define GRACE_RC_ALLOW 1
-#define GRACE_RC_WARN 2
-#define GRACE_RC_REJECT 3
-#define GRACE_RC_ERROR 4   /* the bridge caught a failure and emitted the reason */
+#include "grace_contract.h"
 
-/* What Python hands back through grace_emit(), one string at a time. */
-#define GRACE_EMIT_USER 1  /* a line for the user ("grace-policy: ...") */
-#define GRACE_EMIT_UNSET 2 /* a variable name to remove from the step env */
-#define GRACE_EMIT_SET 3   /* "NAME=VALUE" to set in the step env */
-#define GRACE_EMIT_LOG 4   /* a line for slurmd's log only (error reasons) */
-#define GRACE_EMIT_DONE 5  /* the bridge reached its end: the result is complete */
-#define GRACE_EMIT_CACHE 6 /* a verdict-cache entry (grace_policy/verdict_cache.py format) */
-/* A GRACE_EMIT_LOG item that starts with this is not a log line but the
- * decision's audit line (slurm_bridge.AUDIT_MARK): grace_stepd.c writes it
- * once the verdict is applied, or its own failure line instead, so each
- * step writes exactly one audit line. */
-#define GRACE_LOG_AUDIT '\x1e'
-
-struct grace_step {
-	const char *config;    /* config=FILE from plugstack.conf, or NULL */
-	const char *on_error;  /* "allow" | "deny" (C applies it; for the audit) */
-	const char *partition; /* SLURM_JOB_PARTITION of the step, or NULL */
-	const char *cwd;       /* the step's working directory, or NULL */
-	const char *user_mode; /* --grace-policy=MODE given by the user, or NULL */
-	const char *node;      /* this node's name */
-	char **argv;           /* S_JOB_ARGV */
-	int argc;
-	char **env;            /* S_JOB_ENV, "NAME=VALUE" */
-	int envc;
-	unsigned int job_id;
-	unsigned int step_id;
-	unsigned int uid;
-	int batch;             /* 1: the batch step (argv[0] is the stored script) */
-	void *result;          /* opaque, handed back to grace_emit() */
-	const char *container; /* why this is a container step (decided in C), or NULL */
-	const char *audit_path; /* audit=PATH from plugstack.conf, or NULL */
-	int audit_fd;          /* that file, opened by root in slurm_spank_init, or -1 */
-	const char *code;      /* which install runs the check: "<plugin dir>|<python_path>" */
-	/* The container runtime that runs argv (grace_container.c), or NULL:
-	 * "pyxis" (image: the absolute path of a local .sqsh, or pyxis' image
-	 * string / container name when not local) or "oci" (image: the
-	 * config.json slurmstepd wrote for the bundle). */
-	const char *container_kind;
-	const char *container_image;
-	int container_local;   /* 1: container_image is a file on this node */
-	const char *container_args; /* the runtime's own options, "key=value" lines
-	                             * (pyxis: mounts, workdir, mount_home), or NULL */
-};
+/* Room for grace_code()'s "<plugin dir>|<python_path>". */
+#define GRACE_CODE_MAX (4096 + 4200)
 
 /* Implemented in Python (grace_policy/slurm_bridge.py) through cffi. */
 int grace_py_decide(const struct grace_step *step);
@@ -94,6 +56,7 @@ struct grace_result {
 	struct grace_strlist set;
 	struct grace_strlist log;
 	char *cache; /* the verdict-cache entry Python emitted, or NULL */
+	char failure[16]; /* with GRACE_RC_ERROR: the kind Python named (GRACE_EMIT_FAIL), or "" */
 	int done;
 	int oom; /* an allocation failed: the result is incomplete */
 };
@@ -181,6 +144,7 @@ struct grace_outcome {
 	double hit_ms;     /* user_init start to the end of the lookup */
 	struct grace_result result; /* what Python emitted (owned; grace_outcome_free) */
 	char err[512];
+	const char *failure; /* with err: its kind (GRACE_FAIL_*), or NULL */
 };
 
 /* 0: the helper answered (out filled); -1: no answer within timeout_ms (the
@@ -249,15 +213,18 @@ const char *grace_audit_failure(const struct grace_context *ctx,
 				const char *failure, const char *reason, double elapsed_ms,
 				char *err, size_t errlen);
 
-/* The kinds of failure C records ("failure" in the audit line; counted apart
- * by grace-policy report). */
-#define GRACE_FAIL_ARGS "plugstack"   /* plugstack.conf arguments unusable */
-#define GRACE_FAIL_TIMEOUT "timeout"  /* no verdict within timeout_ms */
-#define GRACE_FAIL_PYTHON "python"    /* the Python part cannot be loaded or started */
-#define GRACE_FAIL_CONFIG "config"    /* the config cannot be read or is invalid */
-#define GRACE_FAIL_CHECK "check"      /* the check failed in another way */
-#define GRACE_FAIL_ENV "env"          /* an env edit the verdict needs failed */
-#define GRACE_FAIL_INTERNAL "internal" /* out of memory, no helper process, ... */
-#define GRACE_FAIL_CHECKER "checker"  /* the node checker was unusable: checked in slurmstepd */
+/*
+ * grace_contract.c: what C and Python must spell alike (grace_policy/contract.py).
+ */
+/* "<plugin dir>|<python_path or ->": which install runs a check. 0, or -1
+ * if it does not fit. */
+int grace_code(const char *plugin_dir, const char *python_path, char *buf, size_t len);
+/* "<egid>:<sorted unique groups>": the rights a check runs with. */
+int grace_creds_format(unsigned int egid, const unsigned int *groups, size_t n, char *buf,
+		       size_t len);
+/* 1 if argv[0] runs an image named later in argv (apptainer exec IMG). */
+int grace_wraps_an_image(const char *argv0);
+/* The GRACE_FAIL_* constant Python named with GRACE_EMIT_FAIL, or NULL. */
+const char *grace_python_failure(const char *name);
 
 #endif

@@ -220,34 +220,20 @@ static const char *grace_env_value(const struct grace_step *step, const char *na
 	return NULL;
 }
 
-static int grace_cmp_uint(const void *a, const void *b)
-{
-	unsigned int x = *(const unsigned int *)a, y = *(const unsigned int *)b;
-
-	return x < y ? -1 : x > y;
-}
-
-/* slurm_bridge.credentials(): "<egid>:<sorted unique supplementary gids>". */
+/* slurm_bridge.credentials(): "<egid>:<sorted unique supplementary gids>"
+ * (grace_creds_format, grace_contract.c). */
 static int grace_creds(char *buf, size_t len)
 {
 	gid_t groups[1024];
-	unsigned int sorted[1024];
-	int n, i, m = 0;
-	size_t used;
+	unsigned int ids[1024];
+	int n, i;
 
 	n = getgroups(1024, groups);
 	if (n < 0)
 		return -1;
 	for (i = 0; i < n; i++)
-		sorted[i] = (unsigned int)groups[i];
-	qsort(sorted, (size_t)n, sizeof(sorted[0]), grace_cmp_uint);
-	used = (size_t)snprintf(buf, len, "%u:", (unsigned int)getegid());
-	for (i = 0; i < n && used < len; i++) {
-		if (i > 0 && sorted[i] == sorted[i - 1])
-			continue;
-		used += (size_t)snprintf(buf + used, len - used, "%s%u", m++ ? "," : "", sorted[i]);
-	}
-	return used < len ? 0 : -1;
+		ids[i] = (unsigned int)groups[i];
+	return grace_creds_format((unsigned int)getegid(), ids, (size_t)n, buf, len);
 }
 
 /* What a lookup compares besides the step: computed once per lookup. */
@@ -546,15 +532,6 @@ static int grace_cache_lookup_fd(int fd, int node_file, const struct grace_step 
 	size_t nblocks = 0, cap = 0, i;
 	const char *p, *end, *open_block = NULL;
 	int hit = 0;
-	/* `apptainer exec IMG CMD`: the image is an argument no entry keys on,
-	 * and the bridge stores none; never replay a host entry for one. */
-	if (step->argc > 0 && step->argv != NULL && step->argv[0] != NULL) {
-		const char *base = strrchr(step->argv[0], '/');
-
-		base = base ? base + 1 : step->argv[0];
-		if (strcmp(base, "apptainer") == 0 || strcmp(base, "singularity") == 0)
-			return 0;
-	}
 
 	if (fd < 0 || fstat(fd, &st) != 0 || st.st_size <= 0)
 		return 0;
@@ -630,13 +607,33 @@ static int grace_cache_lookup_fd(int fd, int node_file, const struct grace_step 
 	return hit;
 }
 
+/*
+ * Which steps the cache may answer at all: the steps slurm_bridge._cache_entry
+ * writes an entry for (the same three tests there). A batch step's stored
+ * script is new for every job; a container step is replayed only when C
+ * found its runtime and a local image to key on (one skipped on the admin's
+ * word judged nothing); `apptainer exec IMG CMD` names its image in an
+ * argument no entry keys on (contract.IMAGE_WRAPPERS), so a host entry for
+ * the same argv0 says nothing about it.
+ */
+static int grace_replayable(const struct grace_step *step)
+{
+	if (step->batch)
+		return 0;
+	if (step->container != NULL && (step->container_kind == NULL || !step->container_local))
+		return 0;
+	if (step->argc > 0 && step->argv != NULL && grace_wraps_an_image(step->argv[0]))
+		return 0;
+	return 1;
+}
+
 int grace_cache_lookup(const struct grace_context *ctx, const struct grace_step *step,
 		       char *mode, size_t modelen)
 {
 	struct grace_now *now;
 	int hit = 0;
 
-	if (ctx->cache_fd < 0)
+	if (ctx->cache_fd < 0 || !grace_replayable(step))
 		return 0;
 	now = malloc(sizeof(*now));
 	if (now == NULL)

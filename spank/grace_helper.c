@@ -52,6 +52,7 @@
 #include <unistd.h>
 
 #include "grace.h"
+#include "grace_wire.h"
 
 /* More than any real result (a few KiB); a helper sending more is broken. */
 #define GRACE_RESULT_MAX (8u << 20)
@@ -237,26 +238,28 @@ static void grace_child_detach(const int *keep, size_t nkeep, pid_t parent)
 	grace_close_others(keep, nkeep);
 }
 
-/* The check's result as records, ending with 'Z'. */
+/* The check's result as records, ending with GRACE_REC_END. */
 static void grace_send_outcome(int fd, const struct grace_outcome *out)
 {
 	char num[64];
 
-	grace_send_list(fd, 'U', &out->result.user);
-	grace_send_list(fd, 'X', &out->result.unset);
-	grace_send_list(fd, 'S', &out->result.set);
-	grace_send_list(fd, 'L', &out->result.log);
+	grace_send_list(fd, GRACE_REC_USER, &out->result.user);
+	grace_send_list(fd, GRACE_REC_UNSET, &out->result.unset);
+	grace_send_list(fd, GRACE_REC_SET, &out->result.set);
+	grace_send_list(fd, GRACE_REC_LOG, &out->result.log);
 	if (out->result.cache)
-		grace_send(fd, 'C', out->result.cache);
+		grace_send(fd, GRACE_REC_CACHE, out->result.cache);
 	if (out->result.done)
-		grace_send(fd, 'D', NULL);
+		grace_send(fd, GRACE_REC_DONE, NULL);
+	if (out->result.failure[0])
+		grace_send(fd, GRACE_REC_FAIL, out->result.failure);
 	if (out->result.oom)
-		grace_send(fd, 'O', NULL);
+		grace_send(fd, GRACE_REC_OOM, NULL);
 	if (out->err[0])
-		grace_send(fd, 'E', out->err);
+		grace_send(fd, GRACE_REC_ERROR, out->err);
 	snprintf(num, sizeof(num), "%d", out->rc);
-	grace_send(fd, 'R', num);
-	grace_send(fd, 'Z', NULL);
+	grace_send(fd, GRACE_REC_RC, num);
+	grace_send(fd, GRACE_REC_END, NULL);
 }
 
 /* lookup_only: the pre-started helper has the step; on a miss say so ('M')
@@ -272,19 +275,16 @@ static void grace_child(const struct grace_context *ctx, const struct grace_step
 	grace_child_detach(keep, 4, parent);
 	memset(&out, 0, sizeof(out));
 	out.rc = -1;
-	if (!step->batch &&
-	    (step->container == NULL ||
-	     (step->container_kind != NULL && step->container_local)) &&
-	    grace_cache_lookup(ctx, step, out.mode, sizeof(out.mode))) {
+	if (grace_cache_lookup(ctx, step, out.mode, sizeof(out.mode))) {
 		snprintf(num, sizeof(num), "%.3f", grace_ms_since(started));
-		grace_send(fd, 'H', out.mode);
-		grace_send(fd, 'T', num);
-		grace_send(fd, 'Z', NULL);
+		grace_send(fd, GRACE_REC_HIT, out.mode);
+		grace_send(fd, GRACE_REC_HIT_MS, num);
+		grace_send(fd, GRACE_REC_END, NULL);
 		_exit(0);
 	}
 	if (lookup_only) {
-		grace_send(fd, 'M', NULL);
-		grace_send(fd, 'Z', NULL);
+		grace_send(fd, GRACE_REC_MISS, NULL);
+		grace_send(fd, GRACE_REC_END, NULL);
 		_exit(0);
 	}
 	check = grace_python_load(ctx, out.err, sizeof(out.err));
@@ -301,114 +301,6 @@ static void grace_child(const struct grace_context *ctx, const struct grace_step
 
 /* ------------------------------------------------------------------------ */
 /* The parent (slurmstepd, user_init)                                       */
-
-static int grace_list_add(struct grace_strlist *l, const char *s, size_t len)
-{
-	char *copy;
-
-	if (l->n == l->cap) {
-		size_t cap = l->cap ? l->cap * 2 : 8;
-		char **items = realloc(l->items, cap * sizeof(*items));
-
-		if (items == NULL)
-			return -1;
-		l->items = items;
-		l->cap = cap;
-	}
-	copy = strndup(s, len);
-	if (copy == NULL)
-		return -1;
-	l->items[l->n++] = copy;
-	return 0;
-}
-
-static void grace_list_free(struct grace_strlist *l)
-{
-	size_t i;
-
-	for (i = 0; i < l->n; i++)
-		free(l->items[i]);
-	free(l->items);
-	l->items = NULL;
-	l->n = l->cap = 0;
-}
-
-void grace_outcome_free(struct grace_outcome *out)
-{
-	grace_list_free(&out->result.user);
-	grace_list_free(&out->result.unset);
-	grace_list_free(&out->result.set);
-	grace_list_free(&out->result.log);
-	free(out->result.cache);
-	out->result.cache = NULL;
-}
-
-static void grace_copy(char *dst, size_t cap, const char *src, size_t len)
-{
-	if (len >= cap)
-		len = cap - 1;
-	memcpy(dst, src, len);
-	dst[len] = '\0';
-}
-
-/* Decode the records; 0 if they end with 'Z', else -1 (err set). */
-static int grace_decode(const char *buf, size_t n, struct grace_outcome *out)
-{
-	size_t off = 0;
-	char num[64];
-	struct grace_strlist *l;
-
-	while (off + 5 <= n) {
-		char kind = buf[off];
-		uint32_t len;
-		const char *text;
-
-		memcpy(&len, buf + off + 1, sizeof(len));
-		if (len > n - off - 5)
-			break;
-		text = buf + off + 5;
-		off += 5 + len;
-		l = NULL;
-		switch (kind) {
-		case 'U': l = &out->result.user; break;
-		case 'X': l = &out->result.unset; break;
-		case 'S': l = &out->result.set; break;
-		case 'L': l = &out->result.log; break;
-		case 'C':
-			free(out->result.cache);
-			out->result.cache = strndup(text, len);
-			if (out->result.cache == NULL)
-				out->result.oom = 1;
-			break;
-		case 'D': out->result.done = 1; break;
-		case 'O': out->result.oom = 1; break;
-		case 'E': grace_copy(out->err, sizeof(out->err), text, len); break;
-		case 'H':
-			out->hit = 1;
-			out->rc = GRACE_RC_ALLOW;
-			grace_copy(out->mode, sizeof(out->mode), text, len);
-			break;
-		case 'T':
-			grace_copy(num, sizeof(num), text, len);
-			out->hit_ms = strtod(num, NULL);
-			break;
-		case 'R':
-			grace_copy(num, sizeof(num), text, len);
-			out->rc = (int)strtol(num, NULL, 10);
-			break;
-		case 'M': out->miss = 1; break;
-		case 'Z':
-			return 0;
-		default:
-			break;
-		}
-		if (l != NULL && grace_list_add(l, text, len) < 0)
-			out->result.oom = 1;
-	}
-	snprintf(out->err, sizeof(out->err), "the check's helper process ended without an "
-		 "answer");
-	return -1;
-}
 
 static long grace_ms_left(const struct timespec *until)
 {
@@ -502,6 +394,7 @@ static int grace_read_records(int fd, const struct timespec *until, char **bufp,
 		if (rc < 0) {
 			snprintf(out->err, sizeof(out->err), "waiting for the check's helper: %s",
 				 strerror(errno));
+			out->failure = GRACE_FAIL_INTERNAL;
 			break;
 		}
 		if (rc == 0)
@@ -513,11 +406,13 @@ static int grace_read_records(int fd, const struct timespec *until, char **bufp,
 			if (ncap > GRACE_RESULT_MAX) {
 				snprintf(out->err, sizeof(out->err), "the check's helper sent more "
 					 "than %u bytes", GRACE_RESULT_MAX);
+				out->failure = GRACE_FAIL_CHECK;
 				break;
 			}
 			nb = realloc(buf, ncap);
 			if (nb == NULL) {
 				snprintf(out->err, sizeof(out->err), "out of memory");
+				out->failure = GRACE_FAIL_INTERNAL;
 				break;
 			}
 			buf = nb;
@@ -581,7 +476,6 @@ static void grace_deadline(const struct timespec *started, unsigned int timeout_
  * record) is replaced by today's path: a fresh child that does it all.
  */
 
-#define GRACE_FRAME_MAX (16u << 20)
 /* The pre-started helper's nice value until the step comes. */
 #define GRACE_PRESTART_NICE 10
 /* How long a hit waits for the dismissed helper to be gone (SIGKILL of a
@@ -590,205 +484,6 @@ static void grace_deadline(const struct timespec *started, unsigned int timeout_
 
 static pid_t grace_pre_pid = -1;
 static int grace_pre_sock = -1;
-
-struct grace_buf {
-	char *p;
-	size_t n, cap;
-	int oom;
-};
-
-static void grace_put(struct grace_buf *b, const void *data, size_t len)
-{
-	if (b->oom)
-		return;
-	if (b->n + len > b->cap) {
-		size_t cap = b->cap ? b->cap : 4096;
-		char *np;
-
-		while (cap < b->n + len)
-			cap *= 2;
-		np = cap > GRACE_FRAME_MAX ? NULL : realloc(b->p, cap);
-		if (np == NULL) {
-			b->oom = 1;
-			return;
-		}
-		b->p = np;
-		b->cap = cap;
-	}
-	memcpy(b->p + b->n, data, len);
-	b->n += len;
-}
-
-static void grace_put_u32(struct grace_buf *b, uint32_t v)
-{
-	grace_put(b, &v, sizeof(v));
-}
-
-/* A string with its NUL (length 0: NULL). */
-static void grace_put_str(struct grace_buf *b, const char *s)
-{
-	uint32_t len = s ? (uint32_t)strlen(s) + 1 : 0;
-
-	grace_put_u32(b, len);
-	if (len)
-		grace_put(b, s, len);
-}
-
-/* Start a frame: its length is filled in by grace_end_frame. */
-static size_t grace_begin_frame(struct grace_buf *b)
-{
-	size_t at = b->n;
-
-	grace_put_u32(b, 0);
-	return at;
-}
-
-static void grace_end_frame(struct grace_buf *b, size_t at)
-{
-	uint32_t len = (uint32_t)(b->n - at - sizeof(len));
-
-	if (!b->oom)
-		memcpy(b->p + at, &len, sizeof(len));
-}
-
-/* slurmstepd's credentials now (user_init): what the check runs with. */
-static int grace_put_creds(struct grace_buf *b)
-{
-	uid_t ru, eu, su;
-	gid_t rg, eg, sg, *groups;
-	int n, i;
-
-	if (getresuid(&ru, &eu, &su) != 0 || getresgid(&rg, &eg, &sg) != 0)
-		return -1;
-	n = getgroups(0, NULL);
-	if (n < 0)
-		return -1;
-	groups = calloc((size_t)n + 1, sizeof(*groups));
-	if (groups == NULL || (n = getgroups(n, groups)) < 0) {
-		free(groups);
-		return -1;
-	}
-	grace_put_u32(b, ru);
-	grace_put_u32(b, eu);
-	grace_put_u32(b, su);
-	grace_put_u32(b, rg);
-	grace_put_u32(b, eg);
-	grace_put_u32(b, sg);
-	grace_put_u32(b, (uint32_t)n);
-	for (i = 0; i < n; i++)
-		grace_put_u32(b, groups[i]);
-	free(groups);
-	return b->oom ? -1 : 0;
-}
-
-static void grace_put_step(struct grace_buf *b, const struct grace_step *s)
-{
-	int i;
-
-	grace_put_str(b, s->config);
-	grace_put_str(b, s->on_error);
-	grace_put_str(b, s->partition);
-	grace_put_str(b, s->cwd);
-	grace_put_str(b, s->user_mode);
-	grace_put_str(b, s->node);
-	grace_put_str(b, s->container);
-	grace_put_str(b, s->audit_path);
-	grace_put_str(b, s->code);
-	grace_put_str(b, s->container_kind);
-	grace_put_str(b, s->container_image);
-	grace_put_str(b, s->container_args);
-	grace_put_u32(b, s->job_id);
-	grace_put_u32(b, s->step_id);
-	grace_put_u32(b, s->uid);
-	grace_put_u32(b, (uint32_t)s->batch);
-	grace_put_u32(b, (uint32_t)s->container_local);
-	grace_put_u32(b, (uint32_t)s->audit_fd);
-	grace_put_u32(b, (uint32_t)s->argc);
-	grace_put_u32(b, (uint32_t)s->envc);
-	for (i = 0; i < s->argc; i++)
-		grace_put_str(b, s->argv[i]);
-	for (i = 0; i < s->envc; i++)
-		grace_put_str(b, s->env[i]);
-}
-
-struct grace_cursor {
-	const char *p;
-	size_t left;
-	int bad;
-};
-
-static uint32_t grace_get_u32(struct grace_cursor *c)
-{
-	uint32_t v = 0;
-
-	if (c->left < sizeof(v)) {
-		c->bad = 1;
-		return 0;
-	}
-	memcpy(&v, c->p, sizeof(v));
-	c->p += sizeof(v);
-	c->left -= sizeof(v);
-	return v;
-}
-
-static const char *grace_get_str(struct grace_cursor *c)
-{
-	uint32_t len = grace_get_u32(c);
-	const char *s = c->p;
-
-	if (len == 0)
-		return NULL;
-	if (len > c->left || s[len - 1] != '\0') {
-		c->bad = 1;
-		return NULL;
-	}
-	c->p += len;
-	c->left -= len;
-	return s;
-}
-
-/* The step from its frame (strings point into it; argv/env are allocated). */
-static int grace_get_step(struct grace_cursor *c, struct grace_step *s)
-{
-	uint32_t i;
-
-	memset(s, 0, sizeof(*s));
-	s->config = grace_get_str(c);
-	s->on_error = grace_get_str(c);
-	s->partition = grace_get_str(c);
-	s->cwd = grace_get_str(c);
-	s->user_mode = grace_get_str(c);
-	s->node = grace_get_str(c);
-	s->container = grace_get_str(c);
-	s->audit_path = grace_get_str(c);
-	s->code = grace_get_str(c);
-	s->container_kind = grace_get_str(c);
-	s->container_image = grace_get_str(c);
-	s->container_args = grace_get_str(c);
-	s->job_id = grace_get_u32(c);
-	s->step_id = grace_get_u32(c);
-	s->uid = grace_get_u32(c);
-	s->batch = (int)grace_get_u32(c);
-	s->container_local = (int)grace_get_u32(c);
-	s->audit_fd = (int)grace_get_u32(c);
-	s->argc = (int)grace_get_u32(c);
-	s->envc = (int)grace_get_u32(c);
-	if (c->bad || s->argc < 0 || s->envc < 0 || (size_t)s->argc > c->left ||
-	    (size_t)s->envc > c->left)
-		return -1;
-	s->argv = calloc((size_t)s->argc + 1, sizeof(char *));
-	s->env = calloc((size_t)s->envc + 1, sizeof(char *));
-	if (s->argv == NULL || s->env == NULL)
-		return -1;
-	/* Every item is a string: a NULL inside argv or env would end it early. */
-	for (i = 0; i < (uint32_t)s->argc && !c->bad; i++)
-		if ((s->argv[i] = (char *)grace_get_str(c)) == NULL)
-			c->bad = 1;
-	for (i = 0; i < (uint32_t)s->envc && !c->bad; i++)
-		if ((s->env[i] = (char *)grace_get_str(c)) == NULL)
-			c->bad = 1;
-	return c->bad ? -1 : 0;
-}
 
 static int grace_read_all(int fd, void *data, size_t len)
 {
@@ -829,30 +524,16 @@ static char *grace_read_frame(int fd, size_t *len)
 static int grace_take_creds(const char *frame, size_t len)
 {
 	struct grace_cursor c = { frame, len, 0 };
-	uid_t ru, eu, su, ru2, eu2, su2;
-	gid_t rg, eg, sg, *groups;
-	uint32_t n, i;
+	struct grace_creds cr;
+	uid_t ru2, eu2, su2;
 	int rc = -1;
 
-	ru = grace_get_u32(&c);
-	eu = grace_get_u32(&c);
-	su = grace_get_u32(&c);
-	rg = grace_get_u32(&c);
-	eg = grace_get_u32(&c);
-	sg = grace_get_u32(&c);
-	n = grace_get_u32(&c);
-	if (c.bad || n > c.left / sizeof(uint32_t))
-		return -1;
-	groups = calloc((size_t)n + 1, sizeof(*groups));
-	if (groups == NULL)
-		return -1;
-	for (i = 0; i < n; i++)
-		groups[i] = grace_get_u32(&c);
-	if (!c.bad && setgroups(n, groups) == 0 && setresgid(rg, eg, sg) == 0 &&
-	    setresuid(ru, eu, su) == 0 && getresuid(&ru2, &eu2, &su2) == 0 && ru2 == ru &&
-	    eu2 == eu && su2 == su && getegid() == eg)
+	if (grace_get_creds(&c, &cr) == 0 && setgroups(cr.ngroups, cr.groups) == 0 &&
+	    setresgid(cr.rgid, cr.egid, cr.sgid) == 0 && setresuid(cr.ruid, cr.euid, cr.suid) == 0 &&
+	    getresuid(&ru2, &eu2, &su2) == 0 && ru2 == cr.ruid && eu2 == cr.euid &&
+	    su2 == cr.suid && getegid() == cr.egid)
 		rc = 0;
-	free(groups);
+	free(cr.groups);
 	return rc;
 }
 
@@ -891,7 +572,7 @@ static void grace_prestart_main(const struct grace_context *ctx, int sock, pid_t
 		_exit(1);
 	free(creds);
 	frame = grace_read_frame(sock, &len);
-	if (frame == NULL) 
+	if (frame == NULL)
 		_exit(0);
 	{
 		struct grace_cursor c = { frame, len, 0 };
@@ -899,7 +580,7 @@ static void grace_prestart_main(const struct grace_context *ctx, int sock, pid_t
 		if (grace_get_step(&c, &step) != 0)
 			_exit(1);
 	}
-	grace_send(sock, 'A', NULL);
+	grace_send(sock, GRACE_REC_ACCEPTED, NULL);
 	if (check != NULL) {
 		step.result = &out.result;
 		out.rc = check(ctx, &step, out.err, sizeof(out.err));
@@ -964,7 +645,7 @@ static void grace_pre_dismiss(void)
  * the helper is gone). Never blocks: it all fits in the socket buffer. */
 static int grace_pre_hand(const struct grace_step *step)
 {
-	struct grace_buf b = { 0 };
+	struct grace_wbuf b = { 0 };
 	size_t at, off = 0;
 	int ok = 0;
 
@@ -1013,7 +694,7 @@ static int grace_pre_wait(const struct timespec *until, struct grace_outcome *ou
 		return -1;
 	}
 	grace_reap(pid, until, out->err[0] != '\0', &status);
-	if (out->err[0] == '\0' && (n < 5 || buf[0] != 'A')) {
+	if (out->err[0] == '\0' && (n < 5 || buf[0] != GRACE_REC_ACCEPTED)) {
 		free(buf);
 		return 1;
 	}
@@ -1117,7 +798,7 @@ static void grace_node_close(struct grace_context *ctx)
 }
 
 /* Send b whole by the deadline, the first byte with fd (if >= 0) attached. */
-static int grace_node_send(int sock, const struct grace_buf *b, int fd,
+static int grace_node_send(int sock, const struct grace_wbuf *b, int fd,
 			   const struct timespec *until)
 {
 	size_t off = 0;
@@ -1162,7 +843,7 @@ static int grace_node_send(int sock, const struct grace_buf *b, int fd,
 static int grace_node_run(struct grace_context *ctx, const struct grace_step *step,
 			  const struct timespec *until, struct grace_outcome *out)
 {
-	struct grace_buf b = { 0 };
+	struct grace_wbuf b = { 0 };
 	size_t at, n = 0;
 	char *buf = NULL;
 	int timed_out, rc = 1;
@@ -1174,12 +855,10 @@ static int grace_node_run(struct grace_context *ctx, const struct grace_step *st
 		grace_node_close(ctx);
 		return 1;
 	}
-	grace_put_u32(&b, (uint32_t)grace_ms_left(until));
-	grace_put_str(&b, step->code);
 	/* slurmstepd's own PATH, which its children (pyxis' enroot) search and
 	 * the forked helper of checker=step inherits; the node checker started
 	 * with a fixed one. */
-	grace_put_str(&b, getenv("PATH"));
+	grace_put_request_tail(&b, (uint32_t)grace_ms_left(until), step->code, getenv("PATH"));
 	grace_end_frame(&b, at);
 	at = grace_begin_frame(&b);
 	grace_put_step(&b, step);
@@ -1197,10 +876,10 @@ static int grace_node_run(struct grace_context *ctx, const struct grace_step *st
 	if (timed_out) {
 		/* Its child stops itself at the same deadline (its own timer). */
 		rc = -1;
-	} else if (out->err[0] == '\0' && n >= 5 && buf[0] == 'A') {
+	} else if (out->err[0] == '\0' && n >= 5 && buf[0] == GRACE_REC_ACCEPTED) {
 		grace_decode_ended(buf, n, -1, out);
 		rc = 0;
-	} else if (n >= 5 && buf[0] == 'V') {
+	} else if (n >= 5 && buf[0] == GRACE_REC_STALE) {
 		uint32_t len;
 
 		memcpy(&len, buf + 1, sizeof(len));

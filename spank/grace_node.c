@@ -40,11 +40,13 @@ static int grace_node_life = -1;
 
 /* The server's start: the Python part's own module directories, in the
  * embedded interpreter's order (python_path, then the package dir), then
- * grace_policy.nodecheck. -I -S: no PYTHON* variable, no site, no user
- * site-packages; -B: the install dir is not written. */
+ * the checker's entry (contract.CHECKER_MODULE). -I -S: no PYTHON*
+ * variable, no site, no user site-packages; -B: the install dir is not
+ * written. */
 static const char grace_node_boot[] =
 	"import sys;sys.path.extend(p for p in sys.argv[2].split(':')+[sys.argv[1]] if p);"
-	"from grace_policy.nodecheck import main;sys.exit(main(sys.argv[3:]))";
+	"from " GRACE_CHECKER_MODULE " import " GRACE_CHECKER_FUNCTION ";"
+	"sys.exit(" GRACE_CHECKER_FUNCTION "(sys.argv[3:]))";
 
 /* fork() without glibc's atfork handlers (slurmd's threads may hold their
  * locks): the child only makes system calls before it execs or exits. */
@@ -55,7 +57,7 @@ static pid_t grace_raw_fork(void)
 
 void grace_node_start(const struct grace_context *ctx)
 {
-	char pkgdir[sizeof(ctx->plugin_dir) + 32], code[sizeof(ctx->plugin_dir) + 4200];
+	char pkgdir[sizeof(ctx->plugin_dir) + 32], code[GRACE_CODE_MAX];
 	char *argv[24];
 	char *envp[] = { "PATH=/usr/sbin:/usr/bin:/sbin:/bin", "LC_ALL=C.UTF-8", NULL };
 	struct sigaction dfl;
@@ -68,8 +70,8 @@ void grace_node_start(const struct grace_context *ctx)
 	snprintf(pkgdir, sizeof(pkgdir), "%s/../grace-policy/python", ctx->plugin_dir);
 	/* As grace_stepd.c names the install of each step: the server judges
 	 * only steps of the install it loaded. */
-	snprintf(code, sizeof(code), "%s|%s", ctx->plugin_dir,
-		 ctx->python_path ? ctx->python_path : "-");
+	if (grace_code(ctx->plugin_dir, ctx->python_path, code, sizeof(code)) != 0)
+		return; /* no step could match it: every miss is checked by slurmstepd */
 	argv[n++] = GRACE_PY_EXE;
 	argv[n++] = "-I";
 	argv[n++] = "-S";

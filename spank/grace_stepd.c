@@ -88,7 +88,7 @@ struct grace_stepd {
 	char node[256];
 	char container[400];
 	struct grace_container box; /* grace_container.c: which container runs argv */
-	char code[4096 + 16];
+	char code[GRACE_CODE_MAX];
 };
 
 static double grace_elapsed_ms(const struct timespec *t0)
@@ -127,17 +127,6 @@ static void grace_fail(struct grace_context *ctx, const struct grace_stepd *s,
 				"slurmd's log.");
 		ctx->reject = 1;
 	}
-}
-
-/* Which kind of failure a reason from the Python side is (its log lines). */
-static const char *grace_failure_kind(const char *reason)
-{
-	if (strncmp(reason, "config ", 7) == 0)
-		return GRACE_FAIL_CONFIG;
-	if (strncmp(reason, "cannot load grace_policy", 24) == 0 ||
-	    strncmp(reason, "cannot import grace_policy", 26) == 0)
-		return GRACE_FAIL_PYTHON;
-	return GRACE_FAIL_CHECK;
 }
 
 #ifdef GRACE_TEST_HOOKS
@@ -267,15 +256,15 @@ static void grace_apply(struct grace_context *ctx, spank_t sp, const struct grac
 	if (rc < 0 && out->err[0]) {
 		/* The Python part could not be loaded or started, or the helper
 		 * died without an answer (a crash of the check). */
-		grace_fail(ctx, s, strncmp(out->err, "the check's helper", 18) == 0
-				   ? GRACE_FAIL_CHECK : GRACE_FAIL_PYTHON, out->err);
+		grace_fail(ctx, s, out->failure ? out->failure : GRACE_FAIL_CHECK, out->err);
 		return;
 	}
 	if (rc == GRACE_RC_ERROR || r->oom || !r->done ||
 	    (rc != GRACE_RC_ALLOW && rc != GRACE_RC_WARN && rc != GRACE_RC_REJECT)) {
 		char reason[1024];
 		size_t used = 0;
-		const char *kind = GRACE_FAIL_CHECK;
+		/* The kind Python named (GRACE_EMIT_FAIL), never read from its text. */
+		const char *kind = grace_python_failure(r->failure);
 
 		reason[0] = '\0';
 		for (i = 0; i < r->log.n && used < sizeof(reason) - 1; i++)
@@ -286,10 +275,10 @@ static void grace_apply(struct grace_context *ctx, spank_t sp, const struct grac
 				 rc == 0 ? "the embedded check did not run"
 					 : "the embedded check gave no verdict",
 				 rc, r->done ? "" : ", incomplete", r->oom ? ", out of memory" : "");
-		else
-			kind = grace_failure_kind(reason);
 		if (rc == 0)
 			kind = GRACE_FAIL_PYTHON;
+		else if (kind == NULL)
+			kind = GRACE_FAIL_CHECK;
 		grace_fail(ctx, s, kind, reason);
 		return;
 	}
@@ -357,7 +346,7 @@ int grace_stepd_user_init(struct grace_context *ctx, spank_t sp)
 	uint32_t job_id = 0, step_id = 0;
 	uid_t uid = (uid_t)-1;
 	char **argv = NULL, **env = NULL;
-	int argc = 0, envc = 0, rc;
+	int argc = 0, envc = 0, rc, code_ok;
 
 	memset(&s, 0, sizeof(s));
 	clock_gettime(CLOCK_MONOTONIC, &s.started);
@@ -365,8 +354,8 @@ int grace_stepd_user_init(struct grace_context *ctx, spank_t sp)
 	spank_get_item(sp, S_JOB_ID, &job_id);
 	spank_get_item(sp, S_JOB_STEPID, &step_id);
 	spank_get_item(sp, S_JOB_UID, &uid);
-	snprintf(s.code, sizeof(s.code), "%s|%s", ctx->plugin_dir,
-		 ctx->python_path ? ctx->python_path : "-");
+	/* Too long to fit (no real install): NULL, and no entry is written for it. */
+	code_ok = grace_code(ctx->plugin_dir, ctx->python_path, s.code, sizeof(s.code)) == 0;
 	grace_copy_env(sp, "SLURM_JOB_PARTITION", s.partition, sizeof(s.partition));
 	/* No SPANK item names the step's cwd, but slurmstepd changes into it
 	 * (or, failing that, /tmp, where the tasks go too) right before
@@ -390,7 +379,7 @@ int grace_stepd_user_init(struct grace_context *ctx, spank_t sp)
 		.batch = step_id == SLURM_BATCH_SCRIPT,
 		.audit_path = ctx->audit_path,
 		.audit_fd = ctx->audit_fd,
-		.code = s.code,
+		.code = code_ok ? s.code : NULL,
 	};
 
 	if (ctx->audit_error[0] != '\0')

@@ -269,14 +269,3 @@ def test_the_plugins_check_renders_its_line_for_c_and_writes_nothing(tmp_path: P
     # Not configured: nothing rendered.
     unset = slurm_bridge.StepInput(**{**step.__dict__, "audit_fd": -1})
     assert slurm_bridge._audit(unset, FOUND, 2.5) == (None, None)
-
-
-def test_the_audit_mark_is_the_c_sides() -> None:
-    """slurm_bridge.AUDIT_MARK and spank/grace.h's GRACE_LOG_AUDIT are one
-    character: C tells the decision line from log lines by it."""
-    from grace_policy import slurm_bridge
-
-    header = (ROOT / "spank" / "grace.h").read_text()
-    match = re.search(r"#define GRACE_LOG_AUDIT '\\x([0-9a-f]{2})'", header)
-    assert match, "GRACE_LOG_AUDIT not found in spank/grace.h"
-    assert slurm_bridge.AUDIT_MARK == chr(int(match.group(1), 16))

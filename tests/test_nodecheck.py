@@ -1,12 +1,12 @@
-"""grace_policy.nodecheck without Slurm: the frames and records it shares
-with spank/grace_helper.c, and the constants it shares with spank/grace.h.
-The server itself is tested on the real Slurm (tests/slurm/test_nodecheck.py).
+"""The node checker's server without Slurm: two servers on one socket, hits
+that fork nothing, a miss judged by the spare. Its frames and records are
+tested against the plugin's C in tests/test_contract.py; the server on the
+real Slurm in tests/slurm/test_nodecheck.py.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import socket
 import struct
 import subprocess
@@ -17,69 +17,26 @@ from pathlib import Path
 
 import pytest
 
-from grace_policy import nodecheck, slurm_bridge
+from grace_policy import contract
+from grace_policy.checker import wire
 
 U32 = struct.Struct("=I")
 
 
-def _s(raw: bytes | None) -> bytes:
-    """grace_put_str: u32 length with the NUL, then the bytes; 0 for NULL."""
-    if raw is None:
-        return U32.pack(0)
-    return U32.pack(len(raw) + 1) + raw + b"\0"
-
-
 def _frame(argv: list[bytes], env: list[bytes], audit_fd: int = 7) -> bytes:
-    texts = [b"/etc/g.toml", b"deny", b"gpu", b"/home/u", None, b"n1", None, b"/var/a.log",
-             b"/p/lib/slurm|-", None, None, None]
-    head = b"".join(_s(t) for t in texts)
-    nums = (12, 0, 1000, 0, 0, audit_fd, len(argv), len(env))
-    return head + b"".join(U32.pack(n) for n in nums) + b"".join(_s(a) for a in argv + env)
-
-
-def test_rc_codes_are_grace_h_s() -> None:
-    header = (Path(__file__).resolve().parents[1] / "spank" / "grace.h").read_text()
-    defined = dict(re.findall(r"#define GRACE_RC_(\w+) (\d+)", header))
-    assert {k.lower(): int(v) for k, v in defined.items()} == slurm_bridge.RC_CODES
-
-
-def test_step_frame_is_read_as_c_writes_it() -> None:
-    step = nodecheck.parse_step(
-        _frame([b"/bin/\xffodd", b"-c"], [b"A=1", b"A=2", b"NOEQ", b"B="]), audit_fd=42)
-    assert step.argv == ("/bin/\udcffodd", "-c")  # odd bytes survive (surrogateescape)
-    assert step.env == {"A": "1", "B": ""}  # getenv(): the first wins; no '=' is dropped
-    assert (step.config, step.on_error, step.partition, step.user_mode) == (
-        "/etc/g.toml", "deny", "gpu", None)
-    assert (step.job_id, step.step_id, step.uid, step.batch) == (12, 0, 1000, False)
-    # The descriptor that came with the request, never the number in the frame.
-    assert step.audit_fd == 42 and step.code == "/p/lib/slurm|-"
-
-
-@pytest.mark.parametrize("cut", [3, 40, -1])
-def test_short_or_bad_frame_is_refused(cut: int) -> None:
-    frame = _frame([b"/bin/true"], [])
-    with pytest.raises(ValueError):
-        nodecheck.parse_step(frame[:cut], audit_fd=-1)
-
-
-def test_records_follow_grace_send_outcome() -> None:
-    out = slurm_bridge.Outcome(action="warn", user=["grace-policy: u"], unset=["V"],
-                               set=[("K", "v")], log=["l\0x"], cache="entry")
-    data = nodecheck.outcome_records(out)
-    seen = []
-    at = 0
-    while at < len(data):
-        kind, n = struct.unpack_from("=BI", data, at)
-        seen.append((chr(kind), data[at + 5:at + 5 + n]))
-        at += 5 + n
-    assert seen == [("U", b"grace-policy: u"), ("X", b"V"), ("S", b"K=v"), ("L", b"l\\0x"),
-                    ("C", b"entry"), ("D", b""), ("R", b"2"), ("Z", b"")]
+    """A step frame, written by the contract's codec (tests/test_contract.py
+    holds it to the plugin's C encoder)."""
+    raw = {f.name: None for f in contract.FRAME if f.kind == contract.TEXT}
+    raw.update(config=b"/etc/g.toml", on_error=b"deny", node=b"n1", code=b"x|-", argv=argv,
+               env=env, job_id=12, step_id=0, uid=os.getuid(), batch=0, audit_fd=audit_fd,
+               container_local=0)
+    return wire.encode_step(raw)
 
 
 # -- two servers on one socket (slurmd restarted while its old one starts) --
 REPO = Path(__file__).resolve().parent.parent
-BOOT = ("import sys; sys.path.insert(0, sys.argv[1]); from grace_policy.nodecheck import main; "
-        "sys.exit(main(sys.argv[2:]))")
+BOOT = (f"import sys; sys.path.insert(0, sys.argv[1]); from {contract.CHECKER_MODULE} import "
+        f"{contract.CHECKER_FUNCTION} as main; sys.exit(main(sys.argv[2:]))")
 
 
 def _server(sock: Path) -> tuple[subprocess.Popen[bytes], int]:
@@ -150,11 +107,15 @@ def _children(pid: int) -> set[int]:
 
 
 def _creds_frame(code: bytes) -> bytes:
-    """grace_put_creds + time left + install + PATH, as grace_node_run sends it."""
-    ids = (os.getuid(), os.geteuid(), os.getuid(), os.getgid(), os.getegid(), os.getgid())
+    """grace_put_creds + time left + install + PATH, as grace_node_run sends
+    it (in contract.CREDS_IDS' order; this process's own ids)."""
+    have = dict(zip(("ruid", "euid", "suid"), os.getresuid()))
+    have.update(zip(("rgid", "egid", "sgid"), os.getresgid()))
     groups = os.getgroups()
-    body = b"".join(U32.pack(n) for n in (*ids, len(groups), *groups))
-    body += U32.pack(20_000) + _s(code) + _s(b"/usr/bin:/bin")
+    body = b"".join(U32.pack(have[name]) for name in contract.CREDS_IDS)
+    body += b"".join(U32.pack(n) for n in (len(groups), *groups))
+    body += U32.pack(20_000) + U32.pack(len(code) + 1) + code + b"\0"
+    body += U32.pack(14) + b"/usr/bin:/bin\0"
     return U32.pack(len(body)) + body
 
 

@@ -131,4 +131,5 @@ def test_importing_warm_alone_imports_no_check() -> None:
     done = subprocess.run([sys.executable, "-I", "-S", "-c", code, str(REPO)],
                           capture_output=True, text=True, timeout=120, check=True)
     assert set(done.stdout.split()) == {"grace_policy", "grace_policy.warm",
-                                        "grace_policy.slurm_bridge", "grace_policy._record"}
+                                        "grace_policy.slurm_bridge", "grace_policy._record",
+                                        "grace_policy.contract"}

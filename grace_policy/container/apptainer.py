@@ -18,10 +18,12 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 
+from ..contract import IMAGE_WRAPPERS, wraps_an_image
 from . import Plan
 
-#: argv[0] names that are Apptainer (a cheap test every host step pays).
-NAMES = frozenset({"apptainer", "singularity"})
+#: argv[0] names that are Apptainer (a cheap test every host step pays):
+#: the contract's, which the verdict cache's C side refuses to replay.
+NAMES = frozenset(IMAGE_WRAPPERS)
 
 #: Global options (before the subcommand): those that take a value.
 _GLOBAL_VALUE = frozenset({"-c", "--config"})
@@ -53,7 +55,7 @@ _REMOTE = ("docker://", "docker-archive:", "docker-daemon:", "library://", "oras
 
 
 def is_apptainer(argv0: str) -> bool:
-    return os.path.basename(argv0) in NAMES
+    return wraps_an_image(argv0)
 
 
 def parse(argv: Sequence[str]) -> tuple[str, tuple[str, ...], dict[str, str | None]] | None:

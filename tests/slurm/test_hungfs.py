@@ -141,7 +141,7 @@ class HungMount:
 def _helpers() -> list[str]:
     """Processes that run a check, as ``pid state comm args``: comm
     grace-check, which names both a helper of slurmstepd (grace_helper.c)
-    and a node checker's child once it has taken a step (nodecheck._name;
+    and a node checker's child once it has taken a step (checker.server._name;
     not the server, nor its idle spare, grace-spare). From /proc: ps cuts
     args at 80 columns when not on a terminal, before a node checker's
     module name."""

@@ -13,9 +13,11 @@ all: plugin
 deps:
 	bash packaging/install-deps.sh
 
+# The suite as independent parts side by side (tests/parts.py: what each
+# part holds, GRACE_TEST_JOBS, GRACE_TEST_PARTS); prints the time per part.
 test: deps
 	$(PYTHON) -m ruff check grace_policy tests spank bench
-	$(PYTHON) -m pytest -q --durations=30 --cov=grace_policy --cov-report=term-missing:skip-covered tests
+	$(PYTHON) tests/parts.py
 
 test-fast:
 	$(PYTHON) -m pytest -q -m "not slurm" tests

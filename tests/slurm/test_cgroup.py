@@ -116,6 +116,7 @@ def test_a_hung_helper_under_proctrack_cgroup(cgroup_slurm: SlurmEnv, checker: s
     slurmstepd's, in the job's cgroup; checker=node (the default): the
     check is a child of the node checker, outside every job's cgroup."""
     env = cgroup_slurm
+    scope = env.cluster.root.parent  # this cluster's processes only
     hung = HungMount(env.cluster.root.parent / f"hung-mount-cgroup-{checker}")
     try:
         # checker=node: no cache, so no lookup child of slurmstepd's
@@ -124,8 +125,9 @@ def test_a_hung_helper_under_proctrack_cgroup(cgroup_slurm: SlurmEnv, checker: s
         env.use("base", f"timeout_ms={TIMEOUT_MS}", "on_error=allow", f"checker={checker}",
                 *cache)
         log_before = env.cluster.slurmd_log_text()
-        # Other sessions' clusters on this machine have the same node name.
-        before = {h.split()[0] for h in _helpers()}
+        # Other clusters on this machine (another part of make test, another
+        # session) have the same node name: only this one's helpers count.
+        before = {h.split()[0] for h in _helpers(scope)}
         assert "proctrack/cgroup" in env.cluster.conf.read_text()
         res = env.cluster.srun(["/bin/echo", "ran"], user="nobody",
                                env={"CONDA_PREFIX": f"{hung.path}/env"}, timeout=120)
@@ -138,12 +140,12 @@ def test_a_hung_helper_under_proctrack_cgroup(cgroup_slurm: SlurmEnv, checker: s
         # (Only this cluster uses proctrack/cgroup: other helpers are in "/".)
         ended = time.monotonic()
         if checker == "step":
-            cgroups = [c for c in (_cgroup_of(int(h.split()[0])) for h in _helpers()
+            cgroups = [c for c in (_cgroup_of(int(h.split()[0])) for h in _helpers(scope)
                                    if h.split()[0] not in before)
                        if c.startswith(f"/slurm_{NODE}/")]
             assert cgroups and all(c.endswith(f"/job_{job}") for c in cgroups), cgroups
         else:
-            ours = [h for h in _helpers() if f"--socket {env.checker_socket} " in h]
+            ours = [h for h in _helpers(scope) if f"--socket {env.checker_socket} " in h]
             cgroups = [_cgroup_of(int(h.split()[0])) for h in ours]
             assert ours and not any(c.startswith(f"/slurm_{NODE}/") for c in cgroups), (
                 ours, cgroups)
@@ -166,11 +168,11 @@ def test_a_hung_helper_under_proctrack_cgroup(cgroup_slurm: SlurmEnv, checker: s
     finally:
         hung.release()
         for _ in range(100):
-            if not _helpers():
+            if not _helpers(scope):
                 break
             time.sleep(0.2)
         env.use("base")
-    assert _helpers() == []
+    assert _helpers(scope) == []
     # The node takes jobs again (whatever the drain above, once resumed).
     state = env.cluster.settled_node_state()
     if "drain" in state:

@@ -38,6 +38,7 @@ from pathlib import Path
 
 import pytest
 
+from . import procs
 from .harness import SlurmEnv
 
 pytestmark = pytest.mark.slurm
@@ -138,33 +139,19 @@ class HungMount:
             subprocess.run(["umount", "-l", str(self.path)], check=False, capture_output=True)
 
 
-def _helpers() -> list[str]:
-    """Processes that run a check, as ``pid state comm args``: comm
-    grace-check, which names both a helper of slurmstepd (grace_helper.c)
-    and a node checker's child once it has taken a step (checker.server._name;
-    not the server, nor its idle spare, grace-spare). From /proc: ps cuts
-    args at 80 columns when not on a terminal, before a node checker's
-    module name."""
-    rows = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            comm = (entry / "comm").read_text().strip()
-            state = (entry / "stat").read_text().rpartition(")")[2].split()[0]
-            args = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        except OSError:
-            continue
-        if comm == "grace-check" and state != "Z":
-            rows.append(f"{entry.name} {state} {comm} {args.strip()}")
-    return rows
+def _helpers(scope: Path) -> list[str]:
+    """Processes of the cluster under ``scope`` that run a check, as ``pid
+    state comm args``: comm grace-check, which names both a helper of
+    slurmstepd (grace_helper.c) and a node checker's child once it has taken
+    a step (checker.server._name; not the server, nor its idle spare,
+    grace-spare). Other clusters' are not counted (tests/slurm/procs.py)."""
+    return procs.live("grace-check", scope)
 
 
-def _slurmstepd_of(job: int) -> list[str]:
-    """slurmstepd proper of ``job`` (not its helpers, whose args look the same)."""
-    ps = subprocess.run(["ps", "-eo", "pid,comm,args"], capture_output=True, text=True)
-    return [line for line in ps.stdout.splitlines()[1:]
-            if line.split()[1] == "slurmstepd" and f"[{job}." in line]
+def _slurmstepd_of(job: int, scope: Path) -> list[str]:
+    """slurmstepd proper of ``job`` (not its helpers, whose args look the
+    same) in the cluster under ``scope`` (job ids repeat across clusters)."""
+    return [row for row in procs.live("slurmstepd", scope) if f"[{job}." in row]
 
 
 @pytest.fixture(scope="module")
@@ -182,10 +169,10 @@ def hung(slurm: SlurmEnv) -> Iterator[HungMount]:
     # Nothing left behind once the file system answers again (ENOTCONN):
     # every helper abandoned in its wait is gone, the mount too.
     for _ in range(100):
-        if not _helpers():
+        if not _helpers(slurm.cluster.root.parent):
             break
         time.sleep(0.2)
-    assert _helpers() == []
+    assert _helpers(slurm.cluster.root.parent) == []
     assert not mount.mounted()
 
 
@@ -234,10 +221,10 @@ def _ends_by_on_error(env: SlurmEnv, argv: list[str], name: str, value: str, on_
     assert "Traceback" not in res.stderr + res.stdout
     # slurmstepd proper exits although its helper is still stuck.
     for _ in range(100):
-        if not _slurmstepd_of(job):
+        if not _slurmstepd_of(job, env.cluster.root.parent):
             break
         time.sleep(0.2)
-    assert _slurmstepd_of(job) == []
+    assert _slurmstepd_of(job, env.cluster.root.parent) == []
     return res, job
 
 
@@ -326,8 +313,8 @@ def test_scancel_ends_a_job_whose_check_hangs(env: SlurmEnv, hung: HungMount) ->
     state = env.cluster.wait_job(job, timeout=5 + MARGIN_S)
     assert state in ("CANCELLED", "FAILED"), state
     for _ in range(100):
-        if not _slurmstepd_of(job):
+        if not _slurmstepd_of(job, env.cluster.root.parent):
             break
         time.sleep(0.2)
-    assert _slurmstepd_of(job) == []
+    assert _slurmstepd_of(job, env.cluster.root.parent) == []
     assert not out.exists()

@@ -480,7 +480,7 @@ static void grace_deadline(const struct timespec *started, unsigned int timeout_
 #define GRACE_PRESTART_NICE 10
 /* How long a hit waits for the dismissed helper to be gone (SIGKILL of a
  * running process takes microseconds); then slurmstepd or init reaps it. */
-#define GRACE_DISMISS_MS 20
+#define GRACE_DISMISS_MS 500
 
 static pid_t grace_pre_pid = -1;
 static int grace_pre_sock = -1;

@@ -31,6 +31,8 @@ from grace_policy.container.plan import plan
 from grace_policy.node import NodeProfile
 
 HOST = NodeProfile("x86_64", 4096, (2, 36))
+#: The slurm.conf of the test in progress (the enroot_env fixture's).
+_CONF: dict[str, Path] = {}
 REASON = "pyxis container step (container name demo)"
 
 pytestmark = [pytest.mark.cross,
@@ -68,11 +70,12 @@ def images(tmp_path_factory: pytest.TempPathFactory, compile_cache: object) -> d
 @pytest.fixture
 def enroot_env(site: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
     """The job's environment (HOME of its own), with the site's enroot
-    first on slurmstepd's PATH (this process's: where pyxis finds enroot)
-    and a slurm.conf whose plugstack.conf lists pyxis without a scope."""
+    first on slurmstepd's PATH (this process's: where pyxis finds enroot)."""
     monkeypatch.setenv("PATH", f"{site / 'bin'}:{os.environ['PATH']}")
+    # slurmstepd's slurm.conf (what C hands over): pyxis without a scope,
+    # so this machine's own /etc/slurm never decides.
     _slurm_conf(tmp_path, "")
-    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "slurm.conf"))
+    monkeypatch.setitem(_CONF, "path", tmp_path / "slurm.conf")
     home = tmp_path / "home"
     home.mkdir()
     return {"HOME": str(home), "PATH": "/host/bin", "PWD": str(tmp_path)}
@@ -101,8 +104,10 @@ def _create(env: dict[str, str], name: str, image: Path) -> Path:
     return found[0]
 
 
-def _args(name: str, job: int = 7, **more: str) -> str:
-    return "".join(f"{k}={v}\n" for k, v in {**more, "name": name, "job": str(job)}.items())
+def _args(name: str, job: int = 7, conf: Path | None = None, **more: str) -> str:
+    """container_args as grace_container.c writes them for a named step."""
+    named = {"name": name, "job": str(job), "slurm_conf": str(conf or _CONF["path"])}
+    return "".join(f"{k}={v}\n" for k, v in {**more, **named}.items())
 
 
 def _judge(todo, node: NodeProfile = HOST):  # type: ignore[no-untyped-def]
@@ -190,17 +195,25 @@ def test_job_scoped_names(enroot_env: dict[str, str], images: dict[str, Path],
     ``--container-name=demo`` in job 42 is ``pyxis_42_demo``; the global
     ``pyxis_demo`` is not it."""
     _create(enroot_env, "pyxis_demo", images["x86_64"])
+    conf = tmp_path / "slurm.conf"
     _slurm_conf(tmp_path, "container_scope=job")
     todo = plan("pyxis", None, False, REASON, ["tool"], enroot_env, "/",
-                args=_args("demo", job=42))
+                args=_args("demo", job=42, conf=conf))
     assert "pyxis_42_demo does not exist" in str(todo.skipped)
     root = _create(enroot_env, "pyxis_42_demo", images["aarch64"])
     todo = plan("pyxis", None, False, REASON, ["tool"], enroot_env, "/",
-                args=_args("demo", job=42))
+                args=_args("demo", job=42, conf=conf))
     assert todo.image is not None and todo.image.path == os.path.realpath(root)
+    # The job's SLURM_CONF is not slurmstepd's: it changes nothing.
+    other = tmp_path / "other"
+    other.mkdir()
+    _slurm_conf(other, "")
+    todo = plan("pyxis", None, False, REASON, ["tool"], {**enroot_env, "SLURM_CONF": str(conf)},
+                "/", args=_args("demo", job=42, conf=other / "slurm.conf"))
+    assert todo.image is not None and todo.image.path.endswith("/pyxis_demo")
     _slurm_conf(tmp_path, "container_scope=global")
     todo = plan("pyxis", None, False, REASON, ["tool"], enroot_env, "/",
-                args=_args("demo", job=42))
+                args=_args("demo", job=42, conf=conf))
     assert todo.image is not None and todo.image.path.endswith("/pyxis_demo")
 
 

@@ -56,14 +56,15 @@ def split(value: str) -> tuple[str, str] | None:
     return name, flag
 
 
-def scope() -> str:
+def scope(slurm_conf: str = "") -> str:
     """pyxis' ``container_scope`` (``job`` or ``global``, its default),
-    from the plugstack.conf of this slurmstepd's slurm.conf (the admin's
-    file: SLURM_CONF of the daemon's own environment, never the job's)."""
+    from the plugstack.conf of this slurmstepd's slurm.conf (``slurm_conf``:
+    SLURM_CONF of slurmstepd's own environment, as C read it; else Slurm's
+    default path), never from the job's environment."""
     from .. import plugstack
 
     try:
-        stack = plugstack.read(plugstack.locate(plugstack.slurm_conf_path()))
+        stack = plugstack.read(plugstack.locate(slurm_conf or plugstack.slurm_conf_path({})))
     except Exception:  # an unreadable config: pyxis' default
         return "global"
     for plugin in stack.plugins:
@@ -132,7 +133,7 @@ def plan_named(image: str | None, reason: str, argv: Sequence[str], env: Mapping
     name, flag = parsed
     if any(c in _NOT_IN_A_NAME for c in name):
         return skip("enroot cannot use this container name")
-    if scope() == "job":
+    if scope(args.get("slurm_conf", "")) == "job":
         job = args.get("job", "")
         if not job.isdigit():
             return skip("pyxis names containers per job here, and the job id is not known")
@@ -168,7 +169,7 @@ def plan_named(image: str | None, reason: str, argv: Sequence[str], env: Mapping
     except (ImageError, OSError):
         inner_env = ()
     opened = Image(path=view.root, kind="dir", view=view, env=inner_env)
-    rest = {k: v for k, v in args.items() if k not in ("name", "job")}
+    rest = {k: v for k, v in args.items() if k not in ("name", "job", "slurm_conf")}
     return plan_pyxis(view.root, True, reason, argv, env, cwd, max_inodes=max_inodes,
                       args=rest, batch=batch, opened=opened)
 

@@ -220,12 +220,15 @@ def test_job_scoped_names(enroot_env: dict[str, str], images: dict[str, Path],
 def test_hostile_root(enroot_env: dict[str, str], images: dict[str, Path],
                       tmp_path: Path) -> None:
     """The user owns the root: a FIFO as /etc/environment does not block, a
-    link out of the root resolves inside it, the container's mounts and
+    config.json does not make it a bundle, a link out of the root resolves
+    inside it, the container's mounts and
     --container-workdir apply as for an image; a file in place of the root
     is no container."""
     root = _create(enroot_env, "pyxis_demo", images["x86_64"])
     (root / "etc/environment").unlink()
     os.mkfifo(root / "etc/environment")
+    # Not an OCI bundle for that (its root.path would be the user's choice).
+    (root / "config.json").write_text('{"root": {"path": "/"}, "process": {"args": ["x"]}}')
     (root / "opt/app/tool").unlink()
     (root / "opt/app/tool").symlink_to("/usr/bin/true")  # the host's: never read
     outside = tmp_path / "outside"
@@ -233,7 +236,7 @@ def test_hostile_root(enroot_env: dict[str, str], images: dict[str, Path],
     shutil.copy2(images["aarch64-tool"], outside / "tool")
     todo = plan("pyxis", None, False, REASON, ["/opt/app/tool"], enroot_env, "/",
                 args=_args("demo", mounts=f"{outside}:/mnt/x", workdir="/mnt/x"))
-    assert todo.cwd == "/mnt/x"
+    assert todo.cwd == "/mnt/x" and todo.image is not None and todo.image.kind == "dir"
     assert "PATH" not in todo.env  # no environment file read, the job's PATH withheld
     assert [i.rule for i in _judge(todo).issues] == ["exe-not-found"]
     mounted = _judge(plan("pyxis", None, False, REASON, ["/mnt/x/tool"], enroot_env, "/",

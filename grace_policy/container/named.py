@@ -23,8 +23,8 @@ pyxis 0.24.0 and enroot 4.1.2:
   ``$HOME/.local/share/enroot`` (enroot.in ``config::export``), with the
   job's environment, as the user: the check runs with the user's rights.
 
-The root is judged exactly as a local image
-(:func:`grace_policy.container.pyxis.plan_pyxis`, with an unpacked-root
+The root is judged exactly as a local image (plan_pyxis, which calls this
+first, goes on with an unpacked-root
 :class:`~grace_policy.image.view.DirView`: links resolve inside the root, the
 final open never follows one, nothing blocks). A running container is judged
 on its root with the mounts a new start would get: what it mounted when it
@@ -38,6 +38,10 @@ import stat
 from collections.abc import Mapping, Sequence
 
 from . import Plan
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ..image import Image
 
 #: pyxis args.c: the flags --container-name accepts after the name.
 FLAGS = ("auto", "create", "exec", "no_exec")
@@ -119,11 +123,12 @@ def _home() -> str:
 
 
 def plan_named(image: str | None, reason: str, argv: Sequence[str], env: Mapping[str, str],
-               cwd: str, *, args: Mapping[str, str], batch: bool = False,
-               max_inodes: int | None = None) -> Plan | bool:
-    """The step in its named container, a skip, or - when pyxis will make
-    the container from ``--container-image`` - whether that image is a
-    local file (the caller judges it as any image). Never raises."""
+               cwd: str, args: Mapping[str, str]) -> Plan | bool | Image:
+    """The container's root as an :class:`~grace_policy.image.Image` (which
+    plan_pyxis judges as it judges a local image: environment, mounts,
+    workdir), a skip, or - when pyxis will make the container from
+    ``--container-image`` - whether that image is a local file (judged then
+    as any image). Never raises."""
     def skip(why: str) -> Plan:
         return Plan(None, tuple(argv), dict(env), cwd, skipped=f"{reason}: not judged: {why}")
 
@@ -161,17 +166,15 @@ def plan_named(image: str | None, reason: str, argv: Sequence[str], env: Mapping
         return image.startswith(("/", "."))
     from ..image import Image, ImageError
     from ..image.view import DirView, environment_file
-    from .pyxis import plan_pyxis
 
+    # Not open_image: a config.json the user put at the container's root
+    # would make it an OCI bundle whose root.path the user chose.
     view = DirView(root, name=root)
     try:
         inner_env = environment_file(view)
     except (ImageError, OSError):
         inner_env = ()
-    opened = Image(path=view.root, kind="dir", view=view, env=inner_env)
-    rest = {k: v for k, v in args.items() if k not in ("name", "job", "slurm_conf")}
-    return plan_pyxis(view.root, True, reason, argv, env, cwd, max_inodes=max_inodes,
-                      args=rest, batch=batch, opened=opened)
+    return Image(path=view.root, kind="dir", view=view, env=inner_env)
 
 
 def _exists(root: str) -> bool | None:

@@ -77,16 +77,18 @@ def _bool(value: str | None) -> bool | None:
 
 def plan_pyxis(image: str | None, local: bool, reason: str, argv: Sequence[str],
                env: Mapping[str, str], cwd: str, *, max_inodes: int | None = None,
-               args: Mapping[str, str] | None = None, batch: bool = False,
-               opened: Image | None = None) -> Plan:
+               args: Mapping[str, str] | None = None, batch: bool = False) -> Plan:
+    opened: Image | None = None
     if args and args.get("name"):  # --container-name: the container as it is now
         from .named import plan_named
 
-        named = plan_named(image, reason, argv, env, cwd, args=args, batch=batch,
-                           max_inodes=max_inodes)
+        named = plan_named(image, reason, argv, env, cwd, args)
         if isinstance(named, Plan):
-            return named
-        local = named  # no container yet: pyxis makes it from the image, judged below
+            return named  # pyxis will refuse the name: a skip
+        if isinstance(named, bool):
+            local = named  # no container yet: pyxis makes it from the image, judged below
+        else:
+            image, local, opened = named.path, True, named  # its root, judged below
     if not local or not image:
         return Plan(None, tuple(argv), dict(env), cwd,
                     skipped=f"{reason}: not judged: not a local image (pyxis imports or "

@@ -95,7 +95,10 @@ def _line(path: str, number: int) -> list[str]:
 
 def data_path(job_env: Mapping[str, str]) -> str | None:
     """enroot's ENROOT_DATA_PATH for this step, or None (no ``enroot`` on
-    slurmstepd's PATH, or a value this reader cannot be sure of)."""
+    slurmstepd's PATH, or a relative path). An enroot.conf value enroot.py
+    cannot expand (a command substitution) is left out there, so the
+    default is looked at instead: a directory pyxis does not use, which
+    at worst makes the step a skip or judges its image."""
     from .enroot import _settings
 
     found = _settings(job_env, None, None, None)
@@ -148,7 +151,7 @@ def plan_named(image: str | None, reason: str, argv: Sequence[str], env: Mapping
     where = data_path(env)
     if where is None:
         return skip("enroot's data path is not known here (no enroot on slurmstepd's PATH, "
-                    "or a value computed at run time)")
+                    "or a relative path)")
     root = f"{where.rstrip('/')}/{full_name}"
     exists = _exists(root)
     if exists is None:

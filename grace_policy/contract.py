@@ -88,9 +88,10 @@ STEP = (
           "(image: a local .sqsh's absolute path, or pyxis' image string or container "
           'name) or "oci" (image: the config.json slurmstepd wrote), or NULL'),
     Field("container_image", TEXT, "see container_kind"),
-    Field("container_local", FLAG, "1: container_image is a file on this node"),
+    Field("container_local", FLAG, "1: container_image is a file on this node and is what "
+          "runs (0 for pyxis --container-name: the named container's root decides)"),
     Field("container_args", TEXT, 'the runtime\'s own options, "key=value" lines (pyxis: '
-          "mounts, workdir, mount_home), or NULL"),
+          "mounts, workdir, mount_home; name, job, slurm_conf for --container-name), or NULL"),
 )
 
 #: The fields the frame carries, in its order.

@@ -210,6 +210,30 @@ static void grace_pyxis(spank_t sp, const char *cwd, struct grace_container *c)
 	grace_mntns(state.mntns, sizeof(state.mntns));
 	snprintf(c->kind, sizeof(c->kind), "pyxis");
 	snprintf(c->name, sizeof(c->name), "%s", name);
+	if (name[0] != '\0') {
+		/* --container-name: pyxis reuses the container if it exists, as
+		 * the user may have changed it (grace_policy/container/named.py).
+		 * Python gets the raw NAME[:FLAG], the job id and the slurm.conf
+		 * this slurmstepd runs with (SLURM_CONF of its own environment,
+		 * which slurmd sets for -f and configless: the admin's, never the
+		 * job's), whose plugstack.conf has pyxis' container_scope. A name
+		 * that cannot be one line, or that does not fit, is left out and
+		 * the step is skipped (not a local image). */
+		uint32_t job_id = 0;
+		size_t used = strlen(c->args);
+		const char *conf = getenv("SLURM_CONF");
+		int n;
+
+		if (conf == NULL || conf[0] != '/' || strchr(conf, '\n') != NULL)
+			conf = "";
+		spank_get_item(sp, S_JOB_ID, &job_id);
+		if (strchr(name, '\n') == NULL) {
+			n = snprintf(c->args + used, sizeof(c->args) - used,
+				     "name=%s\njob=%u\nslurm_conf=%s\n", name, job_id, conf);
+			if (n < 0 || (size_t)n >= sizeof(c->args) - used)
+				c->args[used] = '\0';
+		}
+	}
 	if (image[0] != '\0' && strspn(image, "./") > 0) {
 		/* pyxis hands the string to enroot, run in the job's cwd. */
 		const char *rel = image;
@@ -221,13 +245,26 @@ static void grace_pyxis(spank_t sp, const char *cwd, struct grace_container *c)
 			snprintf(c->image, sizeof(c->image), "%s", image);
 		else
 			snprintf(c->image, sizeof(c->image), "%s/%s", cwd, rel);
-		c->local = 1;
-		snprintf(c->reason, sizeof(c->reason), "pyxis container step (image %.300s)",
-			 image);
+		/* A named step's verdict rests on the container's root, which no
+		 * cache entry keys on: never "local", so never cached or replayed
+		 * (grace_replayable, slurm_bridge._cache_entry). */
+		c->local = name[0] == '\0';
+		if (name[0] != '\0')
+			snprintf(c->reason, sizeof(c->reason),
+				 "pyxis container step (container name %.80s, image %.250s)", name,
+				 image);
+		else
+			snprintf(c->reason, sizeof(c->reason), "pyxis container step (image %.300s)",
+				 image);
 	} else {
 		snprintf(c->image, sizeof(c->image), "%s", image);
-		snprintf(c->reason, sizeof(c->reason), "pyxis container step (%s %.300s)",
-			 image[0] ? "image" : "container name", image[0] ? image : name);
+		if (name[0] != '\0' && image[0] != '\0')
+			snprintf(c->reason, sizeof(c->reason),
+				 "pyxis container step (container name %.80s, image %.250s)", name,
+				 image);
+		else
+			snprintf(c->reason, sizeof(c->reason), "pyxis container step (%s %.300s)",
+				 image[0] ? "image" : "container name", image[0] ? image : name);
 	}
 }
 

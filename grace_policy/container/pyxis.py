@@ -26,6 +26,10 @@ from collections.abc import Mapping, Sequence
 
 from . import Plan
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ..image import Image
+
 #: What pyxis keeps out of enroot's environment (pyxis_slurmstepd.c
 #: enroot_deny_env): the container never sees the host's values of these.
 _DENIED = ("PATH", "LD_LIBRARY_PATH", "LD_PRELOAD")
@@ -74,6 +78,17 @@ def _bool(value: str | None) -> bool | None:
 def plan_pyxis(image: str | None, local: bool, reason: str, argv: Sequence[str],
                env: Mapping[str, str], cwd: str, *, max_inodes: int | None = None,
                args: Mapping[str, str] | None = None, batch: bool = False) -> Plan:
+    opened: Image | None = None
+    if args and args.get("name"):  # --container-name: the container as it is now
+        from .named import plan_named
+
+        named = plan_named(image, reason, argv, env, cwd, args)
+        if isinstance(named, Plan):
+            return named  # pyxis will refuse the name: a skip
+        if isinstance(named, bool):
+            local = named  # no container yet: pyxis makes it from the image, judged below
+        else:
+            image, local, opened = named.path, True, named  # its root, judged below
     if not local or not image:
         return Plan(None, tuple(argv), dict(env), cwd,
                     skipped=f"{reason}: not judged: not a local image (pyxis imports or "
@@ -82,7 +97,7 @@ def plan_pyxis(image: str | None, local: bool, reason: str, argv: Sequence[str],
     from ..image.open import open_image
 
     try:
-        img = open_image(image, max_inodes=max_inodes)
+        img = opened if opened is not None else open_image(image, max_inodes=max_inodes)
     except ImageError as exc:
         return Plan(None, tuple(argv), dict(env), cwd,
                     skipped=f"{reason}: not judged: {exc.reason}")

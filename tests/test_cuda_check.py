@@ -1,0 +1,337 @@
+"""The GPU-architecture judgement inside the check (issue 26, the integration).
+
+Real parts only: the nvcc-built fixtures of tests/gpu (cuobjdump agrees with
+the reader on every entry there), host programs gcc links against them here,
+the pinned CUDA 13.5 and 12.9 runtime wheels' libcudart, a venv CPython
+imports a real nvcc-built extension module from, and the CLI as users run
+it. The node's GPUs come from the config or the command line (this machine
+has none); where NVML's answer is the point (the verdict cache), the node
+gets one through :func:`grace_policy.cuda.nodegpus.set_for_tests`.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from gpu.fixtures import build_fixtures
+from gpu.toolchain import cudart12_lib, toolchain
+
+from grace_policy import verdict_cache
+from grace_policy.decide import decide
+from grace_policy.findings import Verdict
+from grace_policy.node import NodeProfile, detect
+from grace_policy.policy import Policy
+
+pytestmark = pytest.mark.network
+
+REPO = Path(__file__).resolve().parents[1]
+MAIN = "extern int grace_probe(char *, int);\nint main(void) { char m[128]; " \
+       "return grace_probe(m, 128); }\n"
+
+
+@pytest.fixture(scope="module")
+def fx() -> dict[str, Path]:
+    return {f.name: f.path for f in build_fixtures(toolchain())}
+
+
+@pytest.fixture(scope="module")
+def cudart13() -> Path:
+    return toolchain().x86_lib
+
+
+@pytest.fixture(scope="module")
+def progs(fx: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A host program (gcc, no device code of its own) per fixture library."""
+    out = tmp_path_factory.mktemp("cuda-progs")
+    (out / "main.c").write_text(MAIN)
+    built = {}
+    for variant in ("sm80_sm90", "ptx90", "sm100_ptx100", "sm90"):
+        lib = fx[f"x86_64/lib{variant}.so"]
+        exe = out / f"uses-{variant}"
+        subprocess.run(["gcc", str(out / "main.c"), "-o", str(exe), f"-L{lib.parent}",
+                        f"-l{variant}", f"-Wl,-rpath,{lib.parent}"], check=True, timeout=120)
+        built[variant] = exe
+    return built
+
+
+def _env(cudart: Path, gpus: int | None = 1, **extra: str) -> dict[str, str]:
+    env = {"PATH": "/usr/bin:/bin", "LD_LIBRARY_PATH": str(cudart), "HOME": "/nonexistent"}
+    if gpus is not None:
+        env["SLURM_GPUS_ON_NODE"] = str(gpus)
+    env.update(extra)
+    return env
+
+
+def _node(gpu: str | None, driver: str | None) -> NodeProfile:
+    from grace_policy.node import parse_cuda_version, parse_gpu_arch
+
+    return detect().with_overrides(gpu_arch=parse_gpu_arch(gpu) if gpu else None,
+                                   cuda_driver=parse_cuda_version(driver) if driver else None)
+
+
+def _decide(argv: list[str], env: dict[str, str], node: NodeProfile, **kw: object) -> Verdict:
+    return decide(Policy(mode="enforce"), partition=None, argv=argv, env=env, cwd="/",
+                  node=node, **kw)  # type: ignore[arg-type]
+
+
+def _rules(v: Verdict) -> list[tuple[str, str, str]]:
+    return [(f.rule, f.severity, os.path.basename(f.path)) for f in v.findings]
+
+
+def test_sm80_sm90_library_on_sm100_is_refused(progs: dict[str, Path], cudart13: Path) -> None:
+    v = _decide([str(progs["sm80_sm90"])], _env(cudart13), _node("sm_100", "13.5"))
+    assert v.action == "reject", v
+    assert _rules(v) == [("gpu-arch-missing", "error", "libsm80_sm90.so")]
+    text = v.findings[0].remediation
+    assert "holds kernels for sm_80 sm_90 only" in text and "are sm_100" in text
+    assert 'TORCH_CUDA_ARCH_LIST="10.0"' in text
+    assert "no kernel image is available" in v.findings[0].predicted_error
+    # The same program on an H100 node: its sm_90 cubin runs.
+    ok = _decide([str(progs["sm80_sm90"])], _env(cudart13), _node("sm_90", "13.5"))
+    assert ok.action == "allow" and not ok.findings, ok
+
+
+def test_ptx_only_warns_of_the_jit(progs: dict[str, Path], cudart13: Path) -> None:
+    v = _decide([str(progs["ptx90"])], _env(cudart13), _node("sm_100", "13.5"))
+    assert v.action == "warn", v
+    assert _rules(v) == [("gpu-ptx-jit", "warning", "libptx90.so")]
+    assert "compute_90" in v.findings[0].remediation and "CUDA_CACHE_PATH" in \
+        v.findings[0].remediation
+
+
+def test_ptx_newer_than_the_driver_is_refused(progs: dict[str, Path], cudart13: Path) -> None:
+    # The fixtures' PTX is ISA 9.5 (CUDA 13.5); a 13.0 driver cannot JIT it.
+    v = _decide([str(progs["ptx90"])], _env(cudart13), _node("sm_100", "13.0"))
+    assert v.action == "reject", v
+    assert _rules(v) == [("cuda-driver-too-old", "error", "libptx90.so")]
+    assert "unsupported toolchain" in v.findings[0].predicted_error
+    assert "needs a driver for CUDA 13.5" in v.findings[0].remediation
+
+
+def test_cuda13_runtime_on_a_cuda12_driver_is_refused(progs: dict[str, Path],
+                                                      cudart13: Path) -> None:
+    v = _decide([str(progs["sm100_ptx100"])], _env(cudart13), _node("sm_100", "12.8"))
+    assert v.action == "reject", v
+    assert _rules(v) == [("cuda-driver-too-old", "error", "libcudart.so.13")]
+    assert "supports CUDA 12.8" in v.findings[0].remediation
+    # ... and runs on 13.0: a cubin for sm_100 and a runtime of the driver's major.
+    ok = _decide([str(progs["sm100_ptx100"])], _env(cudart13), _node("sm_100", "13.0"))
+    assert ok.action == "allow" and not ok.findings, ok
+
+
+def test_a_cuda12_runtime_on_a_cuda13_driver_is_allowed(tmp_path: Path) -> None:
+    """The second seed's harmless case: vLLM built for CUDA 12 on a CUDA 13
+    node. The program links libcudart.so.12 of the pinned 12.9 wheel."""
+    lib = cudart12_lib()
+    (tmp_path / "main.c").write_text("int main(void) { return 0; }\n")
+    exe = tmp_path / "cuda12"
+    subprocess.run(["gcc", str(tmp_path / "main.c"), "-o", str(exe), "-Wl,--no-as-needed",
+                    f"-L{lib.parent}", "-l:libcudart.so.12", f"-Wl,-rpath,{lib.parent}"],
+                   check=True, timeout=120)
+    env = _env(lib.parent)
+    ok = _decide([str(exe)], env, _node("sm_100", "13.0"))
+    assert ok.action == "allow" and not ok.findings, ok
+    old = _decide([str(exe)], env, _node("sm_100", "11.8"))
+    assert _rules(old) == [("cuda-driver-too-old", "error", "libcudart.so.12")]
+
+
+@pytest.mark.parametrize("env_extra", [{"SLURM_GPUS_ON_NODE": "0"}, {}])
+def test_a_step_without_gpus_is_not_judged_for_them(progs: dict[str, Path], cudart13: Path,
+                                                    env_extra: dict[str, str]) -> None:
+    """``--gpus 0`` and a step with no GRES: nothing judged, and (in a fresh
+    interpreter) nothing of grace_policy.cuda imported."""
+    env = _env(cudart13, gpus=None, **env_extra)
+    code = ("import sys, json; sys.path.insert(0, sys.argv[1]);"
+            "from grace_policy.decide import decide; from grace_policy.policy import Policy;"
+            "from grace_policy.node import detect;"
+            "n = detect().with_overrides(gpu_arch=(10, 0), cuda_driver=(13, 5));"
+            "v = decide(Policy(), partition=None, argv=[sys.argv[2]], env=json.loads(sys.argv[3]),"
+            " cwd='/', node=n);"
+            "print(v.action, len(v.findings),"
+            " sorted(m for m in sys.modules if m.startswith('grace_policy.cuda')))")
+    import json
+
+    out = subprocess.run([sys.executable, "-S", "-E", "-c", code, str(REPO),
+                          str(progs["sm80_sm90"]), json.dumps(env)],
+                         capture_output=True, text=True, check=True, timeout=120).stdout
+    assert out.split() == ["allow", "0", "[]"], out
+
+
+def _venv_with(tmp_path: Path, ext: Path) -> Path:
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True,
+                   timeout=120)
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    shutil.copy(ext, site / ext.name)
+    return venv / "bin" / "python"
+
+
+@pytest.mark.parametrize(("variant", "expected"), [
+    ("sm80_sm90", [("gpu-arch-missing", "error", "_graceprobe")]),
+    ("sm100_ptx100", []),
+])
+def test_an_extension_module_in_a_venv(fx: dict[str, Path], cudart13: Path, tmp_path: Path,
+                                       variant: str, expected: list[tuple[str, str, str]]
+                                       ) -> None:
+    ext = next(p for n, p in fx.items() if n.startswith(f"x86_64/py-{variant}/"))
+    python = _venv_with(tmp_path, ext)
+    v = _decide([str(python), "-c", "import _graceprobe"], _env(cudart13),
+                _node("sm_100", "13.5"))
+    got = [(r, s, name.split(".")[0]) for r, s, name in _rules(v)]
+    assert got == expected, v
+    if expected:
+        assert v.action == "reject"
+        assert v.findings[0].path.endswith(ext.name)
+        assert "/site-packages/" in v.findings[0].path
+
+
+def test_an_unused_extension_is_a_warning_of_its_distribution(fx: dict[str, Path],
+                                                              cudart13: Path,
+                                                              tmp_path: Path) -> None:
+    """Installed but not imported: the environment's usual "broken
+    distribution" warning, not a refusal (the step may never load it)."""
+    ext = fx[next(n for n in fx if n.startswith("x86_64/py-sm80_sm90/"))]
+    python = _venv_with(tmp_path, ext)
+    v = _decide([str(python), "-c", "pass"], _env(cudart13), _node("sm_100", "13.5"))
+    assert v.action in ("allow", "warn"), v
+    assert all(f.severity != "error" for f in v.findings), v
+
+
+# -- the command line and the config ---------------------------------------------
+
+
+def _cli(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "grace_policy", *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_check_gpu_arch_and_cuda_driver_options(progs: dict[str, Path], cudart13: Path
+                                                ) -> None:
+    env = {**_env(cudart13, gpus=None), "PYTHONPATH": str(REPO)}
+    prog = str(progs["sm80_sm90"])
+    refused = _cli("check", "--gpu-arch", "sm_100", "--cuda-driver", "13.0", "--json", "--",
+                   prog, env=env)
+    assert refused.returncode == 2, refused.stderr
+    import json
+
+    doc = json.loads(refused.stdout)
+    assert doc["node"]["gpu_arch"] == "sm_100" and doc["node"]["cuda_driver"] == "13.0"
+    assert [f["rule"] for f in doc["findings"]] == ["gpu-arch-missing"]
+    # --gpus 0: a step without GPUs, whatever the node has.
+    assert _cli("check", "--gpu-arch", "sm_100", "--gpus", "0", "--", prog,
+                env=env).returncode == 0
+    assert _cli("check", "--gpu-arch", "sm_90", "--cuda-driver", "13.0", "--", prog,
+                env=env).returncode == 0
+    bad = _cli("check", "--gpu-arch", "sm_90a", "--", prog, env=env)
+    assert bad.returncode == 64 and "--gpu-arch" in bad.stderr and "sm_100" in bad.stderr
+
+
+def test_partition_config_gives_the_gpus(progs: dict[str, Path], cudart13: Path,
+                                         tmp_path: Path) -> None:
+    config = tmp_path / "grace-policy.toml"
+    config.write_text('mode = "enforce"\n[partitions.gb200]\ngpu_arch = "sm_100"\n'
+                      'cuda_driver = "13.0"\ncuda_index = "cu130"\n'
+                      '[partitions.h100]\ngpu_arch = "9.0"\ncuda_driver = "13.0"\n')
+    env = {**_env(cudart13, gpus=None), "PYTHONPATH": str(REPO)}
+    prog = str(progs["sm80_sm90"])
+    gb200 = _cli("check", "--config", str(config), "--partition", "gb200", "--gpus", "1",
+                 "--", prog, env=env)
+    assert gb200.returncode == 2, gb200.stderr
+    assert "gpu-arch-missing" in gb200.stdout and "cu130" in gb200.stdout
+    assert _cli("check", "--config", str(config), "--partition", "h100", "--gpus", "1",
+                "--", prog, env=env).returncode == 0
+    # A typo in the config names the key and its line.
+    config.write_text('[node]\ngpu_arch = "sm100"\ncuda_driver = "13"\n')
+    broken = _cli("check", "--config", str(config), "--", "/bin/true", env=env)
+    assert broken.returncode == 78
+    assert f"{config}:2: node.gpu_arch" in broken.stderr, broken.stderr
+    assert f"{config}:3: node.cuda_driver" in broken.stderr, broken.stderr
+
+
+def test_explain_and_report_know_the_rules() -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    for rule in ("gpu-arch-missing", "gpu-ptx-jit", "cuda-driver-too-old"):
+        out = _cli("explain", rule, env=env)
+        assert out.returncode == 0 and rule in out.stdout, out.stderr
+
+
+# -- the verdict cache ------------------------------------------------------------
+
+
+@pytest.fixture
+def nvml_answer() -> Iterator[None]:
+    """An NVML answer for this GPU-less machine: one sm_90 GPU, CUDA 13.5."""
+    from grace_policy.cuda import nodegpus
+    from grace_policy.cuda.nvml import Gpu, NodeGpus
+
+    nodegpus.set_for_tests(NodeGpus(gpus=(Gpu(index=0, minor=0, capability=(9, 0)),),
+                                    driver_cuda=(13, 5)))
+    try:
+        yield
+    finally:
+        nodegpus.set_for_tests(None)
+
+
+def _entry(argv: list[str], env: dict[str, str], node: NodeProfile
+           ) -> tuple[str | None, list[tuple[str, str]]]:
+    probes: list[tuple[str, str, str]] = []
+    v = _decide(argv, env, node, probes=probes)
+    assert verdict_cache.cacheable(v), v
+    ins = verdict_cache.inputs(argv0=argv[0], cwd="/", partition=None, user_mode=None,
+                               env=env, env_names=("PATH", "LD_LIBRARY_PATH"))
+    return verdict_cache.entry(verdict_cache.read_inputs(ins, probes), v.mode, probes), ins
+
+
+def test_a_clean_verdict_on_nvmls_gpus_is_never_replayed(progs: dict[str, Path],
+                                                         cudart13: Path,
+                                                         nvml_answer: None) -> None:
+    """Clean on NVML's sm_90: the entry records the GPUs as an input no
+    lookup can give, so the same step on a node that became sm_100 (or got
+    another driver) is judged again, never replayed."""
+    env = _env(cudart13, SLURM_STEP_GPUS="0")
+    text, ins = _entry([str(progs["sm80_sm90"])], env, _node(None, None))
+    assert text is not None and "I gpus =sm_90%20cuda%2013.5" in text, text
+    assert verdict_cache.lookup(text, ins, env) is None
+
+
+def test_a_step_without_gpus_does_not_replay_for_one_with_gpus(progs: dict[str, Path],
+                                                               cudart13: Path) -> None:
+    env = _env(cudart13, gpus=None)
+    text, ins = _entry([str(progs["sm80_sm90"])], env, _node("sm_100", "13.5"))
+    assert text is not None
+    assert verdict_cache.lookup(text, ins, env) == "enforce"  # the same step: a hit
+    with_gpu = {**env, "SLURM_GPUS_ON_NODE": "1"}
+    assert verdict_cache.lookup(text, ins, with_gpu) is None
+
+
+def test_stated_gpus_are_keyed_by_the_config(progs: dict[str, Path], cudart13: Path,
+                                             tmp_path: Path) -> None:
+    """The config's gpu_arch: a clean entry for sm_90 stops matching when the
+    config says sm_100 (the entry holds the config file's identity, as
+    slurm_bridge writes every entry)."""
+    from grace_policy.config import load_config
+    from grace_policy.decide import node_for
+
+    config = tmp_path / "grace-policy.toml"
+    config.write_text('[node]\ngpu_arch = "sm_90"\ncuda_driver = "13.5"\n')
+    env = _env(cudart13)
+    node = node_for(load_config(str(config)), None)
+    probes: list[tuple[str, str, str]] = []
+    v = _decide([str(progs["sm80_sm90"])], env, node, probes=probes)
+    assert verdict_cache.cacheable(v), v
+    assert not any(op == "i" and name == "gpus" for op, name, _ in probes)
+    probes += verdict_cache.config_probes([str(config)])
+    ins = verdict_cache.inputs(argv0=str(progs["sm80_sm90"]), cwd="/", partition=None,
+                               user_mode=None, env=env, env_names=("PATH", "LD_LIBRARY_PATH"))
+    text = verdict_cache.entry(verdict_cache.read_inputs(ins, probes), v.mode, probes)
+    assert text is not None and verdict_cache.lookup(text, ins, env) == "enforce"
+    config.write_text('[node]\ngpu_arch = "sm_100"\ncuda_driver = "13.5"\n')
+    assert verdict_cache.lookup(text, ins, env) is None
+    refused = _decide([str(progs["sm80_sm90"])], env, node_for(load_config(str(config)), None))
+    assert refused.action == "reject"

@@ -335,3 +335,47 @@ def test_stated_gpus_are_keyed_by_the_config(progs: dict[str, Path], cudart13: P
     assert verdict_cache.lookup(text, ins, env) is None
     refused = _decide([str(progs["sm80_sm90"])], env, node_for(load_config(str(config)), None))
     assert refused.action == "reject"
+
+
+# -- inside an image ---------------------------------------------------------------
+
+
+@pytest.mark.cross
+@pytest.mark.skipif(shutil.which("mksquashfs") is None,
+                    reason="mksquashfs not installed (squashfs-tools)")
+def test_inside_an_aarch64_image(fx: dict[str, Path], tmp_path: Path) -> None:
+    """An aarch64 squashfs image (the real cross glibc, the aarch64 runtime
+    wheel's libcudart, the aarch64 sm_80+sm_90 fixture library and a program
+    cross-linked to it), read without mounting, on a GB200 node: refused,
+    and the finding names the file inside the image."""
+    from fixtures.build import AARCH64_SYSROOT
+    from image.roots import make_root, mksquashfs
+
+    from grace_policy.image.open import open_image
+
+    root = make_root(tmp_path / "root", "aarch64")
+    lib = root / "opt/cuda/lib"
+    lib.mkdir(parents=True)
+    shutil.copy(fx["aarch64/libsm80_sm90.so"], lib / "libsm80_sm90.so")
+    shutil.copy(toolchain().arm_lib / "libcudart.so.13", lib / "libcudart.so.13")
+    trip = root / "lib/aarch64-linux-gnu"
+    for name in ("libstdc++.so.6", "libgcc_s.so.1", "libm.so.6", "libdl.so.2",
+                 "libpthread.so.0", "librt.so.1"):
+        shutil.copy(os.path.realpath(f"{AARCH64_SYSROOT}/lib/{name}"), trip / name)
+    (tmp_path / "main.c").write_text(MAIN)
+    subprocess.run(["aarch64-linux-gnu-gcc", str(tmp_path / "main.c"), "-o",
+                    str(root / "opt/app/uses-gpu"), f"-L{lib}", "-lsm80_sm90",
+                    f"-Wl,-rpath-link,{lib}", "-Wl,--disable-new-dtags,-rpath,/opt/cuda/lib"],
+                   check=True, timeout=120)
+    image = open_image(str(mksquashfs(root, tmp_path / "gpu.sqsh", "gzip")))
+    env = image.step_env({"SLURM_GPUS_ON_NODE": "1"})
+    gb200 = NodeProfile("aarch64", 4096, (2, 36), gpu_arch=(10, 0), cuda_driver=(13, 0))
+    v = _decide(["uses-gpu"], env, gb200, image=image)
+    assert v.action == "reject", v
+    assert [(f.rule, f.path) for f in v.findings] == [
+        ("gpu-arch-missing", f"{tmp_path / 'gpu.sqsh'}:/opt/cuda/lib/libsm80_sm90.so")]
+    print(v.findings[0].remediation)
+    assert "Use an image built for sm_100" in v.findings[0].remediation
+    h100 = NodeProfile("aarch64", 4096, (2, 36), gpu_arch=(9, 0), cuda_driver=(13, 0))
+    ok = _decide(["uses-gpu"], env, h100, image=image)
+    assert ok.action == "allow" and not ok.findings, ok

@@ -254,11 +254,31 @@ def test_partition_config_gives_the_gpus(progs: dict[str, Path], cudart13: Path,
     assert f"{config}:3: node.cuda_driver" in broken.stderr, broken.stderr
 
 
-def test_explain_and_report_know_the_rules() -> None:
+def test_explain_and_report_know_the_rules(progs: dict[str, Path], cudart13: Path,
+                                          tmp_path: Path) -> None:
+    """``explain`` has the three rules; ``report`` counts the decision lines
+    of GPU refusals and warnings (rendered by the audit code from real
+    verdicts) like any other rule's."""
+    from grace_policy.audit import render_decision
+
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     for rule in ("gpu-arch-missing", "gpu-ptx-jit", "cuda-driver-too-old"):
         out = _cli("explain", rule, env=env)
         assert out.returncode == 0 and rule in out.stdout, out.stderr
+    log = tmp_path / "audit.log"
+    lines = []
+    for i, (variant, driver) in enumerate((("sm80_sm90", "13.5"), ("ptx90", "13.5"),
+                                           ("ptx90", "13.0"), ("sm80_sm90", "13.5"))):
+        v = _decide([str(progs[variant])], _env(cudart13), _node("sm_100", driver))
+        lines.append(render_decision(v, job_id=100 + i, step_id="0", uid=os.getuid(),
+                                     node="n1", elapsed_ms=3.0))
+    log.write_text("".join(lines))
+    import json
+
+    done = _cli("report", "--json", str(log), env=env)
+    assert done.returncode == 0, done.stderr
+    rules = json.loads(done.stdout)["rules"]
+    assert rules == {"gpu-arch-missing": 2, "gpu-ptx-jit": 1, "cuda-driver-too-old": 1}, rules
 
 
 # -- the verdict cache ------------------------------------------------------------

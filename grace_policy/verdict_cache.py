@@ -258,8 +258,11 @@ def lookup(text: str, step_inputs: list[tuple[str, str]],
     def current(name: str) -> str | None:
         if name in wanted:
             return wanted[name]
-        if env is not None and name.startswith("env:"):
-            return _value(env.get(name[4:]))
+        if name.startswith("env:"):
+            # C reads the step's environment: a caller that passes none
+            # describes a step with no other variables (every step's entry
+            # records the GPU variables, SLURM_GPUS_ON_NODE absent or not).
+            return _value((env or {}).get(name[4:]))
         return None
 
     def matches(name: str, value: str) -> bool:

@@ -203,6 +203,15 @@ def test_an_unused_extension_is_a_warning_of_its_distribution(fx: dict[str, Path
     assert all(f.severity != "error" for f in v.findings), v
 
 
+def test_runtime_sonames_start_as_the_check_expects() -> None:
+    """The check asks the soname table only of names with these prefixes."""
+    from grace_policy.cuda.arch import tables
+    from grace_policy.cuda.stepcheck import RUNTIME_PREFIXES
+
+    names = tables().runtime_sonames
+    assert names and all(n.startswith(RUNTIME_PREFIXES) for n in names), names
+
+
 # -- the command line and the config ---------------------------------------------
 
 

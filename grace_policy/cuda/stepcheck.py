@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 #: The verdict-cache input a judgement on NVML's facts records (see
 #: :meth:`GpuCheck._depends`).
 CACHE_INPUT = "gpus"
+#: How every soname that names a CUDA major begins.
+RUNTIME_PREFIXES = ("libcu", "libnv")
 
 
 class GpuCheck:
@@ -87,13 +89,17 @@ class GpuCheck:
         self._seen.add(key)
         out: list[Issue] = []
         soname = info.soname or os.path.basename(path)
-        runtime = judge_runtime(soname, path, self.gpus)
-        from .arch import runtime_major
+        if soname.startswith(RUNTIME_PREFIXES):
+            # Only these can name a CUDA major (cuda.toml's runtime_sonames;
+            # tests/test_cuda_check.py holds the table to the prefixes): the
+            # other files of a closure never load the tables' TOML parser.
+            from .arch import runtime_major
 
-        if runtime_major(soname) is not None:
-            self._depends()
-        if runtime is not None:
-            out.append(runtime)
+            if runtime_major(soname) is not None:
+                self._depends()
+            runtime = judge_runtime(soname, path, self.gpus)
+            if runtime is not None:
+                out.append(runtime)
         self.budget.tick()
         fat = read_fatbins(host, fsprobe, self.budget)
         if fat.has_kernels:

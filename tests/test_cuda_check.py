@@ -263,6 +263,18 @@ def test_partition_config_gives_the_gpus(progs: dict[str, Path], cudart13: Path,
     assert f"{config}:3: node.cuda_driver" in broken.stderr, broken.stderr
 
 
+def test_env_judges_the_packages_kernels(fx: dict[str, Path], cudart13: Path,
+                                         tmp_path: Path) -> None:
+    ext = fx[next(n for n in fx if n.startswith("x86_64/py-sm80_sm90/"))]
+    python = _venv_with(tmp_path, ext)
+    env = {**_env(cudart13, gpus=None), "PYTHONPATH": str(REPO)}
+    gb200 = _cli("env", "--gpu-arch", "sm_100", "--cuda-driver", "13.0", str(python), env=env)
+    assert gb200.returncode == 1, gb200.stdout + gb200.stderr
+    assert "gpu-arch-missing" in gb200.stdout and ext.name in gb200.stdout
+    h100 = _cli("env", "--gpu-arch", "9.0", "--cuda-driver", "13.0", str(python), env=env)
+    assert h100.returncode == 0 and "gpu-arch" not in h100.stdout, h100.stdout
+
+
 def test_explain_and_report_know_the_rules(progs: dict[str, Path], cudart13: Path,
                                           tmp_path: Path) -> None:
     """``explain`` has the three rules; ``report`` counts the decision lines

@@ -420,3 +420,27 @@ def test_inside_an_aarch64_image(fx: dict[str, Path], tmp_path: Path) -> None:
     h100 = NodeProfile("aarch64", 4096, (2, 36), gpu_arch=(9, 0), cuda_driver=(13, 0))
     ok = _decide(["uses-gpu"], env, h100, image=image)
     assert ok.action == "allow" and not ok.findings, ok
+
+
+@pytest.mark.parametrize("stated", [False, True])
+def test_the_bridge_writes_no_entry_that_could_never_hit(progs: dict[str, Path],
+                                                         cudart13: Path, tmp_path: Path,
+                                                         nvml_answer: None,
+                                                         stated: bool) -> None:
+    """A clean GPU step judged on NVML's answer hands C no cache entry (it
+    would only take room from entries that can hit); judged on the config's
+    gpu_arch/cuda_driver, it does."""
+    from grace_policy import slurm_bridge
+
+    config = tmp_path / "grace-policy.toml"
+    config.write_text('mode = "enforce"\n' + (
+        '[node]\ngpu_arch = "sm_90"\ncuda_driver = "13.5"\n' if stated else ""))
+    out = slurm_bridge.run_step(slurm_bridge.StepInput(
+        config=str(config), on_error="deny", partition=None, cwd="/", user_mode=None,
+        node="n1", argv=(str(progs["sm80_sm90"]),), env=_env(cudart13, SLURM_STEP_GPUS="0"),
+        job_id=1, step_id=0, uid=os.geteuid(), batch=False, code="test|-"))
+    assert out.action == "allow" and not out.user, out
+    if stated:
+        assert out.cache and "I env:SLURM_GPUS_ON_NODE =1" in out.cache, out.cache
+    else:
+        assert out.cache is None

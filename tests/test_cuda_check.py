@@ -11,6 +11,7 @@ gets one through :func:`grace_policy.cuda.nodegpus.set_for_tests`.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -155,8 +156,6 @@ def test_a_step_without_gpus_is_not_judged_for_them(progs: dict[str, Path], cuda
             " cwd='/', node=n);"
             "print(v.action, len(v.findings),"
             " sorted(m for m in sys.modules if m.startswith('grace_policy.cuda')))")
-    import json
-
     out = subprocess.run([sys.executable, "-S", "-E", "-c", code, str(REPO),
                           str(progs["sm80_sm90"]), json.dumps(env)],
                          capture_output=True, text=True, check=True, timeout=120).stdout
@@ -227,8 +226,6 @@ def test_check_gpu_arch_and_cuda_driver_options(progs: dict[str, Path], cudart13
     refused = _cli("check", "--gpu-arch", "sm_100", "--cuda-driver", "13.0", "--json", "--",
                    prog, env=env)
     assert refused.returncode == 2, refused.stderr
-    import json
-
     doc = json.loads(refused.stdout)
     assert doc["node"]["gpu_arch"] == "sm_100" and doc["node"]["cuda_driver"] == "13.0"
     assert [f["rule"] for f in doc["findings"]] == ["gpu-arch-missing"]
@@ -294,8 +291,6 @@ def test_explain_and_report_know_the_rules(progs: dict[str, Path], cudart13: Pat
         lines.append(render_decision(v, job_id=100 + i, step_id="0", uid=os.getuid(),
                                      node="n1", elapsed_ms=3.0))
     log.write_text("".join(lines))
-    import json
-
     done = _cli("report", "--json", str(log), env=env)
     assert done.returncode == 0, done.stderr
     rules = json.loads(done.stdout)["rules"]
@@ -444,3 +439,51 @@ def test_the_bridge_writes_no_entry_that_could_never_hit(progs: dict[str, Path],
         assert out.cache and "I env:SLURM_GPUS_ON_NODE =1" in out.cache, out.cache
     else:
         assert out.cache is None
+
+
+NVML_CHILD = r"""
+import json, os, sys
+sys.path.insert(0, sys.argv[1])
+from grace_policy.cuda import nodegpus
+from grace_policy.decide import decide
+from grace_policy.policy import Policy
+nodegpus.preload()  # as the node checker does when it starts, before it forks
+os.environ["GRACE_NVML_MAJOR"] = sys.argv[4]  # what NVML would answer from now on
+r, w = os.pipe()
+pid = os.fork()
+if pid == 0:  # a child judging a step, as the checker's spare does
+    v = decide(Policy(), partition=None, argv=[sys.argv[2]], env=json.loads(sys.argv[3]),
+               cwd="/", node=None)
+    os.write(w, json.dumps([v.action, [(f.rule, f.remediation) for f in v.findings]]).encode())
+    os._exit(0)
+os.close(w)
+os.waitpid(pid, 0)
+print(os.read(r, 65536).decode())
+"""
+
+
+@pytest.mark.parametrize(("major", "later", "action"), [("10", "9", "reject"),
+                                                          ("9", "10", "allow")])
+def test_nvml_is_read_once_before_the_fork(progs: dict[str, Path], cudart13: Path,
+                                           tmp_path: Path, major: str, later: str,
+                                           action: str) -> None:
+    """No config value: the node's GPUs are NVML's (the ABI stand-in of
+    tests/gpu/test_nvml.py, installed as libnvidia-ml.so.1), read once by the
+    parent; the forked child judges with that answer, even though NVML would
+    now say otherwise. SLURM_STEP_GPUS=4 is the stand-in's first device."""
+    from gpu.test_nvml import STANDIN
+
+    (tmp_path / "nvml.c").write_text(STANDIN)
+    subprocess.run(["gcc", "-shared", "-fPIC", "-o", str(tmp_path / "libnvidia-ml.so.1"),
+                    str(tmp_path / "nvml.c")], check=True, timeout=120)
+    step_env = _env(cudart13, SLURM_STEP_GPUS="4")
+    proc = subprocess.run(
+        [sys.executable, "-c", NVML_CHILD, str(REPO), str(progs["sm80_sm90"]),
+         json.dumps(step_env), later], capture_output=True, text=True, timeout=120,
+        env={**os.environ, "LD_LIBRARY_PATH": str(tmp_path), "GRACE_NVML_MAJOR": major,
+             "GRACE_NVML_DRIVER": "13050"}, check=True)
+    got, findings = json.loads(proc.stdout)
+    assert got == action, findings
+    if action == "reject":
+        [(rule, text)] = findings
+        assert rule == "gpu-arch-missing" and "are sm_100" in text, findings

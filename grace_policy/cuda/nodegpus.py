@@ -24,9 +24,14 @@ def node_gpus() -> NodeGpus:
 
 
 def preload() -> None:
-    """Ask NVML now (the node checker's start); never raises."""
+    """Ask NVML now (the node checker's start); never raises. On a node with
+    GPUs, also import the judgement and parse the driver's rules (cuda.toml,
+    tomllib: ~15 ms), so the children forked for steps have them already."""
     try:
-        node_gpus()
+        if node_gpus().available:
+            from . import arch, stepcheck  # noqa: F401  (imported for the children)
+
+            arch.tables()
     except Exception:  # read_node_gpus never raises; a bug here must not stop the server
         pass
 

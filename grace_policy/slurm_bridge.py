@@ -129,6 +129,7 @@ PRELOAD = ("grace_policy.compiled", "grace_policy.policy", "grace_policy.decide"
            "grace_policy.verdict_cache", "grace_policy.nodeowned", "grace_policy.python.step",
            "grace_policy.python.interp", "grace_policy.python.judge",
            "grace_policy.python.sitepath", "grace_policy.python.usage", "grace_policy.messages",
+           "grace_policy.python.gpus",
            "encodings.ascii")
 
 

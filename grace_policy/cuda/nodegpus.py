@@ -29,7 +29,8 @@ def preload() -> None:
     tomllib: ~15 ms), so the children forked for steps have them already."""
     try:
         if node_gpus().available:
-            from . import arch, stepcheck  # noqa: F401  (imported for the children)
+            # What stepcheck uses (it imports this module: not itself).
+            from . import arch, fatbin, judge, stepgpus  # noqa: F401  (for the children)
 
             arch.tables()
     except Exception:  # read_node_gpus never raises; a bug here must not stop the server

@@ -30,6 +30,7 @@ from .python.names import may_run_python
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from .cuda.stepcheck import GpuCheck
     from .image import Image
     from .python.step import Group
 
@@ -136,9 +137,11 @@ def _check_step(argv: Sequence[str], env: Mapping[str, str], cwd: str, node: Nod
         leak = envleak.plan(env, node, names=env_vars, strip=env_strip, budget=budget)
         changes = leak.changes
         issues.extend(leak.issues)
-        ctx = StepContext(node=node, env=leak.changes.apply(env), cwd=cwd, budget=budget,
+        step_env = leak.changes.apply(env)
+        ctx = StepContext(node=node, env=step_env, cwd=cwd, budget=budget,
                           view=image.view if image is not None else None, image=image,
-                          cuda_index=cuda_index, read=fsprobe.recording())
+                          cuda_index=cuda_index, read=fsprobe.recording(),
+                          gpu=gpu_check(node, step_env, budget, cuda_index))
         _check(argv, ctx, issues, state, leak.foreign_prefixes)
     except BudgetExceeded as exc:
         return StepReport(tuple(issues), changes, _opt_str(state.get("exe")),
@@ -147,6 +150,21 @@ def _check_step(argv: Sequence[str], env: Mapping[str, str], cwd: str, node: Nod
     return StepReport(tuple(issues), changes, _opt_str(state.get("exe")),
                       tuple(state.get("hops", ())),  # type: ignore[arg-type]
                       state.get("tree"), limit=None)  # type: ignore[arg-type]
+
+
+def gpu_check(node: NodeProfile, env: Mapping[str, str], budget: Budget,
+              cuda_index: str | None) -> GpuCheck | None:
+    """The GPU judgement of a step that has GPUs (the one decision
+    ``torch-cpu-only`` uses), else None: a step without GPUs imports
+    nothing of :mod:`grace_policy.cuda` and reads no fat binary."""
+    from .python.gpus import step_gpus
+
+    if step_gpus(env) is None:
+        return None
+    from .cuda.stepcheck import for_step
+
+    found = for_step(node, env, budget, cuda_index)
+    return found if found.known else None
 
 
 def _opt_str(value: object) -> str | None:
@@ -308,6 +326,9 @@ def check_elf(path: str, ctx: StepContext, issues: list[Issue], causes: Causes, 
         issues.append(_with_causes(issue, causes(path)))
     for issue in code_page_issues(path, info, node, budget):
         issues.append(_with_causes(issue, causes(path)))
+    gpu = ctx.gpu
+    if gpu is not None:
+        issues.extend(_with_causes(i, causes(path)) for i in gpu.file(path, info))
 
     process = Process(path, info, node, env, cwd=cwd, budget=budget, exec_origin=as_program)
     tree = process.tree
@@ -324,6 +345,9 @@ def check_elf(path: str, ctx: StepContext, issues: list[Issue], causes: Causes, 
         if not kernel:
             for issue in code_page_issues(obj.path, obj.info, node, budget):
                 issues.append(_with_causes(issue, causes(obj.path)))
+            if gpu is not None:
+                issues.extend(_with_causes(i, causes(obj.path)) for i in gpu.file(
+                    obj.path, obj.info, process.searcher.to_host(obj.path)))
     for miss in tree.missing:
         budget.tick()
         if miss.name == info.interp:
@@ -417,13 +441,21 @@ def environment_report(python: str, env: Mapping[str, str], cwd: str, node: Node
 
     issues: list[Issue] = []
     kept: dict[str, object] = {}
-    ctx = StepContext(node=node, env=env, cwd=cwd, budget=budget, cuda_index=cuda_index)
+    gpu = None
+    if node.gpu_arch is not None:
+        # No step here to have GPUs: the partition's (or --gpu-arch's) GPUs
+        # are the ones its packages' kernels will meet.
+        from .cuda.stepcheck import for_step
+
+        gpu = for_step(node, env, budget, cuda_index)
+    ctx = StepContext(node=node, env=env, cwd=cwd, budget=budget, cuda_index=cuda_index,
+                      gpu=gpu)
     check_elf(python, ctx, issues, causes, via_script=None, keep=kept)
     process = kept.get("process")
     if not isinstance(process, Process) or _blocked(issues):
         return issues, None
     found = environment_of(python, process, env, cwd, node, budget, causes,
-                           cuda_index=cuda_index, all_warnings=False)
+                           cuda_index=cuda_index, all_warnings=False, gpu=gpu)
     if found is None:
         return issues, None
     return issues, found.groups((*imports, *found.startup_imports()))

@@ -28,7 +28,7 @@ from pydantic import (
 )
 
 from .messages import escape
-from .node import parse_glibc, valid_arch, valid_page_size
+from .node import parse_cuda_version, parse_glibc, parse_gpu_arch, valid_arch, valid_page_size
 from .policy import (
     DEFAULT_ENV_VARS,
     ConfigError,
@@ -324,6 +324,16 @@ def _cuda_index(value: str) -> str:
     return value
 
 
+def _gpu_arch(value: str) -> str:
+    parse_gpu_arch(value)  # ValueError names the key's expected form
+    return value
+
+
+def _cuda_driver(value: str) -> str:
+    parse_cuda_version(value)
+    return value
+
+
 def _build_hint(value: str) -> str:
     unknown = [f for f in template_fields(value) if f != "partition"]
     if unknown:
@@ -344,6 +354,10 @@ Template = Annotated[str, AfterValidator(_template)]
 # Python 3.9, so the optional forms are spelled out once here.
 CudaIndex = Annotated[str, AfterValidator(_cuda_index)]
 OptCudaIndex = Optional[CudaIndex]
+GpuArch = Annotated[str, AfterValidator(_gpu_arch)]
+OptGpuArch = Optional[GpuArch]
+CudaDriver = Annotated[str, AfterValidator(_cuda_driver)]
+OptCudaDriver = Optional[CudaDriver]
 OptArch = Optional[Arch]
 OptPageSize = Optional[PageSize]
 OptGlibc = Optional[Glibc]
@@ -364,6 +378,10 @@ class NodeModel(_Model):
     page_size: OptPageSize = None
     glibc: OptGlibc = None
     root: OptAbsPath = None
+    #: The GPUs' architecture ("sm_100") and the CUDA version the driver
+    #: supports ("13.0"); unset: read from NVML on the node.
+    gpu_arch: OptGpuArch = None
+    cuda_driver: OptCudaDriver = None
 
 
 Submit = Literal["warn", "enforce"]
@@ -380,6 +398,8 @@ class PartitionModel(_Model):
     glibc: OptGlibc = None
     allow_user_lower: bool = False
     cuda_index: OptCudaIndex = None
+    gpu_arch: OptGpuArch = None
+    cuda_driver: OptCudaDriver = None
 
 
 class EnvModel(_Model):
@@ -546,6 +566,10 @@ def validate_config(
     return model
 
 
+def _opt_version(parse: Any, text: str | None) -> tuple[int, int] | None:
+    return None if text is None else parse(text)  # type: ignore[no-any-return]
+
+
 def to_policy(model: ConfigModel, source: str | None = None) -> Policy:
     """The lean, frozen form of a validated config."""
     return Policy(
@@ -563,13 +587,18 @@ def to_policy(model: ConfigModel, source: str | None = None) -> Policy:
             page_size=model.node.page_size,
             glibc=parse_glibc(model.node.glibc),
             root=model.node.root,
+            gpu_arch=_opt_version(parse_gpu_arch, model.node.gpu_arch),
+            cuda_driver=_opt_version(parse_cuda_version, model.node.cuda_driver),
         ),
         partitions=tuple(
             PartitionPolicy(
                 name=name,
                 mode=p.mode,
                 submit=p.submit,
-                node=NodeOverrides(arch=p.arch, page_size=p.page_size, glibc=parse_glibc(p.glibc)),
+                node=NodeOverrides(arch=p.arch, page_size=p.page_size, glibc=parse_glibc(p.glibc),
+                                   gpu_arch=_opt_version(parse_gpu_arch, p.gpu_arch),
+                                   cuda_driver=_opt_version(parse_cuda_version,
+                                                            p.cuda_driver)),
                 allow_user_lower=p.allow_user_lower,
                 cuda_index=p.cuda_index,
             )

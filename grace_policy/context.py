@@ -18,6 +18,7 @@ from ._record import dataclass, field
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from .budget import Budget
+    from .cuda.stepcheck import GpuCheck
     from .image import Image
     from .node import NodeProfile
 
@@ -40,5 +41,9 @@ class StepContext:
     image: Image | None = None
     #: The package index of the partition, for torch-build remedies.
     cuda_index: str | None = None
+    #: The step's GPUs and the judgement of every file's kernels for them;
+    #: None for a step without GPUs (nothing of :mod:`grace_policy.cuda` is
+    #: imported then).
+    gpu: GpuCheck | None = field(default=None, compare=False)
     #: What the check read (fsprobe's record), when one is kept.
     read: list[tuple[str, str, str]] | None = field(default=None, compare=False)

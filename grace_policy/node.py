@@ -97,6 +97,14 @@ class NodeProfile:
     #: image of the target); False when we judge a foreign node from here, where
     #: system libraries count as present by name.
     root_is_native: bool = True
+    #: The compute capability of the node's GPUs as the admin (config
+    #: ``gpu_arch``) or the user (``check --gpu-arch``) states it, e.g.
+    #: (10, 0); None: ask NVML (:mod:`grace_policy.cuda.nodegpus`). A stated
+    #: value wins over NVML's (docs/CUDA.md says why).
+    gpu_arch: tuple[int, int] | None = None
+    #: The CUDA version the node's driver supports (config ``cuda_driver``),
+    #: e.g. (13, 0); None: ask NVML.
+    cuda_driver: tuple[int, int] | None = None
 
     @property
     def machine_number(self) -> int:
@@ -135,7 +143,12 @@ class NodeProfile:
 
     def describe(self) -> str:
         glibc = f"glibc {self.glibc[0]}.{self.glibc[1]}" if self.glibc else "glibc unknown"
-        return f"{self.machine}, {self.page_size // 1024} KiB pages, {glibc}"
+        gpu = ""
+        if self.gpu_arch is not None:
+            gpu += f", GPU sm_{self.gpu_arch[0]}{self.gpu_arch[1]}"
+        if self.cuda_driver is not None:
+            gpu += f", CUDA driver {self.cuda_driver[0]}.{self.cuda_driver[1]}"
+        return f"{self.machine}, {self.page_size // 1024} KiB pages, {glibc}{gpu}"
 
     def with_overrides(
         self,
@@ -144,8 +157,14 @@ class NodeProfile:
         page_size: int | None = None,
         glibc: tuple[int, int] | None = None,
         root: str | None = None,
+        gpu_arch: tuple[int, int] | None = None,
+        cuda_driver: tuple[int, int] | None = None,
     ) -> NodeProfile:
         new = self
+        if gpu_arch is not None:
+            new = replace(new, gpu_arch=gpu_arch)
+        if cuda_driver is not None:
+            new = replace(new, cuda_driver=cuda_driver)
         if machine is not None:
             new = replace(new, machine=normalize_arch(machine))
         if page_size is not None:
@@ -157,6 +176,38 @@ class NodeProfile:
         host = host_machine()
         native = new.root not in ("", "/") or new.machine == host
         return replace(new, root_is_native=native)
+
+
+def parse_gpu_arch(text: str) -> tuple[int, int]:
+    """``"sm_100"`` or ``"10.0"`` -> (10, 0), the compute capability of a GPU
+    (``sm_90a`` names a build target, not a GPU). Raises ValueError. Kept
+    here, not in :mod:`grace_policy.cuda`, so a step without GPUs never
+    imports that package to read the config."""
+    raw = text.strip().lower()
+    if raw.startswith("sm_"):
+        digits = raw[3:]
+        if digits.isascii() and digits.isdigit() and 2 <= len(digits) <= 4:
+            return divmod(int(digits), 10)
+    else:
+        major, dot, minor = raw.partition(".")
+        if (dot and major.isascii() and major.isdigit() and minor.isascii()
+                and minor.isdigit() and len(major) <= 3 and len(minor) == 1):
+            return int(major), int(minor)
+    raise ValueError(f'must name a GPU architecture such as "sm_100" or "10.0", got {text!r}')
+
+
+def parse_cuda_version(text: str) -> tuple[int, int]:
+    """``"13.0"`` -> (13, 0): the CUDA version a driver supports (what
+    ``nvidia-smi`` prints as "CUDA Version"). Raises ValueError."""
+    major, dot, minor = text.strip().partition(".")
+    if (dot and major.isascii() and major.isdigit() and minor.isascii() and minor.isdigit()
+            and 1 <= len(major) <= 3 and 1 <= len(minor) <= 2):
+        return int(major), int(minor)
+    raise ValueError(f'must be a CUDA version such as "13.0", got {text!r}')
+
+
+def version_text(value: tuple[int, int] | None) -> str | None:
+    return f"{value[0]}.{value[1]}" if value is not None else None
 
 
 def host_machine() -> str:

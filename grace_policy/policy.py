@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ._record import dataclass, field
 from .findings import MODES
-from .node import parse_glibc
+from .node import parse_cuda_version, parse_glibc, parse_gpu_arch, version_text
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs ~4 ms to import; annotations are strings anyway
@@ -65,11 +65,15 @@ class NodeOverrides:
     page_size: int | None = None
     glibc: tuple[int, int] | None = None
     root: str | None = None
+    #: The node's GPUs' compute capability (config ``gpu_arch``), e.g. (10, 0).
+    gpu_arch: tuple[int, int] | None = None
+    #: The CUDA version its driver supports (config ``cuda_driver``).
+    cuda_driver: tuple[int, int] | None = None
 
     @property
     def empty(self) -> bool:
         return self.arch is None and self.page_size is None and self.glibc is None and (
-            self.root is None
+            self.root is None and self.gpu_arch is None and self.cuda_driver is None
         )
 
     def layered(self, top: NodeOverrides) -> NodeOverrides:
@@ -79,6 +83,8 @@ class NodeOverrides:
             page_size=top.page_size if top.page_size is not None else self.page_size,
             glibc=top.glibc if top.glibc is not None else self.glibc,
             root=top.root if top.root is not None else self.root,
+            gpu_arch=top.gpu_arch if top.gpu_arch is not None else self.gpu_arch,
+            cuda_driver=top.cuda_driver if top.cuda_driver is not None else self.cuda_driver,
         )
 
     def apply(self, profile: Any) -> Any:
@@ -87,7 +93,8 @@ class NodeOverrides:
         if self.empty:
             return profile
         return profile.with_overrides(
-            machine=self.arch, page_size=self.page_size, glibc=self.glibc, root=self.root
+            machine=self.arch, page_size=self.page_size, glibc=self.glibc, root=self.root,
+            gpu_arch=self.gpu_arch, cuda_driver=self.cuda_driver,
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -96,6 +103,8 @@ class NodeOverrides:
             "page_size": self.page_size,
             "glibc": f"{self.glibc[0]}.{self.glibc[1]}" if self.glibc else None,
             "root": self.root,
+            "gpu_arch": version_text(self.gpu_arch),
+            "cuda_driver": version_text(self.cuda_driver),
         }
 
     @classmethod
@@ -105,7 +114,14 @@ class NodeOverrides:
             page_size=data.get("page_size"),
             glibc=_glibc_of(data.get("glibc")),
             root=data.get("root"),
+            gpu_arch=_opt(parse_gpu_arch, data.get("gpu_arch")),
+            cuda_driver=_opt(parse_cuda_version, data.get("cuda_driver")),
         )
+
+
+def _opt(parse: Any, text: str | None) -> tuple[int, int] | None:
+    """A compiled document's version text; a damaged one raises ValueError."""
+    return None if text is None else parse(text)  # type: ignore[no-any-return]
 
 
 def _submit(value: Any, optional: bool = False) -> Any:

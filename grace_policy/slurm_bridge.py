@@ -129,6 +129,7 @@ PRELOAD = ("grace_policy.compiled", "grace_policy.policy", "grace_policy.decide"
            "grace_policy.verdict_cache", "grace_policy.nodeowned", "grace_policy.python.step",
            "grace_policy.python.interp", "grace_policy.python.judge",
            "grace_policy.python.sitepath", "grace_policy.python.usage", "grace_policy.messages",
+           "grace_policy.python.gpus",
            "encodings.ascii")
 
 
@@ -306,6 +307,8 @@ def _cache_entry(step: StepInput, policy: Any, verdict: Verdict,
         return None  # skipped on the admin's word: nothing was judged
     if contract.wraps_an_image(step.argv[0]):
         return None  # the image is an argument the entry would not key on (grace_cache.c)
+    if not verdict_cache.replayable(probes):
+        return None  # judged on facts C cannot recompute (NVML's GPUs): it would never hit
     from .check import READ_VARS  # imported already: the verdict came from a check
     from .compiled import compiled_path_for
 

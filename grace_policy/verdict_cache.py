@@ -60,6 +60,17 @@ SCOPE_NODE = "node"
 MAX_ENTRY = 256 * 1024
 
 
+#: Inputs a check may note that the C lookup cannot compute (so they never
+#: match): an entry with one is not worth its bytes, and is not written.
+#: ``gpus``: the node's GPUs as NVML answered (grace_policy/cuda/stepcheck.py).
+NEVER_MATCHED = frozenset({"gpus"})
+
+
+def replayable(probes: Iterable[tuple[str, str, str]]) -> bool:
+    """Whether an entry with these recorded answers could ever be replayed."""
+    return not any(op == "i" and name in NEVER_MATCHED for op, name, _v in probes)
+
+
 def cacheable(verdict: Verdict) -> bool:
     # An exempted finding is never replayed as a clean allow: the entry would
     # outlive the exemption's last day (and the audit line must say why).
@@ -258,8 +269,11 @@ def lookup(text: str, step_inputs: list[tuple[str, str]],
     def current(name: str) -> str | None:
         if name in wanted:
             return wanted[name]
-        if env is not None and name.startswith("env:"):
-            return _value(env.get(name[4:]))
+        if name.startswith("env:"):
+            # C reads the step's environment: a caller that passes none
+            # describes a step with no other variables (every step's entry
+            # records the GPU variables, SLURM_GPUS_ON_NODE absent or not).
+            return _value((env or {}).get(name[4:]))
         return None
 
     def matches(name: str, value: str) -> bool:

@@ -154,6 +154,11 @@ class Server:
         self.poll = select.poll()
         self.poll.register(self.life, select.POLLIN)
         self.poll.register(self.sock.fileno(), select.POLLIN)
+        # The node's GPUs, once per start and before any child is forked, so
+        # no step waits for NVML (docs/CUDA.md).
+        from ..cuda.nodegpus import preload
+
+        preload()
         self._fork_spare()
         while True:
             for fd, _event in self.poll.poll():

@@ -178,12 +178,19 @@ def note_unknown_partition(args: argparse.Namespace, policy: Policy) -> None:
 
 
 def node_json(node: NodeProfile) -> dict[str, object]:
-    return {
+    out: dict[str, object] = {
         "machine": node.machine,
         "page_size": node.page_size,
         "glibc": f"{node.glibc[0]}.{node.glibc[1]}" if node.glibc else None,
         "root": node.root,
     }
+    # Only when stated (config, --gpu-arch/--cuda-driver): NVML's answer is
+    # read by a step with GPUs, not by describing the node.
+    if node.gpu_arch is not None:
+        out["gpu_arch"] = f"sm_{node.gpu_arch[0]}{node.gpu_arch[1]}"
+    if node.cuda_driver is not None:
+        out["cuda_driver"] = f"{node.cuda_driver[0]}.{node.cuda_driver[1]}"
+    return out
 
 
 # --------------------------------------------------------------------------

@@ -38,7 +38,8 @@ def configure_parser(sub: argparse._SubParsersAction, name: str, help_text: str)
         name, help=help_text,
         usage="grace-policy check [--partition P | --arch A --page-size N --glibc V] "
               "[--root DIR] [--image IMAGE] [--config F] [--env-file F] [--cwd D] "
-              "[--gpus N | --gres gpu:N] [--json] (-- CMD [ARGS...] | --batch SCRIPT [-- ARGS...])",
+              "[--gpus N | --gres gpu:N] [--gpu-arch SM] [--cuda-driver V] [--json] "
+              "(-- CMD [ARGS...] | --batch SCRIPT [-- ARGS...])",
         description="Say what the plugin would do if a job step ran CMD: find the program "
                     "the way slurmstepd does, follow #! lines, resolve its libraries like "
                     "the node's glibc, judge architecture and page layout, and clean leaked "
@@ -60,6 +61,7 @@ def configure_parser(sub: argparse._SubParsersAction, name: str, help_text: str)
     gpus.add_argument("--gres", metavar="gpu:N",
                       help="the same as --gpus N, written as srun/sbatch --gres=gpu:[TYPE:]N "
                            "(or none)")
+    add_gpu_node_options(parser)
     parser.add_argument("--json", action="store_true", help="print the verdict as JSON")
     parser.add_argument("--batch", metavar="SCRIPT",
                         help="judge SCRIPT as an sbatch job's batch step: the script and "
@@ -116,6 +118,40 @@ def _gpu_count(args: argparse.Namespace) -> int | None:
     return int(count)
 
 
+def add_gpu_node_options(parser: argparse.ArgumentParser) -> None:
+    """The node's GPUs, over the config's ``gpu_arch``/``cuda_driver`` (and
+    NVML's answer where this machine has GPUs)."""
+    parser.add_argument("--gpu-arch", metavar="SM",
+                        help="the node's GPU architecture, e.g. sm_100 (GB200/B200) or 10.0: "
+                             "the kernels of the step's files are judged for it (implies "
+                             "--gpus 1 unless --gpus/--gres or the environment say otherwise)")
+    parser.add_argument("--cuda-driver", metavar="V",
+                        help="the CUDA version the node's driver supports, as nvidia-smi "
+                             "prints it ('CUDA Version'), e.g. 13.0")
+
+
+def apply_gpu_options(args: argparse.Namespace, node: NodeProfile) -> NodeProfile:
+    """``node`` with ``--gpu-arch``/``--cuda-driver`` on top; UsageError
+    names the option and the form it wants."""
+    from ..messages import escape
+    from ..node import parse_cuda_version, parse_gpu_arch
+
+    gpu_arch = cuda_driver = None
+    try:
+        if getattr(args, "gpu_arch", None) is not None:
+            gpu_arch = parse_gpu_arch(args.gpu_arch)
+    except ValueError as exc:
+        raise UsageError(f"--gpu-arch: {escape(str(exc))}") from None
+    try:
+        if getattr(args, "cuda_driver", None) is not None:
+            cuda_driver = parse_cuda_version(args.cuda_driver)
+    except ValueError as exc:
+        raise UsageError(f"--cuda-driver: {escape(str(exc))}") from None
+    if gpu_arch is None and cuda_driver is None:
+        return node
+    return node.with_overrides(gpu_arch=gpu_arch, cuda_driver=cuda_driver)
+
+
 def apply_gpus(env: dict[str, str], count: int | None) -> dict[str, str]:
     """The judged environment with the step's GPU variables as slurmstepd
     sets them: ``SLURM_GPUS_ON_NODE=N`` for N GPUs; for none it removes the
@@ -161,7 +197,15 @@ def execute(args: argparse.Namespace, rest: list[str] | None) -> int:
 
     image = _open_image(args.image) if getattr(args, "image", None) else None
     command = _command(args, rest, image.args if image is not None else ())
-    env = apply_gpus(job_env(args), _gpu_count(args))
+    env = job_env(args)
+    count = _gpu_count(args)
+    if count is None and getattr(args, "gpu_arch", None) is not None:
+        # Asking about a GPU architecture means a step with GPUs: one, unless
+        # the environment already says how many (--gpus 0 says none).
+        from ..python.gpus import step_gpus
+
+        count = None if step_gpus(env) is not None else 1
+    env = apply_gpus(env, count)
     if image is None:
         cwd = _cwd(args)
     else:
@@ -174,7 +218,7 @@ def execute(args: argparse.Namespace, rest: list[str] | None) -> int:
         policy = load_policy(args.config)
     except ConfigError as exc:
         return report_config_error(exc)
-    node = build_node(args, policy)
+    node = apply_gpu_options(args, build_node(args, policy))
     note_unknown_partition(args, policy)
     who = None
     if policy.exemptions:

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from .. import plugstack
-    from ..policy import Policy
+    from ..policy import NodeOverrides, Policy
 
 
 def configure_parser(sub: argparse._SubParsersAction, name: str, help_text: str) -> None:
@@ -186,9 +186,12 @@ def _summary(policy: Policy) -> list[str]:
     lines = [f"mode {policy.mode} for partitions not listed; on_error {policy.on_error}"]
     node = policy.node
     if not node.empty:
-        lines.append("[node] " + _facts(node.arch, node.page_size, node.glibc, node.root))
+        lines.append("[node] " + ", ".join(f for f in (
+            _facts(node.arch, node.page_size, node.glibc, node.root), _gpu_facts(node)) if f))
     for part in policy.partitions:
-        facts = _facts(part.node.arch, part.node.page_size, part.node.glibc, None)
+        facts = ", ".join(f for f in (
+            _facts(part.node.arch, part.node.page_size, part.node.glibc, None),
+            _gpu_facts(part.node)) if f)
         mode = part.mode or f"{policy.mode} (inherited)"
         lower = ", users may lower it" if part.allow_user_lower else ""
         lines.append(f"partition {escape(part.name)}: mode {mode}{lower}"
@@ -214,6 +217,16 @@ def _summary(policy: Policy) -> list[str]:
         lines.append(f"exemption {ex.where}: {ex.rule} for {' and '.join(w for w in who if w)}"
                      f" until {ex.until} ({state}): {escape(ex.reason)}")
     return lines
+
+
+def _gpu_facts(node: NodeOverrides) -> str:
+    """``GPU sm_100, CUDA driver 13.0`` for what the config states."""
+    parts = []
+    if node.gpu_arch is not None:
+        parts.append(f"GPU sm_{node.gpu_arch[0]}{node.gpu_arch[1]}")
+    if node.cuda_driver is not None:
+        parts.append(f"CUDA driver {node.cuda_driver[0]}.{node.cuda_driver[1]}")
+    return ", ".join(parts)
 
 
 def _facts(arch: str | None, page_size: int | None, glibc: tuple[int, int] | None,

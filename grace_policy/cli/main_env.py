@@ -34,8 +34,8 @@ def configure_parser(sub: argparse._SubParsersAction, name: str, help_text: str)
     parser = sub.add_parser(
         name, help=help_text,
         usage="grace-policy env [--partition P | --arch A --page-size N --glibc V] "
-              "[--root DIR] [--config F] [--env-file F] [--cwd D] [--import MOD]... [--json] "
-              "PYTHON",
+              "[--root DIR] [--config F] [--env-file F] [--cwd D] [--import MOD]... "
+              "[--gpu-arch SM] [--cuda-driver V] [--json] PYTHON",
         description="Judge every installed package of the environment of PYTHON (an "
                     "interpreter, or a venv/conda prefix) as a node of the partition would "
                     "import it: extension modules for another CPU or Python, libraries "
@@ -47,6 +47,9 @@ def configure_parser(sub: argparse._SubParsersAction, name: str, help_text: str)
     parser.add_argument("--cwd", metavar="D", help="the job's working directory")
     parser.add_argument("--import", dest="imports", action="append", default=[],
                         metavar="MOD", help="a module your program imports (marks it used)")
+    from .main_check import add_gpu_node_options
+
+    add_gpu_node_options(parser)
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("python", metavar="PYTHON", help="bin/python of the environment, "
                         "or its directory")
@@ -84,7 +87,9 @@ def execute(args: argparse.Namespace, rest: list[str] | None) -> int:
         policy = load_policy(args.config)
     except ConfigError as exc:
         return report_config_error(exc)
-    node = build_node(args, policy)
+    from .main_check import apply_gpu_options
+
+    node = apply_gpu_options(args, build_node(args, policy))
     note_unknown_partition(args, policy)
     part = policy.partition(args.partition)
     budget = Budget(60_000, 100_000, 1 << 34)  # a person asking can wait

@@ -21,6 +21,10 @@ from ..layout import page_issues
 from ..loader import Process
 from ..node import NodeProfile, node_owns
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ..cuda.stepcheck import GpuCheck
+
 Causes = Callable[[str], tuple[str, ...]]
 
 _LOADER_PREFIX = "error while loading shared libraries: "
@@ -37,13 +41,16 @@ class Judge:
     """Judges files for one step; every file and library at most once."""
 
     def __init__(self, process: Process, node: NodeProfile, budget: Budget, causes: Causes,
-                 extra: Callable[..., list[Issue]] | None = None) -> None:
+                 extra: Callable[..., list[Issue]] | None = None,
+                 gpu: GpuCheck | None = None) -> None:
         self.process = process
         self.node = node
         self.budget = budget
         self.causes = causes
         #: More per-file rules (page size compiled into code), if present.
         self.extra = extra
+        #: The step's GPUs: each file's kernels are judged for them.
+        self.gpu = gpu
         self._seen: set[str] = set()
 
     def file(self, path: str, *, module: str = "", required: bool = True,
@@ -87,6 +94,9 @@ class Judge:
         if self.extra is not None:
             issues += [self._own(i, path, via)
                        for i in self.extra(path, info, node, self.budget)]
+        if self.gpu is not None:
+            issues += [self._own(i, path, via) for i in self.gpu.file(
+                path, info, self.process.searcher.to_host(path))]
         if not deps:
             return issues
         tree = self.process.dlopen(path, info)
@@ -101,6 +111,9 @@ class Judge:
                                 budget=self.budget)
             if self.extra is not None:
                 found += self.extra(obj.path, obj.info, node, self.budget)
+            if self.gpu is not None:
+                found += self.gpu.file(obj.path, obj.info,
+                                       self.process.searcher.to_host(obj.path))
             issues += [self._own(i, obj.path, via) for i in found]
         for miss in tree.missing:
             self.budget.tick()

@@ -40,6 +40,7 @@ from .sitepath import SysPath, is_system
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from ..cuda.stepcheck import GpuCheck
     from .interp import PyCommand
 
 Causes = Callable[[str], tuple[str, ...]]
@@ -166,7 +167,7 @@ def python_issues(exe: str, info: ElfInfo, process: Process, hops: Sequence[Hop]
     used_names = command_imports(command.kind, command.value, cwd=cwd, node=node,
                                  budget=budget)
     environment = Environment(interp.version, paths, process, env, cwd, node, budget, causes,
-                              cuda_index=cuda_index)
+                              cuda_index=cuda_index, gpu=ctx.gpu)
     if not flags.no_site:
         # sitecustomize/usercustomize run at every start: their imports are
         # as certain as the command's own.
@@ -240,7 +241,8 @@ def shell_env_issues(env: Mapping[str, str], cwd: str, node: NodeProfile, budget
 
 def environment_of(python: str, process: Process, env: Mapping[str, str], cwd: str,
                  node: NodeProfile, budget: Budget, causes: Causes, *,
-                 cuda_index: str | None, all_warnings: bool) -> Environment | None:
+                 cuda_index: str | None, all_warnings: bool,
+                 gpu: GpuCheck | None = None) -> Environment | None:
     """The environment of interpreter ``python`` started with no script (what
     a shell step's or a user's ``python`` would see), or None for no CPython."""
     from .interp import PyCommand, PyFlags, identify
@@ -251,7 +253,7 @@ def environment_of(python: str, process: Process, env: Mapping[str, str], cwd: s
         return None
     paths = sys_path(interp, PyFlags(), PyCommand("stdin", ""), env, cwd, node, budget)
     return Environment(interp.version, paths, process, env, cwd, node, budget, causes,
-                       cuda_index=cuda_index, all_warnings=all_warnings)
+                       cuda_index=cuda_index, all_warnings=all_warnings, gpu=gpu)
 
 
 def _listdir(path: str) -> list[str]:
@@ -287,7 +289,7 @@ class Environment:
     def __init__(self, version: tuple[int, int], paths: SysPath, process: Process,
                  env: Mapping[str, str], cwd: str, node: NodeProfile, budget: Budget,
                  causes: Causes, *, cuda_index: str | None = None,
-                 all_warnings: bool = False) -> None:
+                 all_warnings: bool = False, gpu: GpuCheck | None = None) -> None:
         from .suffixes import extension_suffixes
 
         self.version = version
@@ -301,7 +303,7 @@ class Environment:
         #: Nothing is known to be imported (a shell step's environment).
         self.all_warnings = all_warnings
         self.suffixes = tuple(extension_suffixes(version, node.machine))
-        self.judge = Judge(process, node, budget, causes, extra=code_page_issues)
+        self.judge = Judge(process, node, budget, causes, extra=code_page_issues, gpu=gpu)
         #: directory listings, shared by every lookup (sys.path_importer_cache)
         self._listings: dict[str, object] = {}
         #: top-level names setuptools' editable finders answered

@@ -308,8 +308,10 @@ def _cache_entry(step: StepInput, policy: Any, verdict: Verdict,
     from . import verdict_cache
 
     if not verdict_cache.cacheable(verdict) or not step.argv or not step.config \
-            or step.code is None or step.batch:
-        return None  # a batch step's stored script is new for every job
+            or step.code is None or step.batch or not step.cwd:
+        # A batch step's stored script is new for every job; without a cwd
+        # (C's getcwd failed) relative names were resolved against a guess.
+        return None
     if step.container and not (step.container_kind and step.container_local):
         return None  # skipped on the admin's word: nothing was judged
     if contract.wraps_an_image(step.argv[0]):

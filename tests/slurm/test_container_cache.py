@@ -123,3 +123,13 @@ def test_an_option_too_long_to_carry_is_not_judged_nor_cached(pyxis: Pyxis  # no
     recs = pyxis.records(before)
     assert len(recs) == 2 and all(r.get("cache") is None for r in recs), recs
     assert all("too long for the check to read" in (r["skipped"] or "") for r in recs), recs
+
+
+def test_a_newline_in_a_mount_source_is_carried(pyxis: Pyxis) -> None:  # noqa: F811
+    """A directory whose name holds a newline (legal; pyxis splits only at
+    ``,`` and ``:``, and escapes it for enroot's fstab): C used to drop the
+    whole option, and the image was judged (and cached) without the mount.
+    Now C carries it (``%0A``) and the mounted foreign program is refused."""
+    image = _cached_image(pyxis, "keyed-newline.sqsh")
+    odd = _foreign_dir(pyxis.work / "odd\nbin", pyxis)
+    _refused(pyxis, [image, f"--container-mounts={odd}:/opt/app/bin", "tool"])

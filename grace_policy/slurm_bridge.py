@@ -193,11 +193,19 @@ def run_step(step: StepInput) -> Outcome:
     container, image, program = step.container, None, step.argv[0] if step.argv else None
     if step.container_kind:
         # Judged inside the container (C found it, on Slurm's and pyxis' word).
+        from . import fsprobe
         from .container.plan import plan
 
-        todo = plan(step.container_kind, step.container_image, step.container_local,
-                    step.container or step.container_kind, argv, env, cwd,
-                    args=step.container_args, batch=step.batch)
+        # What the plan reads on the host (enroot, its configuration, the
+        # user's mounts.d and environ.d) is part of the verdict: recorded, so
+        # a cached allow is replayed only while every one of them is unchanged.
+        fsprobe.start()
+        try:
+            todo = plan(step.container_kind, step.container_image, step.container_local,
+                        step.container or step.container_kind, argv, env, cwd,
+                        args=step.container_args, batch=step.batch)
+        finally:
+            probes.extend(fsprobe.stop())
         container, image = todo.skipped, todo.image
         argv, env, cwd = list(todo.argv), todo.env, todo.cwd
         program = argv[0] if argv else None  # the program in the image
@@ -301,8 +309,10 @@ def _cache_entry(step: StepInput, policy: Any, verdict: Verdict,
     from . import verdict_cache
 
     if not verdict_cache.cacheable(verdict) or not step.argv or not step.config \
-            or step.code is None or step.batch:
-        return None  # a batch step's stored script is new for every job
+            or step.code is None or step.batch or not step.cwd:
+        # A batch step's stored script is new for every job; without a cwd
+        # (C's getcwd failed) relative names were resolved against a guess.
+        return None
     if step.container and not (step.container_kind and step.container_local):
         return None  # skipped on the admin's word: nothing was judged
     if contract.wraps_an_image(step.argv[0]):
@@ -318,9 +328,12 @@ def _cache_entry(step: StepInput, policy: Any, verdict: Verdict,
     if step.container_kind and step.container_image:
         # Judged in this image: the record holds the image file's identity
         # (fsprobe.using), never paths inside it; C replays it for the same
-        # KIND:IMAGE only (grace_cache.c).
+        # KIND:IMAGE only, and only with the same runtime options ("cargs":
+        # pyxis' mounts, workdir and home mount, exactly as C read them),
+        # which C requires of every container entry (grace_cache.c).
         ins.append(("container", "=" + verdict_cache.fsprobe.encode(
             f"{step.container_kind}:{step.container_image}")))
+        ins.append(("cargs", verdict_cache.value(step.container_args or None)))
     ins.append(("config", "=" + verdict_cache.fsprobe.encode(step.config)))
     ins.append(("code", "=" + verdict_cache.fsprobe.encode(step.code)))
     ins.append(("creds", "=" + verdict_cache.fsprobe.encode(credentials())))

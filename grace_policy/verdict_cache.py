@@ -25,7 +25,9 @@ Format (ASCII, one entry per block; keep in step with grace_cache.c)::
 
 Inputs C knows: ``argv0``, ``cwd``, ``partition``, ``user_mode``, ``config``,
 ``code``, ``creds``, ``node``, ``host`` (:func:`host_profile`: the machine,
-page size, kernel release and glibc C sees now), ``env:NAME``, ``argv:N``
+page size, kernel release and glibc C sees now), ``container``
+(``KIND:IMAGE``) and ``cargs`` (the runtime's options, C's ``key=value``
+lines; both required of an entry a container step replays), ``env:NAME``, ``argv:N``
 (the step's argument N), ``argc`` (exactly that many) and ``argmin`` (at
 least that many: a Python step records the arguments up to its script,
 ``-c`` or ``-m`` operand, and ``argmin`` one more than the last, so the
@@ -78,8 +80,12 @@ def cacheable(verdict: Verdict) -> bool:
             and verdict.error is None and verdict.skipped is None and not verdict.exempted)
 
 
-def _value(value: str | None) -> str:
+def value(value: str | None) -> str:
+    """An input's value as an entry spells it: ``-`` absent, ``=<enc>``."""
     return "-" if value is None else "=" + fsprobe.encode(value)
+
+
+_value = value
 
 
 def inputs(*, argv0: str, cwd: str, partition: str | None, user_mode: str | None,
@@ -289,7 +295,7 @@ def lookup(text: str, step_inputs: list[tuple[str, str]],
             continue
         if any(not matches(name, value) for name, value in ins):
             continue
-        if "container" in wanted and all(name != "container" for name, _ in ins):
+        if "container" in wanted and not {"container", "cargs"} <= {name for name, _ in ins}:
             continue  # a host entry says nothing about an image (as grace_cache.c)
         if fsprobe.still_true(probes):
             return mode

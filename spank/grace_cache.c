@@ -327,6 +327,10 @@ static int grace_input_matches(const struct grace_step *step, const struct grace
 			return 0;
 		else
 			have = decoded;
+	} else if (nlen == 5 && memcmp(name, "cargs", 5) == 0) {
+		/* the runtime's own options that change what argv finds (pyxis'
+		 * mounts, workdir, home mount: grace_container.c), exactly */
+		have = step->container_kind != NULL ? step->container_args : NULL;
 	} else if (nlen > 4 && memcmp(name, "env:", 4) == 0) {
 		if (grace_dec(name + 4, nlen - 4, decoded, sizeof(decoded)) <= 0)
 			return 0;
@@ -468,7 +472,7 @@ static int grace_block_matches(const struct grace_step *step, const struct grace
 	const char *tok[4];
 	size_t len[4];
 	const char *p;
-	int pass, have_mode = 0, have_container = 0, node_scope = 0;
+	int pass, have_mode = 0, have_container = 0, have_cargs = 0, node_scope = 0;
 	unsigned int seen = 0;
 
 	for (pass = 0; pass < 2; pass++) {
@@ -485,6 +489,8 @@ static int grace_block_matches(const struct grace_step *step, const struct grace
 					seen |= grace_required_bit(tok[1], len[1]);
 				if (pass == 0 && len[1] == 9 && memcmp(tok[1], "container", 9) == 0)
 					have_container = 1;
+				if (pass == 0 && len[1] == 5 && memcmp(tok[1], "cargs", 5) == 0)
+					have_cargs = 1;
 			} else if (n == 3 && len[0] == 1 && tok[0][0] == 'O' && len[1] == 4 &&
 				   memcmp(tok[1], "mode", 4) == 0) {
 				if (pass == 0) {
@@ -512,9 +518,10 @@ static int grace_block_matches(const struct grace_step *step, const struct grace
 				  (seen & (node_file ? GRACE_REQUIRED_NODE : GRACE_REQUIRED_ALL)) !=
 					  (node_file ? GRACE_REQUIRED_NODE : GRACE_REQUIRED_ALL)))
 			return 0;
-		/* A container step replays only an entry made for its image: a
-		 * host entry for the same argv0 says nothing about the image. */
-		if (pass == 0 && step->container_kind != NULL && !have_container)
+		/* A container step replays only an entry made for its image and
+		 * the runtime's options: a host entry for the same argv0 says
+		 * nothing about the image, nor one made without the mounts. */
+		if (pass == 0 && step->container_kind != NULL && (!have_container || !have_cargs))
 			return 0;
 	}
 	return 1;

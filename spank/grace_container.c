@@ -143,30 +143,75 @@ static int grace_env(spank_t sp, const char *name, char *out, size_t len)
 	return 1;
 }
 
+/* One pyxis option's value, option first, then pyxis' own environment
+ * default: 1 and the value, 0 if not given, -1 if longer than len (it cannot
+ * be carried whole). */
+static int grace_pyxis_value(spank_t sp, const char *opt_name, const char *env_name, char *out,
+			     size_t len)
+{
+	struct spank_option opt = { (char *)opt_name, "", "", 1, 0, NULL };
+	char *arg = NULL;
+	spank_err_t rc;
+
+	if (spank_option_getopt(sp, &opt, &arg) == ESPANK_SUCCESS && arg != NULL &&
+	    arg[0] != '\0')
+		return snprintf(out, len, "%s", arg) < (int)len ? 1 : -1;
+	rc = spank_getenv(sp, env_name, out, (int)len);
+	if (rc == ESPANK_NOSPACE)
+		return -1;
+	return rc == ESPANK_SUCCESS && out[0] != '\0' ? 1 : 0;
+}
+
+/* "key=VALUE\n" with '%' and newlines of VALUE as %25 / %0A (container/plan.py
+ * decodes them): a value is carried whole or not at all. */
+static int grace_args_put(char *buf, size_t len, size_t *used, const char *key,
+			  const char *value)
+{
+	size_t n = *used;
+	int w = snprintf(buf + n, len - n, "%s=", key);
+	const char *p;
+
+	if (w < 0 || (size_t)w >= len - n)
+		return -1;
+	n += (size_t)w;
+	for (p = value; *p; p++) {
+		if (n + 4 >= len)
+			return -1;
+		if (*p == '%' || *p == '\n') {
+			snprintf(buf + n, len - n, "%%%02X", (unsigned char)*p);
+			n += 3;
+		} else {
+			buf[n++] = *p;
+		}
+	}
+	buf[n++] = '\n';
+	buf[n] = '\0';
+	*used = n;
+	return 0;
+}
+
 /* The pyxis options that change what argv finds in the container, as
  * "key=value" lines: where host directories are mounted and where the task
- * starts (option first, then pyxis' own environment default). */
+ * starts. One that cannot be carried whole (too long) leaves the single line
+ * "uncarried=1": the check then does not judge the step against a guess
+ * (container/plan.py), and the step is never a cache entry. */
 static void grace_pyxis_args(spank_t sp, struct grace_container *c)
 {
 	static const char *const opts[][3] = {
 		{ "container-mounts", "PYXIS_CONTAINER_MOUNTS", "mounts" },
 		{ "container-workdir", "PYXIS_CONTAINER_WORKDIR", "workdir" },
 	};
-	char value[2048];
+	char value[sizeof(c->args)];
 	size_t used = 0, i;
+	int got;
 
+	c->args[0] = '\0';
 	for (i = 0; i < sizeof(opts) / sizeof(opts[0]); i++) {
-		if (!grace_pyxis_opt(sp, opts[i][0], value, sizeof(value)) &&
-		    !grace_env(sp, opts[i][1], value, sizeof(value)))
+		got = grace_pyxis_value(sp, opts[i][0], opts[i][1], value, sizeof(value));
+		if (got == 0)
 			continue;
-		if (strchr(value, '\n') != NULL)
-			continue;
-		used += (size_t)snprintf(c->args + used, sizeof(c->args) - used, "%s=%s\n",
-					 opts[i][2], value);
-		if (used >= sizeof(c->args)) {
-			c->args[0] = '\0'; /* cut: better none than half a mount list */
-			return;
-		}
+		if (got < 0 || grace_args_put(c->args, sizeof(c->args), &used, opts[i][2], value) < 0)
+			goto uncarried;
 	}
 	{
 		/* --container-mount-home is a flag: no argument */
@@ -175,12 +220,17 @@ static void grace_pyxis_args(spank_t sp, struct grace_container *c)
 		struct spank_option no = { (char *)"no-container-mount-home", NULL, "", 0, 0, NULL };
 
 		if (spank_option_getopt(sp, &flag, NULL) == ESPANK_SUCCESS)
-			used += (size_t)snprintf(c->args + used, sizeof(c->args) - used,
-						 "mount_home=1\n");
+			got = grace_args_put(c->args, sizeof(c->args), &used, "mount_home", "1");
 		else if (spank_option_getopt(sp, &no, NULL) == ESPANK_SUCCESS)
-			used += (size_t)snprintf(c->args + used, sizeof(c->args) - used,
-						 "mount_home=0\n");
+			got = grace_args_put(c->args, sizeof(c->args), &used, "mount_home", "0");
+		else
+			got = 0;
+		if (got < 0)
+			goto uncarried;
 	}
+	return;
+uncarried:
+	snprintf(c->args, sizeof(c->args), "uncarried=1\n");
 }
 
 static void grace_pyxis(spank_t sp, const char *cwd, struct grace_container *c)
@@ -217,22 +267,22 @@ static void grace_pyxis(spank_t sp, const char *cwd, struct grace_container *c)
 		 * this slurmstepd runs with (SLURM_CONF of its own environment,
 		 * which slurmd sets for -f and configless: the admin's, never the
 		 * job's), whose plugstack.conf has pyxis' container_scope. A name
-		 * that cannot be one line, or that does not fit, is left out and
-		 * the step is skipped (not a local image). */
+		 * that does not fit is left out and the step is skipped (not a
+		 * local image). */
 		uint32_t job_id = 0;
-		size_t used = strlen(c->args);
+		size_t used = strlen(c->args), before = used;
 		const char *conf = getenv("SLURM_CONF");
-		int n;
+		char job[16];
 
-		if (conf == NULL || conf[0] != '/' || strchr(conf, '\n') != NULL)
+		if (conf == NULL || conf[0] != '/')
 			conf = "";
 		spank_get_item(sp, S_JOB_ID, &job_id);
-		if (strchr(name, '\n') == NULL) {
-			n = snprintf(c->args + used, sizeof(c->args) - used,
-				     "name=%s\njob=%u\nslurm_conf=%s\n", name, job_id, conf);
-			if (n < 0 || (size_t)n >= sizeof(c->args) - used)
-				c->args[used] = '\0';
-		}
+		snprintf(job, sizeof(job), "%u", job_id);
+		/* Encoded as every value is (grace_args_put); all three or none. */
+		if (grace_args_put(c->args, sizeof(c->args), &used, "name", name) < 0 ||
+		    grace_args_put(c->args, sizeof(c->args), &used, "job", job) < 0 ||
+		    grace_args_put(c->args, sizeof(c->args), &used, "slurm_conf", conf) < 0)
+			c->args[before] = '\0';
 	}
 	if (image[0] != '\0' && strspn(image, "./") > 0) {
 		/* pyxis hands the string to enroot, run in the job's cwd. */

@@ -766,6 +766,14 @@ void grace_node_connect(struct grace_context *ctx, spank_t sp)
 		goto fail;
 	}
 	if (connect(fd, (struct sockaddr *)&addr, sizeof(addr)) != 0) {
+		if (errno == EAGAIN) {
+			/* The server's backlog is full (more steps starting at once
+			 * than it has accepted yet): busy, not dead. This step is
+			 * checked by a helper of its own, and nothing is marked, so
+			 * the server's real death is still said when it comes. */
+			close(fd);
+			return;
+		}
 		snprintf(buf, sizeof(buf), "connect: %s", strerror(errno));
 		why = buf;
 		close(fd);

@@ -361,9 +361,14 @@ int grace_stepd_user_init(struct grace_context *ctx, spank_t sp)
 	 * (or, failing that, /tmp, where the tasks go too) right before
 	 * spank_user() (mgr.c _fork_all_tasks, 22.05 to 26.05). PWD in the step
 	 * environment is the submitting shell's: srun --chdir does not change
-	 * it. PWD is only the fallback. */
+	 * it, and is not taken: where getcwd fails, the directory was removed
+	 * after slurmstepd entered it (no relative name resolves there any more,
+	 * and no path names it) or its path is longer than any buffer here, so
+	 * PWD cannot name it either. The cwd is then unknown (NULL): the check
+	 * resolves relative names against "/" (the bridge's default), and no
+	 * entry is cached for the step (slurm_bridge._cache_entry). */
 	if (getcwd(s.cwd, sizeof(s.cwd)) == NULL || s.cwd[0] != '/')
-		grace_copy_env(sp, "PWD", s.cwd, sizeof(s.cwd));
+		s.cwd[0] = '\0';
 	if (gethostname(s.node, sizeof(s.node) - 1) != 0)
 		s.node[0] = '\0';
 	s.step = (struct grace_step){

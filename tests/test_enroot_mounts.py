@@ -146,3 +146,85 @@ def test_environ_d_of_the_site_then_the_user(site: Path, tmp_path: Path) -> None
         (envd / "50-site.env").unlink()
     # enroot's own 10-terminal.env (TERM=${TERM}) is there too.
     assert got == {"TERM": "", "PATH": "/opt/site/bin:/usr/bin", "B": "user", "C": "c"}
+
+
+def test_a_fifo_in_the_users_config_never_blocks_the_check(site: Path, tmp_path: Path) -> None:
+    """A FIFO as ``mounts.d/*.fstab`` or ``environ.d/*.env`` (and as the
+    enroot.conf drop-in) is left out at once: a blocking open would hold
+    the check to its deadline and ``on_error=allow`` would let the step run
+    unchecked. Run in a child with a timeout, so the old code fails the test
+    instead of hanging it."""
+    import os
+    import subprocess
+
+    home = tmp_path / "h"
+    for sub in ("mounts.d", "environ.d"):
+        (home / ".config/enroot" / sub).mkdir(parents=True)
+    os.mkfifo(home / ".config/enroot/mounts.d/00-pipe.fstab")
+    os.mkfifo(home / ".config/enroot/environ.d/00-pipe.env")
+    (home / ".config/enroot/mounts.d/10-real.fstab").write_text("/data /data none bind\n")
+    code = (
+        "import sys\n"
+        "from grace_policy import fsprobe\n"
+        "from grace_policy.container.enroot import enroot_environ, enroot_mounts\n"
+        "env = {'HOME': sys.argv[1]}\n"
+        "fsprobe.start()\n"
+        "got = enroot_mounts(env, search=sys.argv[2])\n"
+        "enroot_environ(env, search=sys.argv[2])\n"
+        "rec = fsprobe.stop()\n"
+        "print(('/data', '/data') in got)\n"
+        "print(sorted({op for op, p, a in rec if p.endswith('00-pipe.fstab')}),"
+        " [a for op, p, a in rec if p.endswith('00-pipe.fstab')][:1])\n")
+    repo = Path(__file__).resolve().parent.parent
+    done = subprocess.run([sys.executable, "-c", code, str(home), str(site / "bin")],
+                          capture_output=True, text=True, timeout=60, check=False,
+                          cwd=repo)
+    assert done.returncode == 0, done.stderr
+    found, recorded = done.stdout.splitlines()
+    assert found == "True"  # the regular file beside it still counts
+    # The FIFO was stat'ed, not opened, and its answer is in the record.
+    assert recorded == "['s'] ['o10000']"
+
+
+def test_every_enroot_file_read_is_in_the_record(site: Path, tmp_path: Path) -> None:
+    """The script, enroot.conf, the mounts.d directories (listed: a new
+    ``.fstab`` changes their times) and each file: a verdict that depended
+    on them is replayed only while they are the same."""
+    from grace_policy import fsprobe
+
+    home = tmp_path / "h"
+    (home / ".config/enroot/mounts.d").mkdir(parents=True)
+    mine = home / ".config/enroot/mounts.d/10-mine.fstab"
+    mine.write_text("/data /data none bind\n")
+    fsprobe.start()
+    try:
+        enroot_mounts({"HOME": str(home)}, search=str(site / "bin"))
+    finally:
+        rec = fsprobe.stop()
+    asked = {(op, path) for op, path, _a in rec}
+    assert ("s", str(site / "bin/enroot")) in asked
+    assert ("D", str(home / ".config/enroot/mounts.d")) in asked
+    assert ("D", str(site / "etc/enroot/mounts.d")) in asked
+    assert ("s", str(mine)) in asked
+    assert fsprobe.still_true(rec)
+    (home / ".config/enroot/mounts.d/20-new.fstab").write_text("/x /x none bind\n")
+    assert not fsprobe.still_true(rec)
+
+
+def test_pyxis_mount_grammar(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """pyxis 0.24.0 args.c: relative sources (from the job's cwd, where
+    enroot runs), relative targets (in the container), flags, ``tmpfs`` and
+    ``umount``; items pyxis refuses are not mounts."""
+    monkeypatch.setenv("PATH", str(tmp_path))  # no enroot: only the option's mounts
+    env = {"HOME": "/home/u"}
+    got = mounts({"mounts": "./x86bin:/usr/local/bin,bin:/opt/b,/a:./opt/a:ro+nosuid,"
+                            "/file,/d:rel,,../up:/up"}, env, cwd="/home/u/job")
+    assert got == [("/usr/local/bin", "/home/u/job/x86bin"), ("/opt/a", "/a"),
+                   ("/file", "/file"), ("/up", "/home/u/up")]
+    # umount takes away the latest mount at that point; tmpfs hides every
+    # mount at and below it.
+    got = mounts({"mounts": "/a:/opt/x,/b:/opt/x,umount:/opt/x,/c:/srv/y,/d:/srv/y/z,"
+                            "tmpfs:/srv/y"}, env, cwd="/w")
+    assert got == [("/opt/x", "/a")]
+    # No cwd to resolve a relative source against: not guessed.
+    assert mounts({"mounts": "./x:/y"}, env) == []

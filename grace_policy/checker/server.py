@@ -67,7 +67,7 @@ class Server:
 
     def __init__(self, path: str, code: str, life: int, test: str | None = None) -> None:
         self.path, self.code, self.life, self.test = path, code, life, test
-        self.install = stale.Install(slurm_bridge.code_files())
+        self.install = stale.Install(slurm_bridge.code_files(), [stale.PACKAGE])
         self.sock: socket.socket | None = None
         self.ino = 0
         self.lock = -1
@@ -132,7 +132,7 @@ class Server:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.bind(self.path)
         os.chmod(self.path, 0o600)
-        sock.listen(128)
+        sock.listen(4096)  # a burst of steps (a job array) waits here; the kernel caps it
         sock.setblocking(False)
         self.sock, self.ino = sock, os.stat(self.path).st_ino
         try:  # a new server: the next failure to reach it is said again

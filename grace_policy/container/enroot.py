@@ -36,12 +36,22 @@ enroot 4.1.2's source:
 A value this reader cannot be sure of (a setting with a command
 substitution, an fstab line it cannot split) is left out: the file at that
 path is then judged in the image, as before this module.
+
+Every file and directory here is the user's or the site's, read on the
+host through :mod:`grace_policy.fsprobe` (never the image's view): regular
+files only, opened without blocking (a FIFO in ``mounts.d`` is left out
+instead of holding the check to its deadline), and each answer written
+into the check's record, so a cached verdict is replayed only while
+``enroot``, its configuration and every ``mounts.d``/``environ.d`` file
+and directory are what they were (a new ``.fstab`` is a miss).
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+
+from .. import fsprobe
 
 #: What pyxis keeps from enroot's environment (pyxis_slurmstepd.c): these
 #: come from enroot's own configuration only.
@@ -63,14 +73,30 @@ _MAX_FILES = 64
 
 
 def _read(path: str) -> str | None:
-    try:
-        with open(path, "rb") as fh:
-            data = fh.read(_MAX_FILE + 1)
-    except OSError:
-        return None
+    """A whole small regular file, or None (missing, too large, not a
+    regular file: a FIFO or a device is never opened for reading)."""
+    with fsprobe.using(None):  # the host's file, whatever view a caller set
+        try:
+            fh, st = fsprobe.open_regular(path)
+        except OSError:
+            return None
+        try:
+            if st.st_size > _MAX_FILE:
+                return None
+            data = fh.pread(_MAX_FILE + 1, 0)
+        except OSError:
+            return None
+        finally:
+            fh.close()
     if len(data) > _MAX_FILE:
         return None
-    return data.decode("utf-8", "replace")
+    return data.decode("utf-8", "replace")  # type: ignore[no-any-return]
+
+
+def _runnable(path: str) -> bool:
+    """A regular file the job's user may run (recorded by its identity)."""
+    with fsprobe.using(None):
+        return fsprobe.isfile(path) and fsprobe.executable(path)
 
 
 def _enroot_script(search: str | None) -> str | None:
@@ -78,7 +104,7 @@ def _enroot_script(search: str | None) -> str | None:
         if not entry.startswith("/"):
             continue
         path = os.path.join(entry, "enroot")
-        if os.path.isfile(path) and os.access(path, os.X_OK):
+        if _runnable(path):
             return path
     return None
 
@@ -192,7 +218,8 @@ def fstab_binds(text: str, env: Mapping[str, str]) -> list[tuple[str, str]]:
 def _files(directory: str, suffix: str) -> list[str]:
     """``DIR/*SUFFIX`` in name order, as bash's glob lists them."""
     try:
-        names = sorted(n for n in os.listdir(directory) if n.endswith(suffix))
+        with fsprobe.using(None):
+            names = sorted(n for n in fsprobe.listdir(directory) if n.endswith(suffix))
     except OSError:
         return []
     return [os.path.join(directory, n) for n in names[:_MAX_FILES]]
@@ -253,8 +280,10 @@ def enroot_mounts(job_env: Mapping[str, str], mount_home: bool | None = None,
     for path in _config_files(settings, "mounts.d", ".fstab"):
         out.extend(_fstab(path, full))
     home = full.get("HOME", "")
-    hook = os.path.join(settings.get("ENROOT_SYSCONF_PATH", ""), "hooks.d", "10-home.sh")
-    if settings.get("ENROOT_MOUNT_HOME") and home.startswith("/") and os.access(hook, os.X_OK):
+    sysconf = settings.get("ENROOT_SYSCONF_PATH", "")
+    hook = os.path.join(sysconf, "hooks.d", "10-home.sh")
+    if settings.get("ENROOT_MOUNT_HOME") and home.startswith("/") and sysconf.startswith("/") \
+            and _runnable(hook):
         out.append(("/root" if settings.get("ENROOT_REMAP_ROOT") else home, home))
     return out
 

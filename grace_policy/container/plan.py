@@ -18,8 +18,17 @@ def plan(kind: str, image: str | None, local: bool, reason: str, argv: Sequence[
         if kind == "pyxis":
             from .pyxis import plan_pyxis
 
+            lines = _lines(args)
+            if "uncarried" in lines and local:
+                # C could not pass an option whole (grace_container.c): judging
+                # the image without its mounts would be a guess, and a guess
+                # must not become a cached allow.
+                return Plan(None, tuple(argv), dict(env), cwd,
+                            skipped=f"{reason}: not judged: a pyxis option "
+                                    "(--container-mounts or --container-workdir) is too long "
+                                    "for the check to read")
             return plan_pyxis(image, local, reason, argv, env, cwd, max_inodes=max_inodes,
-                              args=_lines(args), batch=batch)
+                              args=lines, batch=batch)
         if kind == "oci":
             from .slurm_oci import plan_oci
 
@@ -36,9 +45,11 @@ def plan(kind: str, image: str | None, local: bool, reason: str, argv: Sequence[
 
 
 def _lines(text: str | None) -> dict[str, str]:
+    """C's "key=value" lines; a value's ``%`` and newlines come as ``%25``
+    and ``%0A`` (grace_container.c ``grace_args_put``)."""
     out: dict[str, str] = {}
-    for line in (text or "").splitlines():
+    for line in (text or "").split("\n"):
         key, eq, value = line.partition("=")
         if eq and key:
-            out[key] = value
+            out[key] = value.replace("%0A", "\n").replace("%25", "%") if "%" in value else value
     return out

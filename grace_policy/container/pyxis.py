@@ -22,6 +22,7 @@ so). What pyxis fails to import or start is pyxis' error to report.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 
 from . import Plan
@@ -35,15 +36,15 @@ if TYPE_CHECKING:
 _DENIED = ("PATH", "LD_LIBRARY_PATH", "LD_PRELOAD")
 
 
-def mounts(args: Mapping[str, str], env: Mapping[str, str], image_fstab: str = ""
-           ) -> list[tuple[str, str]]:
+def mounts(args: Mapping[str, str], env: Mapping[str, str], image_fstab: str = "",
+           cwd: str | None = None) -> list[tuple[str, str]]:
     """(inner, host) of what is mounted from the host, in mount order:
     the image's ``/etc/fstab`` (``image_fstab``), enroot's own (``mounts.d``,
-    the home mount; :mod:`.enroot`), then
-    ``--container-mounts SRC:DST[:FLAGS],...`` (pyxis args.c: ``SRC`` alone
-    mounts at the same path). ``--container-mount-home`` /
-    ``--no-container-mount-home`` (or pyxis' ``PYXIS_CONTAINER_MOUNT_HOME``)
-    decide the home mount; without either, enroot's setting does."""
+    the home mount; :mod:`.enroot`), then ``--container-mounts``
+    (:func:`option_mounts`; ``cwd``: the job's, which pyxis runs enroot
+    in). ``--container-mount-home`` / ``--no-container-mount-home`` (or
+    pyxis' ``PYXIS_CONTAINER_MOUNT_HOME``) decide the home mount; without
+    either, enroot's setting does."""
     from .enroot import PYXIS_DENIED, enroot_mounts, fstab_binds
 
     home_flag = {"1": True, "0": False}.get(args.get("mount_home", ""))
@@ -56,12 +57,54 @@ def mounts(args: Mapping[str, str], env: Mapping[str, str], image_fstab: str = "
         out.extend(site)
     elif home_flag and home and home.startswith("/"):
         out.append((home, home))  # no enroot found to ask: its default hook
-    for item in (args.get("mounts") or "").split(","):
-        parts = item.split(":")
-        src = parts[0]
-        dst = parts[1] if len(parts) > 1 and parts[1] else src
-        if src.startswith("/") and dst.startswith("/"):
-            out.append((dst, src))
+    return option_mounts(args.get("mounts") or "", cwd, out)
+
+
+def option_mounts(value: str, cwd: str | None, before: list[tuple[str, str]]
+                  ) -> list[tuple[str, str]]:
+    """``before`` with ``--container-mounts ITEM,...`` applied, as pyxis
+    0.24.0 reads them (args.c ``parse_mount_option``, ``add_mount``) and
+    enroot performs them after its own (runtime.sh ``_do_mounts_fini``):
+
+    * ``SRC[:DST[:FLAGS]]``, items split at ``,``, fields at the first two
+      ``:`` (FLAGS joined by ``+``); DST defaults to SRC.
+    * SRC starting with ``.`` or ``/`` is a host path, bound (``rbind``
+      whatever FLAGS add); a relative one is relative to the cwd enroot runs
+      in, the job's (``mount(2)`` resolves it there).
+    * SRC ``tmpfs``: an empty directory at DST; ``umount``: DST unmounted
+      (``x-detach``), which takes away the latest earlier mount there.
+    * DST must start with ``.`` or ``/``; it is a path in the container
+      (enroot-mount resolves it under the rootfs), so ``./opt`` is ``/opt``.
+
+    An item pyxis refuses (empty, another source word, a bad target) fails
+    the step in pyxis before it runs: nothing to model. A tmpfs hides the
+    image's files below DST, which the view cannot show empty: mounts
+    below it are dropped and the image's files stay visible, so a program
+    there is judged (refused if foreign) rather than reported missing."""
+    out = list(before)
+    for item in value.split(","):
+        src, sep, rest = item.partition(":")
+        dst = rest.partition(":")[0] if sep else src
+        if not src or not dst or dst[0] not in "./":
+            continue  # pyxis: "invalid format" / "mount target must be ...": no step
+        inner = os.path.normpath("/" + dst.lstrip("/"))
+        inner = "/" + inner.lstrip("/")  # normpath keeps a leading "//"
+        if src == "umount":  # the latest mount at DST goes (umount2 MNT_DETACH)
+            last = max((n for n, (i, _h) in enumerate(out) if i == inner), default=-1)
+            if last >= 0:
+                del out[last]
+            continue
+        if src == "tmpfs":
+            under = inner.rstrip("/") + "/"
+            out = [(i, h) for i, h in out if i != inner and not i.startswith(under)]
+            continue
+        if src[0] not in "./":
+            continue  # pyxis: "mount source must be a relative path, ...": no step
+        if src[0] != "/":
+            if not cwd or not cwd.startswith("/"):
+                continue  # no cwd to resolve it against: left to the image
+            src = os.path.join(cwd, src)
+        out.append((inner, os.path.normpath(src)))
     return out
 
 
@@ -116,7 +159,7 @@ def plan_pyxis(image: str | None, local: bool, reason: str, argv: Sequence[str],
         fstab = read_view_file(img.view, "/etc/fstab", MAX_ENV_BYTES) or b""
     except (ImageError, OSError):
         fstab = b""
-    binds = mounts(args, env, fstab.decode("utf-8", "surrogateescape"))
+    binds = mounts(args, env, fstab.decode("utf-8", "surrogateescape"), cwd)
     if batch and argv and argv[0].startswith("/"):
         # pyxis' user_init, batch step: slurmd's copy of the script is
         # bind-mounted read-only at the same path inside the container, which

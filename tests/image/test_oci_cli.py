@@ -62,9 +62,6 @@ def test_bundle(root: Path, tmp_path: Path) -> None:
     (None, b"[" * 100_000 + b"]" * 100_000, "not valid JSON"),
     (None, b"[]", "not a JSON object"),
     (None, b"\xff\xfe{}", "not valid JSON"),
-    ({"root": {"path": "../.."}}, None, "outside the bundle"),
-    ({"root": {"path": "/"}}, None, "outside the bundle"),
-    ({"root": {"path": "rootfs/../.."}}, None, "outside the bundle"),
     ({"root": {"path": ""}}, None, "no root.path"),
     ({"root": "rootfs"}, None, "no root.path"),
     ({"root": {"path": "rootfs"}, "process": {"args": "hello"}}, None, "list of strings"),
@@ -88,8 +85,8 @@ def test_hostile_bundles(root: Path, tmp_path: Path, config: object, raw: bytes 
 def test_bundle_links_out_and_odd_configs(root: Path, tmp_path: Path) -> None:
     bundle = _bundle(tmp_path, root, CONFIG)
     shutil.rmtree(bundle / "rootfs")
-    (bundle / "rootfs").symlink_to("/")  # a root that is the host's
-    with pytest.raises(ImageError, match="outside the bundle"):
+    (bundle / "rootfs").symlink_to("/")  # runc refuses a symlinked root (test_oci_runc_root)
+    with pytest.raises(ImageError, match="symbolic link"):
         open_image(str(bundle))
     bundle = _bundle(tmp_path, root, CONFIG)
     os.unlink(bundle / "config.json")

@@ -21,6 +21,7 @@ import pwd
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -259,6 +260,66 @@ def test_warm_step_never_reaches_the_checker_and_cold_stores(node: SlurmEnv) -> 
     assert record.get("cache") == "hit", record
 
 
+def _fill_backlog(path: Path, cap: int = 6000) -> list[socket.socket]:
+    """Connections to a server that is not accepting, until the kernel says
+    its listen backlog is full (EAGAIN): what a job array of hundreds of
+    steps starting at once does to it."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < cap + 100:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, cap + 100), hard))
+    held: list[socket.socket] = []
+    for _ in range(cap):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.setblocking(False)
+        try:
+            s.connect(str(path))
+        except BlockingIOError:
+            s.close()
+            return held
+        except BaseException:
+            s.close()
+            raise
+        held.append(s)
+    for s in held:
+        s.close()
+    raise AssertionError(f"the backlog of {path} took {cap} connections")
+
+
+def test_a_full_backlog_is_busy_not_dead(node: SlurmEnv) -> None:
+    """More steps at once than the server has accepted (R1): connect's
+    EAGAIN. The step is checked by its own helper and nothing is marked, so
+    when the server really dies later, that is still said. The backlog is
+    the kernel's cap (4096 here), not 128."""
+    server = _start(node, node.plugin, "cache_dir=none")
+    os.kill(server, signal.SIGSTOP)  # accepts nothing: every connect waits in the backlog
+    held: list[socket.socket] = []
+    try:
+        held = _fill_backlog(_socket(node))
+        assert len(held) > 1000, len(held)
+        since = len(node.cluster.slurmd_log_text())
+        res, record = _srun(node, [str(node.files / "foreign")])
+        assert res.returncode != 0 and REFUSED not in res.stderr, res.stderr
+        assert record is not None and record["action"] == "reject", record
+        assert _fallbacks(node, since) == []
+        assert not Path(f"{_socket(node)}.down").exists()
+    finally:
+        for s in held:
+            s.close()
+        os.kill(server, signal.SIGKILL)
+        os.kill(server, signal.SIGCONT)
+    _wait(lambda: server not in _servers(node))
+    for pid in _servers(node):  # its spare, if any
+        os.kill(pid, signal.SIGKILL)
+    _wait(lambda: not _servers(node))
+    since = len(node.cluster.slurmd_log_text())
+    res, record = _srun(node, ["sh", "-c", SAY])
+    assert res.returncode == 0 and record is not None, res.stderr
+    said = _fallbacks(node, since)
+    assert len(said) == 1 and "not reachable" in said[0], said
+
+
 def test_killed_server_falls_back_and_says_so_once(node: SlurmEnv) -> None:
     server = _start(node, node.plugin, "cache_dir=none")
     os.kill(server, signal.SIGKILL)
@@ -294,6 +355,21 @@ def test_changed_install_ends_the_server(node: SlurmEnv) -> None:
     module = prefix / "lib" / "grace-policy" / "python" / "grace_policy" / "decide.py"
     module.write_bytes(module.read_bytes())  # same text, new mtime
     _judged_by_fallback(node, "decide.py changed since the checker started")
+    _wait(lambda: not Path(f"/proc/{server}").exists(), timeout=20)
+
+
+def test_replaced_module_not_loaded_ends_the_server(node: SlurmEnv) -> None:
+    """An upgrade that replaces a module the server never imported (image/,
+    loaded by the first container step): the stamp covers the whole
+    package, so the next miss is not judged with old and new code mixed."""
+    prefix = node.copy_prefix("prefix-nodecheck-stale-tree")
+    plugin = prefix / "lib" / "slurm" / "spank_grace_policy.so"
+    server = _start(node, plugin, "cache_dir=none")
+    module = prefix / "lib" / "grace-policy" / "python" / "grace_policy" / "image" / "sif.py"
+    data = module.read_bytes()
+    module.unlink()  # as an installer replaces it: a new inode
+    module.write_bytes(data)
+    _judged_by_fallback(node, "sif.py changed since the checker started")
     _wait(lambda: not Path(f"/proc/{server}").exists(), timeout=20)
 
 

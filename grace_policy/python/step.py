@@ -168,9 +168,10 @@ def python_issues(exe: str, info: ElfInfo, process: Process, hops: Sequence[Hop]
     environment = Environment(interp.version, paths, process, env, cwd, node, budget, causes,
                               cuda_index=cuda_index)
     if not flags.no_site:
-        # sitecustomize/usercustomize run at every start: their imports are
-        # as certain as the command's own.
-        used_names = (*used_names, *environment.startup_imports())
+        # .pth import lines and sitecustomize/usercustomize run at every
+        # start: their imports are as certain as the command's own.
+        used_names = (*used_names, *environment.pth_imports(),
+                      *environment.startup_imports())
     return environment.issues(used_names)
 
 
@@ -350,6 +351,28 @@ class Environment:
             if loc.kind != "missing":
                 out.append((name, loc))
         return out
+
+    def pth_imports(self) -> tuple[str, ...]:
+        """The top-level modules the ``.pth`` import lines import.
+
+        site.py ``exec``s every line that starts with ``import`` (a space
+        or a tab after it) while it reads the site directories, before the
+        step's own code: ``import _virtualenv``, setuptools' editable
+        finders, distutils-precedence.pth's ``__import__('_distutils_hack')``.
+        A line is Python source run at module level, so it is read as a
+        ``-c`` text is (every statement after the first ``;`` counts, and an
+        ``and``-guarded ``__import__`` counts as if its guard held). The
+        names are found later on the whole ``sys.path``, not on the part
+        that stood when the line ran; a line that fails (site.py then skips
+        the rest of its file) is not modelled either."""
+        from .usage import source_imports
+
+        names: dict[str, None] = {}
+        for pth, line in self.paths.pth_imports:
+            self.budget.tick()
+            for found in source_imports(line, pth):
+                names[found] = None
+        return tuple(names)
 
     def startup_imports(self) -> tuple[str, ...]:
         """The top-level modules sitecustomize/usercustomize import when they

@@ -71,10 +71,13 @@ def _install(root: Path) -> Path:
 
 
 def _config(root: Path, audit: Path) -> Path:
-    from tests.slurm.harness import BASE_CONFIG
+    import json
+
+    from tests.slurm.harness import BASE_CONFIG, site_contact
 
     cfg = root / "grace-policy.toml"
-    cfg.write_text(BASE_CONFIG.format(extra="", audit=audit))
+    # the cluster's own config, as harness.prepare writes it
+    cfg.write_text(BASE_CONFIG.format(extra="", contact=json.dumps(site_contact())))
     audit.touch()
     audit.chmod(0o666)
     return cfg

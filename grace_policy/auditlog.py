@@ -270,7 +270,8 @@ class Report:
     judged: int = 0
     skipped: Counter = field(default_factory=Counter)
     errors: _Bounded = field(default_factory=_Bounded)
-    #: failure kind -> steps on_error decided in C (no verdict at all)
+    #: failure kind -> steps on_error decided in C (no verdict at all); each
+    #: is one of the ``errors`` too
     failures: Counter = field(default_factory=Counter)
     #: partition -> steps with an error
     error_partitions: Counter = field(default_factory=Counter)
@@ -352,8 +353,10 @@ class Report:
         program = program_name(d.program)
         if d.rules and program is not None:
             self.programs.add(program)
-        if d.error:
-            self.errors.add(d.error[:300])
+        if d.error or d.failure is not None:
+            # C's failure lines are check errors too (their reason is the
+            # "error"): the failures are a part of the errors, never more.
+            self.errors.add((d.error or f"(failure {d.failure})")[:300])
             self.error_partitions[part] += 1
         if d.elapsed_ms is not None:
             self.times_all.append(d.elapsed_ms)

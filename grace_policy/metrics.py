@@ -78,7 +78,8 @@ def render(report: Report, now: float | None = None) -> str:
                [({"partition": p}, n) for p, n in sorted(report.error_partitions.items())])
     out.family("grace_policy_failure_steps", "gauge",
                "Steps the check gave no verdict for (on_error decided in the plugin), "
-               "by kind: timeout, python, config, plugstack, env, check, internal.",
+               "by kind: timeout, python, config, plugstack, env, check, internal; "
+               "a part of grace_policy_error_steps.",
                [({"kind": k}, n) for k, n in sorted(report.failures.items())])
     out.family("grace_policy_cache_hit_steps", "gauge",
                "Steps answered from the verdict cache without starting Python.",

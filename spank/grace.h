@@ -11,6 +11,8 @@
 #define GRACE_H
 
 #include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
 #include <time.h>
 #include <slurm/spank.h>
 
@@ -48,6 +50,32 @@ struct grace_strlist {
 	size_t n;
 	size_t cap;
 };
+
+/*
+ * Append a copy of the first len bytes of s (up to a NUL): 0, or -1 when
+ * memory ran out (the list is as it was). Inline here because both
+ * libraries fill such lists: the Python one from grace_emit()
+ * (grace_python.c), the plugin from a helper's records (grace_wire.c).
+ */
+static inline int grace_strlist_add(struct grace_strlist *l, const char *s, size_t len)
+{
+	char *copy;
+
+	if (l->n == l->cap) {
+		size_t cap = l->cap ? l->cap * 2 : 8;
+		char **items = realloc(l->items, cap * sizeof(*items));
+
+		if (items == NULL)
+			return -1;
+		l->items = items;
+		l->cap = cap;
+	}
+	copy = strndup(s, len);
+	if (copy == NULL)
+		return -1;
+	l->items[l->n++] = copy;
+	return 0;
+}
 
 /* The result of one check, filled by grace_emit(). */
 struct grace_result {

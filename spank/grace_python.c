@@ -25,26 +25,6 @@
 #include "grace.h"
 #include "grace_build.h" /* GRACE_LIBPYTHON, GRACE_PY_* (written by build_plugin.py) */
 
-static int grace_strlist_add(struct grace_strlist *l, const char *s)
-{
-	char *copy;
-
-	if (l->n == l->cap) {
-		size_t cap = l->cap ? l->cap * 2 : 8;
-		char **items = realloc(l->items, cap * sizeof(*items));
-
-		if (items == NULL)
-			return -1;
-		l->items = items;
-		l->cap = cap;
-	}
-	copy = strdup(s);
-	if (copy == NULL)
-		return -1;
-	l->items[l->n++] = copy;
-	return 0;
-}
-
 /* Python hands back the result one string at a time (cffi calls this; it
  * lives in this library so the Python part never needs to resolve a symbol
  * of the stub, which Slurm loaded RTLD_LOCAL). The stub frees it all. */
@@ -85,7 +65,7 @@ void grace_emit(void *result, int kind, const char *text)
 	default:
 		return;
 	}
-	if (text == NULL || grace_strlist_add(l, text) < 0)
+	if (text == NULL || grace_strlist_add(l, text, strlen(text)) < 0)
 		r->oom = 1;
 }
 

@@ -243,26 +243,6 @@ int grace_get_creds(struct grace_cursor *c, struct grace_creds *out)
 /* ------------------------------------------------------------------------ */
 /* Records                                                                  */
 
-static int grace_list_add(struct grace_strlist *l, const char *s, size_t len)
-{
-	char *copy;
-
-	if (l->n == l->cap) {
-		size_t cap = l->cap ? l->cap * 2 : 8;
-		char **items = realloc(l->items, cap * sizeof(*items));
-
-		if (items == NULL)
-			return -1;
-		l->items = items;
-		l->cap = cap;
-	}
-	copy = strndup(s, len);
-	if (copy == NULL)
-		return -1;
-	l->items[l->n++] = copy;
-	return 0;
-}
-
 static void grace_copy(char *dst, size_t cap, const char *src, size_t len)
 {
 	if (len >= cap)
@@ -327,7 +307,7 @@ int grace_decode(const char *buf, size_t n, struct grace_outcome *out)
 		default:
 			break;
 		}
-		if (l != NULL && grace_list_add(l, text, len) < 0)
+		if (l != NULL && grace_strlist_add(l, text, len) < 0)
 			out->result.oom = 1;
 	}
 	snprintf(out->err, sizeof(out->err), "the check's helper process ended without an "

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from grace_policy import atomicfile
 from grace_policy.compiled import compile_config, compiled_path_for, load_policy
 from grace_policy.node import detect
 from grace_policy.policy import (
@@ -161,11 +162,7 @@ def poison(config: str, cache: str | None = None, **changes: object) -> str:
     with open(compiled_path_for(config)) as f:
         doc = json.load(f)
     doc["policy"].update(changes)
-    tmp = cache + ".new"
-    with open(tmp, "w") as f:
-        json.dump(doc, f)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, cache)
+    atomicfile.replace(cache, json.dumps(doc).encode(), mode=0o644)
     return cache
 
 

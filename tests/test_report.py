@@ -184,6 +184,27 @@ def test_failures_decided_in_c_are_counted_apart(tmp_path: Path) -> None:
     assert 'grace_policy_failure_steps{kind="timeout"} 2' in text
 
 
+def test_a_failure_line_is_one_failing_step(tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """C's failure line (a failed env edit: "error" the reason, "failure" the
+    kind) is one step whose check failed, in every count the report shows;
+    the plugin's real line is held to the same in tests/slurm/test_faults.py."""
+    log = tmp_path / "a.log"
+    log.write_text(_line(mode=None, failure="env", action="allow", rules=[], paths=[],
+                         error="cannot remove VIRTUAL_ENV from the step's environment")
+                   + "\n" + _line(mode=None, failure="timeout", action="allow", rules=[],
+                                  paths=[]) + "\n")
+    assert main(["report", str(log)]) == 0
+    out = capsys.readouterr().out
+    counted = [line for line in out.splitlines() if "on_error decided" in line]
+    assert counted == ["  check errors (on_error decided): 2, of which without a verdict "
+                       "(decided in the plugin): 2 (env 1, timeout 1)"], out
+    data = auditlog.Report().read([str(log)]).to_json()
+    assert data["failures"] == {"steps": 2, "kinds": {"env": 1, "timeout": 1}}
+    # a failure without an error text (another writer's) is still one error
+    assert data["errors"]["steps"] == 2 == data["partitions"]["warnp"]["errors"]
+
+
 def test_cli_usage_and_unreadable(tmp_path: Path, capsys: pytest.CaptureFixture[str],
                                   monkeypatch: pytest.MonkeyPatch) -> None:
     conf = tmp_path / "slurm.conf"

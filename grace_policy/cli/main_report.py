@@ -211,14 +211,19 @@ def human(data: dict) -> list[str]:
     out.append(f"  check time: median {_ms(t['all']['median'])}, p99 {_ms(t['all']['p99'])}"
                f" (cache hits: median {_ms(t['cache_hit']['median'])}; full checks: median "
                f"{_ms(t['checked']['median'])}, p99 {_ms(t['checked']['p99'])})")
+    # A line C writes when the check gave no verdict (a timeout, a failed
+    # env edit) carries the reason as "error" and its kind as "failure": the
+    # step is one of the check errors, and the failures say which of them
+    # the plugin decided; two separate counts would show it twice.
     failures = data["failures"]
-    if failures["steps"]:
-        kinds = ", ".join(f"{escape(k)} {n}" for k, n in failures["kinds"].items())
-        out.append(f"  no verdict, on_error decided in the plugin: {failures['steps']} "
-                   f"({kinds})")
     errors = data["errors"]
     if errors["steps"]:
-        out.append(f"  check errors (on_error decided): {errors['steps']}")
+        line = f"  check errors (on_error decided): {errors['steps']}"
+        if failures["steps"]:
+            kinds = ", ".join(f"{escape(k)} {n}" for k, n in failures["kinds"].items())
+            line += (f", of which without a verdict (decided in the plugin): "
+                     f"{failures['steps']} ({kinds})")
+        out.append(line)
         for e in errors["reasons"]:
             out.append(f"    {e['steps']:>6}  {escape(e['reason'])}")
 

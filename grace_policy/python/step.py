@@ -169,9 +169,10 @@ def python_issues(exe: str, info: ElfInfo, process: Process, hops: Sequence[Hop]
     environment = Environment(interp.version, paths, process, env, cwd, node, budget, causes,
                               cuda_index=cuda_index, gpu=ctx.gpu)
     if not flags.no_site:
-        # sitecustomize/usercustomize run at every start: their imports are
-        # as certain as the command's own.
-        used_names = (*used_names, *environment.startup_imports())
+        # .pth import lines and sitecustomize/usercustomize run at every
+        # start: their imports are as certain as the command's own.
+        used_names = (*used_names, *environment.pth_imports(),
+                      *environment.startup_imports())
     return environment.issues(used_names)
 
 
@@ -268,6 +269,10 @@ _NO_DISTS = frozenset({"stdlib", "stdlib-zip", "lib-dynload", "script-dir", "cwd
                        "editable-hook"})
 #: sys.path entries that are no directory (setuptools' namespace path hook).
 _NO_DIR = frozenset({"editable-hook"})
+#: How much of one ``.pth`` import line, and of all of them, is parsed
+#: (``Environment.pth_imports``); real lines are tens to hundreds of bytes.
+PTH_LINE_BYTES = 4096
+PTH_TOTAL_BYTES = 32 * 1024
 #: The modules site.py imports after the .pth files (Lib/site.py main()).
 _STARTUP = ("sitecustomize", "usercustomize")
 
@@ -352,6 +357,40 @@ class Environment:
             if loc.kind != "missing":
                 out.append((name, loc))
         return out
+
+    def pth_imports(self) -> tuple[str, ...]:
+        """The top-level modules the ``.pth`` import lines import.
+
+        site.py ``exec``s every line that starts with ``import`` (a space
+        or a tab after it) while it reads the site directories, before the
+        step's own code: ``import _virtualenv``, setuptools' editable
+        finders, distutils-precedence.pth's ``__import__('_distutils_hack')``.
+        A line is Python source run at module level, so it is read as a
+        ``-c`` text is (every statement after the first ``;`` counts, and an
+        ``and``-guarded ``__import__`` counts as if its guard held). The
+        names are found later on the whole ``sys.path``, not on the part
+        that stood when the line ran; a line that fails (site.py then skips
+        the rest of its file) is not modelled either.
+
+        Parsing costs about 0.5 ms per KiB (far more on a loaded node) and a
+        site directory is the user's: a line is read up to its last ``;``
+        within :data:`PTH_LINE_BYTES` (the imports open such lines), and all
+        lines together up to :data:`PTH_TOTAL_BYTES`; what lies beyond names
+        nothing (unknown use, as for a script that does not parse)."""
+        from .usage import source_imports
+
+        names: dict[str, None] = {}
+        left = PTH_TOTAL_BYTES
+        for pth, line in self.paths.pth_imports:
+            self.budget.tick()
+            if len(line) > PTH_LINE_BYTES:
+                line = line[:line.rfind(";", 0, PTH_LINE_BYTES) + 1]
+            left -= len(line)
+            if left < 0:
+                break
+            for found in source_imports(line, pth):
+                names[found] = None
+        return tuple(names)
 
     def startup_imports(self) -> tuple[str, ...]:
         """The top-level modules sitecustomize/usercustomize import when they

@@ -27,6 +27,8 @@ from pathlib import Path
 
 from corpus import cache_root
 
+from grace_policy import atomicfile
+
 _BLOCK = re.compile(r"^Fatbin (elf|ptx) code:$")
 _ARCH = re.compile(r"^arch = (\S+)$")
 _CODE = re.compile(r"^code version = \[(\d+),(\d+)\]$")
@@ -58,9 +60,7 @@ def _cached(tool: Path, args: list[str], path: Path) -> str:
             and "No " not in proc.stderr:
         raise AssertionError(f"cuobjdump {args} {path} failed: {proc.stderr.strip()}")
     cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache.with_suffix(".tmp")
-    tmp.write_text(out)
-    tmp.replace(cache)
+    atomicfile.replace(str(cache), out.encode())  # parts running side by side share it
     return out
 
 

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from grace_policy import budget as _budget
 from grace_policy import elf, loader, node
-from grace_policy.python import interp, sitepath
+from grace_policy.python import interp, sitepath, step
 
 #: (label, executable) of the CPythons looked for on this machine.
 CANDIDATES: tuple[tuple[str, str], ...] = (
@@ -223,6 +223,21 @@ def model(exe: str, args: list[str], env: dict[str, str], cwd: str,
     sp = sitepath.sys_path(found, flags, command, env, cwd, profile,
                            _budget.Budget(deadline_ms=10_000))
     return found, command, sp
+
+
+def environment(runner: Runner, exe: str, args: list[str], env: dict[str, str], cwd: str
+                ) -> tuple[step.Environment, interp.PyFlags]:
+    """The model's :class:`step.Environment` of ``exe args`` (judged for the
+    runner's node), and the flags it parsed."""
+    found, _command, sp = model(exe, args, env, cwd, runner=runner)
+    profile = runner.profile()
+    budget = _budget.Budget(deadline_ms=20_000)
+    real = interp.node_realpath(profile, exe)
+    info = elf.read_elf(loader.host_path(profile, real))
+    process = loader.Process(exe, info, profile, env, cwd=cwd, budget=budget)
+    flags, _ = interp.parse_python_argv(args, found.version)
+    return (step.Environment(found.version, sp, process, env, cwd, profile, budget,
+                             lambda p: ()), flags)
 
 
 @dataclass

@@ -76,15 +76,7 @@ def _real(runner: oracle.Runner, argv: list[str], env: dict[str, str], cwd: str)
 
 def _environment(runner: oracle.Runner, exe: str, args: list[str], env: dict[str, str],
                  cwd: str) -> tuple[step.Environment, interp.PyFlags]:
-    found, _command, sp = oracle.model(exe, args, env, cwd, runner=runner)
-    profile = runner.profile()
-    budget = Budget(deadline_ms=20_000)
-    real = interp.node_realpath(profile, exe)
-    info = elf.read_elf(loader.host_path(profile, real))
-    process = loader.Process(exe, info, profile, env, cwd=cwd, budget=budget)
-    flags, _ = interp.parse_python_argv(args, found.version)
-    return (step.Environment(found.version, sp, process, env, cwd, profile, budget,
-                             lambda p: ()), flags)
+    return oracle.environment(runner, exe, args, env, cwd)
 
 
 def _model_origin(e: step.Environment, dotted: str) -> tuple[str | None, tuple[str, ...]]:

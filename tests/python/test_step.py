@@ -126,6 +126,53 @@ def test_requires_dist_closure_makes_a_dependency_used(grace_venv: Path,
     assert _decide([grace_venv, "-c", "import json"], tmp_path).action == "warn"
 
 
+def test_a_pth_import_line_makes_its_distribution_used(grace_venv: Path,
+                                                       elf_builder: ElfBuilder,
+                                                       tmp_path: Path) -> None:
+    """site.py runs a .pth import line at every start: a broken package it
+    imports fails every step of the environment, whatever the step imports."""
+    site = envs.site_packages(grace_venv.parent.parent)
+    hook = _ext_wheel(elf_builder, tmp_path, "hookpkg", "x86_64", "_core.abi3.so")
+    envs.pip_install(hook, site)
+    # installed but imported by nobody: one warning
+    assert _decide([grace_venv, "-c", "import json"], tmp_path).action == "warn"
+    # not at column 0: a path line, never run
+    (site / "hookpkg.pth").write_text("  import hookpkg\n#import hookpkg\n")
+    assert _decide([grace_venv, "-c", "import json"], tmp_path).action == "warn"
+    (site / "hookpkg.pth").write_text("import hookpkg\n")
+    verdict = _decide([grace_venv, "-c", "import json"], tmp_path)
+    assert verdict.action == "reject", verdict
+    assert [f.rule for f in verdict.findings if f.severity == "error"] == ["py-ext-arch"]
+    # distutils-precedence.pth's shape: the import after the first statement
+    (site / "hookpkg.pth").write_text(
+        "import os; var = 'HOOK_SWITCH'; enabled = os.environ.get(var, 'local') == 'local';"
+        " enabled and __import__('hookpkg').install()\n")
+    assert _decide([grace_venv, "-c", "import json"], tmp_path).action == "reject"
+    # -S: site.py does not run, nor the line
+    assert _decide([grace_venv, "-S", "-c", "import json"], tmp_path).action != "reject"
+
+
+def test_pth_import_lines_are_parsed_within_a_bound(grace_venv: Path,
+                                                    elf_builder: ElfBuilder,
+                                                    tmp_path: Path) -> None:
+    """A site directory is the user's: a megabyte of .pth import lines is not
+    parsed whole on the launch path (seconds of compile on a loaded node).
+    A long line keeps the imports that open it; lines past the total name
+    nothing, so their packages stay warnings."""
+    from grace_policy.python.step import PTH_LINE_BYTES, PTH_TOTAL_BYTES
+
+    site = envs.site_packages(grace_venv.parent.parent)
+    envs.pip_install(_ext_wheel(elf_builder, tmp_path, "hookpkg", "x86_64", "_core.abi3.so"),
+                     site)
+    long_line = "import hookpkg; " + "a = 1; " * (4 * PTH_LINE_BYTES)
+    (site / "hookpkg.pth").write_text(long_line + "\n")
+    assert _decide([grace_venv, "-c", "import json"], tmp_path).action == "reject"
+    filler = "import json; " + "a = 1; " * 250 + "\n"
+    count = PTH_TOTAL_BYTES // len(filler) + 1
+    (site / "hookpkg.pth").write_text(filler * count + "import hookpkg\n")
+    assert _decide([grace_venv, "-c", "import json"], tmp_path).action == "warn"
+
+
 def test_module_only_built_for_another_platform_is_not_found(
         grace_venv: Path, elf_builder: ElfBuilder, tmp_path: Path) -> None:
     site = envs.site_packages(grace_venv.parent.parent)

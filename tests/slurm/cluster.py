@@ -99,6 +99,32 @@ def wait_while_running(procs: Mapping[str, subprocess.Popen[bytes]], ready: obje
     return "timeout"
 
 
+def spawn_daemon(argv: Sequence[str], log: Path, env: Mapping[str, str]
+                 ) -> subprocess.Popen[bytes]:
+    """``argv`` in a session of its own (a ^C of the test run does not reach
+    it; :func:`stop_daemons` ends it by pid), stdout and stderr appended to
+    ``log``. Shared with tests/vm/twoarch.py."""
+    with open(log, "ab") as out:
+        return subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=out, stderr=out,
+                                env=dict(env), start_new_session=True)
+
+
+def munged_argv(base: Path, socket: Path) -> list[str]:
+    """munged in the foreground with its own key, pid, log and seed files
+    under ``base`` (``munge/``, ``run/``, ``log/``), so it never meets the
+    host's munged. Shared with tests/vm/twoarch.py."""
+    return [_sbin("munged"), "-F", "--force", f"--socket={socket}",
+            f"--key-file={base / 'munge' / 'munge.key'}",
+            f"--pid-file={base / 'run' / 'munged.pid'}",
+            f"--log-file={base / 'log' / 'munged.log'}",
+            f"--seed-file={base / 'munge' / 'munged.seed'}"]
+
+
+def slurmctld_argv(conf: Path) -> list[str]:
+    """slurmctld in the foreground, its state ignored (``-i``: a new cluster)."""
+    return [_sbin("slurmctld"), "-D", "-i", "-f", str(conf)]
+
+
 class JobQueries:
     """``job_state``/``wait_job`` over :meth:`admin` (scontrol as root against
     this cluster): the same for the one-node cluster and the two-architecture
@@ -269,29 +295,17 @@ class Cluster(JobQueries):
         return self.root / "bin"
 
     def _spawn(self, name: str, argv: Sequence[str]) -> None:
-        log = open(self.root / "log" / f"{name}.stdio", "ab")
         env = self.env()
         self.bin_dir.mkdir(exist_ok=True)
         env["PATH"] = f"{self.bin_dir}:{env.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}"
-        try:
-            self.procs[name] = subprocess.Popen(
-                list(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                env=env, start_new_session=True)
-        finally:
-            log.close()
+        self.procs[name] = spawn_daemon(argv, self.root / "log" / f"{name}.stdio", env)
 
     def start(self, timeout: float = 60.0) -> None:
         self.write_config()
         try:
-            self._spawn("munged", [
-                _sbin("munged"), "-F", "--force", f"--socket={self.munge_socket}",
-                f"--key-file={self.root / 'munge' / 'munge.key'}",
-                f"--pid-file={self.root / 'run' / 'munged.pid'}",
-                f"--log-file={self.root / 'log' / 'munged.log'}",
-                f"--seed-file={self.root / 'munge' / 'munged.seed'}",
-            ])
+            self._spawn("munged", munged_argv(self.root, self.munge_socket))
             self._wait(lambda: self.munge_socket.exists(), timeout, "munged socket")
-            self._spawn("slurmctld", [_sbin("slurmctld"), "-D", "-i", "-f", str(self.conf)])
+            self._spawn("slurmctld", slurmctld_argv(self.conf))
             self._spawn("slurmd", [_sbin("slurmd"), "-D", "-f", str(self.conf), "-N", NODE])
             self._wait(self.node_ready, timeout, "node idle")
         except BaseException:

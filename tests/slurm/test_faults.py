@@ -472,6 +472,15 @@ def test_failed_env_edit_follows_on_error(faults: SlurmEnv, on_error: str) -> No
     data = json.loads(report.stdout)
     assert (data["steps"], data["failures"]) == (1, {"steps": 1, "kinds": {"env": 1}}), data
     assert data["lines"]["invalid"] == 0, data["lines"]
+    # one step whose check failed, shown once: the failure is one of the errors
+    assert data["errors"]["steps"] == 1, data["errors"]
+    assert sum(p["errors"] for p in data["partitions"].values()) == 1, data["partitions"]
+    text = subprocess.run([str(faults.prefix / "bin" / "grace-policy"), "report",
+                           str(step_log)], env={}, capture_output=True, text=True, check=False)
+    assert text.returncode == 0, text.stderr
+    counted = [line for line in text.stdout.splitlines() if "on_error decided" in line]
+    assert counted == ["  check errors (on_error decided): 1, of which without a verdict "
+                       "(decided in the plugin): 1 (env 1)"], text.stdout
     if on_error == "deny":
         _refused = f"{PREFIX}this step was refused: the site's launch check could not run"
         assert res.returncode != 0 and _refused in res.stderr, res.stderr

@@ -32,7 +32,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from corpus import CorpusUnavailable
-from slurm.cluster import JobQueries, stop_daemons, wait_while_running
+from slurm.cluster import (
+    JobQueries,
+    munged_argv,
+    slurmctld_argv,
+    spawn_daemon,
+    stop_daemons,
+    wait_while_running,
+)
 
 from . import images
 from .qemu import QEMU, qemu_binary
@@ -356,15 +363,10 @@ $B poweroff -f
 
     # -- start / stop --------------------------------------------------------
     def _spawn(self, name: str, argv: Sequence[str]) -> None:
-        log = open(self.ctl / "log" / f"{name}.stdio", "ab")
-        try:
-            assert self.netns is not None
-            self.procs[name] = subprocess.Popen(
-                self.netns.wrap(argv), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-                     "SLURM_CONF": str(self.conf)}, start_new_session=True)
-        finally:
-            log.close()
+        assert self.netns is not None
+        self.procs[name] = spawn_daemon(
+            self.netns.wrap(argv), self.ctl / "log" / f"{name}.stdio",
+            {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "SLURM_CONF": str(self.conf)})
 
     def start(self) -> None:
         """Prepare, make the namespace, start munged, slurmctld and the guest;
@@ -375,15 +377,9 @@ $B poweroff -f
         self.netns.create()
         t0 = time.monotonic()
         try:
-            self._spawn("munged", [
-                shutil.which("munged") or "/usr/sbin/munged", "-F", "--force",
-                f"--socket={self.munge_socket}", f"--key-file={self.ctl / 'munge/munge.key'}",
-                f"--pid-file={self.ctl / 'run/munged.pid'}",
-                f"--log-file={self.ctl / 'log/munged.log'}",
-                f"--seed-file={self.ctl / 'munge/munged.seed'}"])
+            self._spawn("munged", munged_argv(self.ctl, self.munge_socket))
             self._wait(self.munge_socket.exists, 30, "munged socket")
-            self._spawn("slurmctld", [shutil.which("slurmctld") or "/usr/sbin/slurmctld",
-                                      "-D", "-i", "-f", str(self.conf)])
+            self._spawn("slurmctld", slurmctld_argv(self.conf))
             self._spawn("qemu", [
                 qemu_binary() or QEMU, "-M", "virt", "-cpu", "max,pauth-impdef=on",
                 "-m", "3072", "-smp", "1", "-accel", "tcg", "-nographic", "-no-reboot",

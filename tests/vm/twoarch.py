@@ -287,6 +287,12 @@ $B ip link set eth0 up
 $B ip addr add {NODE_IP}/{PREFIX_LEN} dev eth0
 $B mkdir -p {share}
 $B mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 share {share} || out "MOUNT-FAILED"
+# The clock set above is the host's when this script was written, before the
+# initrd was packed and the guest booted: on a loaded machine minutes behind,
+# and munge then refuses every credential ("Rewound credential"). A file the
+# host creates now carries the host's time: take it from there.
+$B rm -f {share}/.clock && : > {share}/.clock && \
+  $B date -s @$($B stat -c %Y {share}/.clock) > /dev/null
 $B mkdir -p {c}/munge {c}/state {c}/spool {c}/run {c}/log /run/munge /var/lib/munge /var/log/munge
 $B cp /etc/slurm/plugstack.conf {c}/plugstack.conf
 $B mkdir -p {c}/dev && $B ln -s /dev/null {c}/dev/nvidia0

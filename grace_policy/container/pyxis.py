@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from ..budget import Budget
 from . import Plan
 
 #: What pyxis keeps out of enroot's environment (pyxis_slurmstepd.c
@@ -73,7 +74,8 @@ def _bool(value: str | None) -> bool | None:
 
 def plan_pyxis(image: str | None, local: bool, reason: str, argv: Sequence[str],
                env: Mapping[str, str], cwd: str, *, max_inodes: int | None = None,
-               args: Mapping[str, str] | None = None, batch: bool = False) -> Plan:
+               args: Mapping[str, str] | None = None, batch: bool = False,
+               budget: Budget | None = None) -> Plan:
     if not local or not image:
         return Plan(None, tuple(argv), dict(env), cwd,
                     skipped=f"{reason}: not judged: not a local image (pyxis imports or "
@@ -82,7 +84,7 @@ def plan_pyxis(image: str | None, local: bool, reason: str, argv: Sequence[str],
     from ..image.open import open_image
 
     try:
-        img = open_image(image, max_inodes=max_inodes)
+        img = open_image(image, budget=budget or Budget(), max_inodes=max_inodes)
     except ImageError as exc:
         return Plan(None, tuple(argv), dict(env), cwd,
                     skipped=f"{reason}: not judged: {exc.reason}")

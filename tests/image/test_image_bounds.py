@@ -209,3 +209,32 @@ def test_the_record_describes_the_file_read_not_what_the_name_became(tmp_path: P
     assert image.identity.startswith(f"{read.st_dev}:{read.st_ino}:")
     image.view.close()  # type: ignore[attr-defined]
 
+
+def test_a_directory_swapped_while_it_is_listed_is_never_replayed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The host's listings (a library or site directory) are recorded by the
+    # directory's identity: the one listed, or CHANGED when the name moved
+    # to another directory during the listing.
+    site, other = tmp_path / "site", tmp_path / "other"
+    site.mkdir()
+    other.mkdir()
+    (other / "foreign.so").touch()
+    real_listdir = os.listdir
+
+    def swapping(path: str) -> list[str]:
+        os.rename(site, tmp_path / "away")
+        os.rename(other, site)  # the listing sees the other directory
+        return real_listdir(path)
+
+    fsprobe.start()
+    monkeypatch.setattr(os, "listdir", swapping)
+    names = fsprobe.listdir(str(site))
+    monkeypatch.setattr(os, "listdir", real_listdir)
+    probes = fsprobe.stop()
+    assert names == ["foreign.so"]
+    assert probes == [("D", str(site), fsprobe.CHANGED)], probes
+    # Without a swap the answer is the directory's, and it replays.
+    fsprobe.start()
+    fsprobe.listdir(str(site))
+    (record,) = fsprobe.stop()
+    assert record[2] != fsprobe.CHANGED and fsprobe.still_true([record])

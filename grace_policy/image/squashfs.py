@@ -16,9 +16,11 @@ by what their headers may claim, and any inconsistency is an ``OSError``
 
 What a consistent but huge image could cost is bounded too, under the
 step's :class:`~grace_policy.budget.Budget`, which the view is given when it
-is opened (never attached later): every byte read from the file is charged
-to it and every metadata block, compressed or stored, looks at its deadline
-and counts towards :data:`MAX_INFLATE`; a listing stops after
+is opened (never attached later): every byte the reader reads on its own
+account (superblock, tables, metadata) is charged to it, data blocks being
+charged by the readers that ask for them, as on the host; every block,
+compressed or stored, looks at its deadline and counts towards
+:data:`MAX_INFLATE`; a listing stops after
 :data:`MAX_DIR_ENTRIES` entries read (repeats included); a file's block list
 is read a piece at a time where a read needs it, never held whole; the
 caches are bounded in bytes. Past any of these the view raises
@@ -261,10 +263,18 @@ class SquashView(TreeView):
 
     # -- bytes ----------------------------------------------------------------
 
-    def _raw(self, pos: int, length: int, what: str) -> bytes:
+    def _raw(self, pos: int, length: int, what: str, *, charge: bool = True) -> bytes:
+        """``length`` bytes at ``pos``, charged to the budget unless
+        ``charge`` is false: a data block is read for a reader that charged
+        what it asked for (the ELF reader, the page-code reader...), as on
+        the host; charging its whole compressed block again would spend a
+        large image's allowance ten times over."""
         if pos < 0 or length < 0 or pos + length > self.length:
             raise _corrupt(f"{what} lies beyond the end of the image")
-        self.budget.spend_bytes(length)
+        if charge:
+            self.budget.spend_bytes(length)
+        else:
+            self.budget.tick()
         data = os.pread(self.fd, length, self.base + pos)
         if len(data) != length:
             raise _corrupt(f"{what} could not be read in full (truncated image?)")
@@ -507,7 +517,7 @@ class SquashView(TreeView):
         known = self._blocks.get(key)
         if known is not None:
             return known
-        raw = self._raw(start, size, what)
+        raw = self._raw(start, size, what, charge=False)
         if size_word & (1 << 24):
             self._produced(size)
             data = raw

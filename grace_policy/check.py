@@ -100,20 +100,18 @@ def check_step(
     are then the container's: see :meth:`grace_policy.image.Image.step_env`);
     every file is read in the image, nothing on the host, and every issue
     names the image (``IMAGE:/inner/path``)."""
-    budget = budget or Budget()
     if image is None:
-        return _check_step(argv, env, cwd, node, env_vars, env_strip, budget, cuda_index, None)
+        return _check_step(argv, env, cwd, node, env_vars, env_strip, budget or Budget(),
+                           cuda_index, None)
     from .image.step import image_issues
 
-    # The view ticks the budget as it decompresses (a deadline for huge
-    # listings and blocks), for this check only.
-    image.view.budget = budget  # type: ignore[attr-defined]
+    # The view charges the budget it was opened under (the step's, from its
+    # first byte: grace_policy/image/open.py); a check given none goes on
+    # with that one rather than starting a second allowance.
+    budget = budget or getattr(image.view, "budget", None) or Budget()
     with fsprobe.using(image.view):
-        try:
-            report = _check_step(argv, env, cwd, node, env_vars, env_strip, budget,
-                                 cuda_index, image)
-        finally:
-            image.view.budget = None  # type: ignore[attr-defined]
+        report = _check_step(argv, env, cwd, node, env_vars, env_strip, budget, cuda_index,
+                             image)
     return replace(report, issues=image_issues(report.issues, image))
 
 

@@ -51,6 +51,12 @@ def error_verdict(policy: Policy, mode: str, partition: str | None, reason: str)
     return Verdict(action=action, mode=mode, partition=partition, error=reason)
 
 
+def step_budget(policy: Policy) -> Budget:
+    """One step's allowance, from the policy's ``[limits]``: made once per
+    step, before anything of it is read (its image included)."""
+    return Budget(policy.limits.deadline_ms, policy.limits.max_files, policy.limits.max_bytes)
+
+
 def decide(
     policy: Policy,
     *,
@@ -65,8 +71,14 @@ def decide(
     who: Who | None = None,
     today: str | None = None,
     image: Image | str | None = None,
+    budget: Budget | None = None,
+    limit: str | None = None,
 ) -> Verdict:
     """What the plugin does with this step. Never raises.
+
+    ``budget``: the step's allowance (:func:`step_budget`), when the caller
+    already spent part of it reading the step's image; ``limit``: the
+    caller ran out of it before the check could start (a ``check-limit``).
 
     ``image``: the step runs ``argv`` inside this container image (an
     :class:`~grace_policy.image.Image`, or a path to open: an unpacked root,
@@ -94,24 +106,28 @@ def decide(
             return Verdict(action="allow", mode=mode, partition=partition, skipped="mode off")
         if container:
             return Verdict(action="allow", mode=mode, partition=partition, skipped=container)
+        if limit is not None:
+            return _limit_verdict(policy, mode, partition, limit)
         if isinstance(image, str):
             from .image import ImageError
             from .image.open import open_image
 
+            budget = budget or step_budget(policy)
             try:
-                image = open_image(image)
+                image = open_image(image, budget=budget)
             except ImageError as exc:
                 return Verdict(action="allow", mode=mode, partition=partition,
                                skipped=f"image not readable: {exc.reason}", image=image)
         if probes is None:
-            verdict = _decide(policy, mode, partition, argv, env, cwd, node, who, today, image)
+            verdict = _decide(policy, mode, partition, argv, env, cwd, node, who, today, image,
+                              budget)
         else:
             from . import fsprobe
 
             fsprobe.start()
             try:
                 verdict = _decide(policy, mode, partition, argv, env, cwd, node, who, today,
-                                  image)
+                                  image, budget)
             finally:
                 probes.extend(fsprobe.stop())
         if image is None and argv and _wraps_an_image(argv[0]) and verdict.error is None \
@@ -144,13 +160,14 @@ def _apptainer(policy: Policy, mode: str, partition: str | None, argv: Sequence[
     from ._record import replace
     from .container.apptainer import plan_apptainer
 
-    todo = plan_apptainer(argv, env, cwd)
+    budget = step_budget(policy)  # the inner step's: from its image's first byte
+    todo = plan_apptainer(argv, env, cwd, budget=budget)
     if todo is None:
         return host  # not an exec of a local image this parser is sure of
     if todo.image is None:
         return replace(host, skipped=todo.skipped)
     inner = _decide(policy, mode, partition, list(todo.argv), todo.env, todo.cwd, node, who,
-                    today, todo.image)
+                    today, todo.image, budget)
     if not host.findings and not host.exempted:
         return inner
     findings = (*host.findings, *inner.findings)
@@ -162,11 +179,11 @@ def _apptainer(policy: Policy, mode: str, partition: str | None, argv: Sequence[
 def _decide(policy: Policy, mode: str, partition: str | None, argv: Sequence[str],
             env: Mapping[str, str], cwd: str, node: NodeProfile | None,
             who: Who | None = None, today: str | None = None,
-            image: Image | None = None) -> Verdict:
+            image: Image | None = None, budget: Budget | None = None) -> Verdict:
     from .check import check_step
 
     node = node or node_for(policy, partition)
-    budget = Budget(policy.limits.deadline_ms, policy.limits.max_files, policy.limits.max_bytes)
+    budget = budget or step_budget(policy)
     part = policy.partition(partition)
     report = check_step(argv, env, cwd, node, env_vars=policy.env.vars,
                         env_strip=policy.env.strip, budget=budget,

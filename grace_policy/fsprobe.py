@@ -188,9 +188,14 @@ def lexists(path: str) -> bool:
 
 
 def _listed(path: str, read):  # type: ignore[no-untyped-def]
+    """``read(path)`` recorded with the directory's identity. The identity
+    is taken before and after the read: a directory swapped under the name
+    in between (or changed: a rename back moves its ctime) was not the one
+    recorded, so the record gets :data:`CHANGED` and never replays."""
     try:
         st = os.stat(path)
         result = read(path)
+        after = os.stat(path) if _log is not None else st
     except OSError as exc:
         note(path, None, exc.errno or 0, "D")
         raise
@@ -198,7 +203,8 @@ def _listed(path: str, read):  # type: ignore[no-untyped-def]
         note(path, None, 2, "D")
         raise FileNotFoundError(2, "No such file or directory", path) from None
     if _log is not None:
-        _log.append(("D", path, dir_signature(st)))
+        answer = dir_signature(st)
+        _log.append(("D", path, answer if dir_signature(after) == answer else CHANGED))
     return result
 
 

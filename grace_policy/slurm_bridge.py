@@ -191,25 +191,30 @@ def run_step(step: StepInput) -> Outcome:
     probes: list[tuple[str, str, str]] = []
     argv, env, cwd = list(step.argv), step.env, step.cwd or "/"
     container, image, program = step.container, None, step.argv[0] if step.argv else None
+    inside: dict[str, Any] = {"image": image}
     if step.container_kind:
         # Judged inside the container (C found it, on Slurm's and pyxis' word).
+        # The step's budget starts now: reading the image is part of its check.
         from . import fsprobe
         from .container.plan import plan
+        from .decide import step_budget
 
         # What the plan reads on the host (enroot, its configuration, the
         # user's mounts.d and environ.d) is part of the verdict: recorded, so
         # a cached allow is replayed only while every one of them is unchanged.
+        budget = step_budget(policy)
         fsprobe.start()
         try:
             todo = plan(step.container_kind, step.container_image, step.container_local,
                         step.container or step.container_kind, argv, env, cwd,
-                        args=step.container_args, batch=step.batch)
+                        args=step.container_args, batch=step.batch, budget=budget)
         finally:
             probes.extend(fsprobe.stop())
         container, image = todo.skipped, todo.image
         argv, env, cwd = list(todo.argv), todo.env, todo.cwd
         program = argv[0] if argv else None  # the program in the image
-    judge, inside = decide, {"image": image}
+        inside = {"image": image, "budget": budget, "limit": todo.limit}
+    judge = decide
     if step.batch and not step.container_kind:
         # The job's script: its lines are read too (grace_policy/batch/). A
         # broken install of the reader leaves the script judged as before. A

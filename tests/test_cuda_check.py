@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 from gpu.fixtures import build_fixtures
 from gpu.toolchain import cudart12_lib, toolchain
+from image.budgets import roomy
 
 from grace_policy import verdict_cache
 from grace_policy.decide import decide
@@ -403,7 +404,7 @@ def test_inside_an_aarch64_image(fx: dict[str, Path], tmp_path: Path) -> None:
                     str(root / "opt/app/uses-gpu"), f"-L{lib}", "-lsm80_sm90",
                     f"-Wl,-rpath-link,{lib}", "-Wl,--disable-new-dtags,-rpath,/opt/cuda/lib"],
                    check=True, timeout=120)
-    image = open_image(str(mksquashfs(root, tmp_path / "gpu.sqsh", "gzip")))
+    image = open_image(str(mksquashfs(root, tmp_path / "gpu.sqsh", "gzip")), budget=roomy())
     env = image.step_env({"SLURM_GPUS_ON_NODE": "1"})
     gb200 = NodeProfile("aarch64", 4096, (2, 36), gpu_arch=(10, 0), cuda_driver=(13, 0))
     v = _decide(["uses-gpu"], env, gb200, image=image)

@@ -179,15 +179,17 @@ def _cwd(args: argparse.Namespace) -> str:
 
 def _open_image(path: str):  # type: ignore[no-untyped-def]
     """The image ``--image`` names; raises UsageError when it cannot be read."""
+    from ..budget import Budget, BudgetExceeded
     from ..image import ImageError
     from ..image.open import open_image
     from ..messages import escape
 
     try:
-        return open_image(path)
-    except ImageError as exc:
-        raise UsageError(f"--image: cannot read {escape(path)!r}: {escape(exc.reason)}"
-                         ) from None
+        # A person asking can wait; the image is still read under a bound.
+        return open_image(path, budget=Budget(60_000, 100_000, 1 << 34))
+    except (ImageError, BudgetExceeded) as exc:
+        raise UsageError(f"--image: cannot read {escape(path)!r}: "
+                         f"{escape(getattr(exc, 'reason', None) or str(exc))}") from None
 
 
 def execute(args: argparse.Namespace, rest: list[str] | None) -> int:

@@ -33,3 +33,5 @@ class Plan:
     cwd: str
     #: Why the step is not judged (for the audit line), or None.
     skipped: str | None = None
+    #: The step's budget ran out while its image was read: a check-limit.
+    limit: str | None = None

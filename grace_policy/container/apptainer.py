@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 
+from ..budget import Budget
 from ..contract import IMAGE_WRAPPERS, wraps_an_image
 from . import Plan
 
@@ -110,9 +111,12 @@ def parse(argv: Sequence[str]) -> tuple[str, tuple[str, ...], dict[str, str | No
     return image, command, opts
 
 
-def plan_apptainer(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> Plan | None:
+def plan_apptainer(argv: Sequence[str], env: Mapping[str, str], cwd: str, *,
+                   budget: Budget | None = None) -> Plan | None:
     """The command as it will run in the image, or None (judged on the host
-    only). An image that cannot be read is a Plan with ``skipped`` set."""
+    only). An image that cannot be read is a Plan with ``skipped`` set; the
+    image is read under ``budget`` (the inner step's), which may raise
+    ``BudgetExceeded``."""
     parsed = parse(argv)
     if parsed is None:
         return None
@@ -126,7 +130,7 @@ def plan_apptainer(argv: Sequence[str], env: Mapping[str, str], cwd: str) -> Pla
     from ..image.open import open_image
 
     try:
-        img = open_image(path)
+        img = open_image(path, budget=budget or Budget())
     except ImageError as exc:
         return Plan(None, command, dict(env), cwd, skipped=f"{reason}: not judged: {exc.reason}")
     except OSError as exc:

@@ -5,15 +5,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from ..budget import Budget, BudgetExceeded
 from . import Plan
 
 
 def plan(kind: str, image: str | None, local: bool, reason: str, argv: Sequence[str],
          env: Mapping[str, str], cwd: str, *, max_inodes: int | None = None,
-         args: str | None = None, batch: bool = False) -> Plan:
+         args: str | None = None, batch: bool = False, budget: Budget | None = None) -> Plan:
     """The step as it will run in its container. Never raises. ``args``: the
     runtime's own options as C read them ("key=value" lines); ``batch``:
-    the job's batch step (argv[0] is slurmd's copy of the script)."""
+    the job's batch step (argv[0] is slurmd's copy of the script);
+    ``budget``: the step's (the image is read under it from its first
+    byte; running out is ``Plan.limit``)."""
+    budget = budget or Budget()
     try:
         if kind == "pyxis":
             from .pyxis import plan_pyxis
@@ -28,7 +32,7 @@ def plan(kind: str, image: str | None, local: bool, reason: str, argv: Sequence[
                                     "(--container-mounts or --container-workdir) is too long "
                                     "for the check to read")
             return plan_pyxis(image, local, reason, argv, env, cwd, max_inodes=max_inodes,
-                              args=lines, batch=batch)
+                              args=lines, batch=batch, budget=budget)
         if kind == "oci":
             from .slurm_oci import plan_oci
 
@@ -37,6 +41,8 @@ def plan(kind: str, image: str | None, local: bool, reason: str, argv: Sequence[
             from .slurm_oci import plan_bundle
 
             return plan_bundle(image or "", reason, argv, env)
+    except BudgetExceeded as exc:  # a huge or slow image: the step's check-limit
+        return Plan(None, tuple(argv), dict(env), cwd, limit=str(exc))
     except Exception as exc:  # an image is user input: a skip, never a crash
         return Plan(None, tuple(argv), dict(env), cwd,
                     skipped=f"{reason}: not judged: {type(exc).__name__}: {exc}")

@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping, Sequence
 
+from ..budget import Budget
 from . import Plan
 
 TYPE_CHECKING = False
@@ -120,7 +121,8 @@ def _bool(value: str | None) -> bool | None:
 
 def plan_pyxis(image: str | None, local: bool, reason: str, argv: Sequence[str],
                env: Mapping[str, str], cwd: str, *, max_inodes: int | None = None,
-               args: Mapping[str, str] | None = None, batch: bool = False) -> Plan:
+               args: Mapping[str, str] | None = None, batch: bool = False,
+               budget: Budget | None = None) -> Plan:
     opened: Image | None = None
     if args and args.get("name"):  # --container-name: the container as it is now
         from .named import plan_named
@@ -140,7 +142,8 @@ def plan_pyxis(image: str | None, local: bool, reason: str, argv: Sequence[str],
     from ..image.open import open_image
 
     try:
-        img = opened if opened is not None else open_image(image, max_inodes=max_inodes)
+        img = opened if opened is not None else open_image(image, budget=budget or Budget(),
+                                                           max_inodes=max_inodes)
     except ImageError as exc:
         return Plan(None, tuple(argv), dict(env), cwd,
                     skipped=f"{reason}: not judged: {exc.reason}")

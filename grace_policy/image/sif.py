@@ -20,6 +20,10 @@ from . import Image, ImageError
 from .squashfs import SquashView
 from .view import identity, parse_env_lines
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ..budget import Budget
+
 HEADER = struct.Struct("<32s10s3s3s16sqqqqqqqq")
 DESCRIPTOR = struct.Struct("<iBIIIqqqqqqq128s384s")
 assert HEADER.size == 128 and DESCRIPTOR.size == 585
@@ -43,20 +47,22 @@ def _arch(code: bytes) -> str | None:
     return ARCHES.get(text)
 
 
-def open_sif(fd: int, path: str, st: os.stat_result, *, max_inodes: int | None = None
-             ) -> Image:
+def open_sif(fd: int, path: str, st: os.stat_result, *, budget: Budget,
+             max_inodes: int | None = None) -> Image:
     """The image of SIF file ``fd`` (taken over: closed on error, else by the
-    view). Raises :class:`ImageError`."""
+    view; ``st`` its fstat), read under ``budget``. Raises
+    :class:`ImageError` or ``BudgetExceeded``."""
     try:
-        return _open(fd, path, st, max_inodes)
+        return _open(fd, path, st, budget, max_inodes)
     except BaseException:
         os.close(fd)
         raise
 
 
-def _read(fd: int, size: int, length: int, offset: int, what: str) -> bytes:
+def _read(fd: int, size: int, length: int, offset: int, what: str, budget: Budget) -> bytes:
     if offset < 0 or length < 0 or offset + length > size:
         raise ImageError(f"the SIF file is truncated or corrupt ({what} lies beyond its end)")
+    budget.spend_bytes(length)
     try:
         data = os.pread(fd, length, offset)
     except OSError as exc:
@@ -66,16 +72,18 @@ def _read(fd: int, size: int, length: int, offset: int, what: str) -> bytes:
     return data
 
 
-def _open(fd: int, path: str, st: os.stat_result, max_inodes: int | None) -> Image:
+def _open(fd: int, path: str, st: os.stat_result, budget: Budget, max_inodes: int | None
+          ) -> Image:
     size = st.st_size
-    head = HEADER.unpack(_read(fd, size, HEADER.size, 0, "the header"))
+    head = HEADER.unpack(_read(fd, size, HEADER.size, 0, "the header", budget))
     (_launch, magic, _version, arch_code, _uuid, _ctime, _mtime, _dfree, dtotal, descroff,
      _descrlen, _dataoff, _datalen) = head
     if magic != b"SIF_MAGIC\0":
         raise ImageError("not a SIF file (no SIF_MAGIC)")
     if not 0 < dtotal <= MAX_DESCRIPTORS:
         raise ImageError(f"the SIF header claims {dtotal} descriptors")
-    table = _read(fd, size, dtotal * DESCRIPTOR.size, descroff, "the descriptor table")
+    table = _read(fd, size, dtotal * DESCRIPTOR.size, descroff, "the descriptor table",
+                  budget)
     system = None
     env_objects: list[tuple[int, int]] = []
     for i in range(dtotal):
@@ -101,7 +109,8 @@ def _open(fd: int, path: str, st: os.stat_result, max_inodes: int | None) -> Ima
         raise ImageError("the SIF file is truncated (its system partition lies beyond its "
                          "end)")
     arch = _arch(arch_code) or _arch(part_arch)
-    view = SquashView(fd, path, st, base=offset, length=length, max_inodes=max_inodes)
+    view = SquashView(fd, path, st, budget=budget, base=offset, length=length,
+                      max_inodes=max_inodes)
     return Image(path=path, kind="sif", view=view, arch=arch, env=_environment(view),
                  identity=identity(st))
 

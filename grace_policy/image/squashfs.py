@@ -13,6 +13,19 @@ The file may be hostile: every offset is checked against the image's size,
 every decompression is bounded by the block size, listings and inode bodies
 by what their headers may claim, and any inconsistency is an ``OSError``
 (EIO) naming what was wrong, so readers treat it as an unreadable file.
+
+What a consistent but huge image could cost is bounded too, under the
+step's :class:`~grace_policy.budget.Budget`, which the view is given when it
+is opened (never attached later): every byte the reader reads on its own
+account (superblock, tables, metadata) is charged to it, data blocks being
+charged by the readers that ask for them, as on the host; every block,
+compressed or stored, looks at its deadline and counts towards
+:data:`MAX_INFLATE`; a listing stops after
+:data:`MAX_DIR_ENTRIES` entries read (repeats included); a file's block list
+is read a piece at a time where a read needs it, never held whole; the
+caches are bounded in bytes. Past any of these the view raises
+:class:`~grace_policy.budget.BudgetExceeded`, which the check reports as
+``check-limit``.
 Layout: ``squashfs-tools`` ``squashfs_fs.h`` and the kernel's
 ``Documentation/filesystems/squashfs.rst``.
 """
@@ -24,6 +37,7 @@ import os
 import stat as _stat
 import struct
 
+from ..budget import Budget, BudgetExceeded
 from . import ImageError
 from .view import Stat, TreeView
 
@@ -33,15 +47,29 @@ METADATA_SIZE = 8192
 #: Largest data block squashfs allows (1 MiB).
 MAX_BLOCK = 1 << 20
 NO_FRAGMENT = 0xFFFFFFFF
-#: Decompressed bytes one view may produce in all (a check reads far less).
+#: Bytes one view may produce in all, metadata (compressed or stored) and
+#: decompressed data blocks (a check reads far less).
 MAX_INFLATE = 512 << 20
-#: Entries one directory listing may hold before it is refused.
-MAX_DIR_ENTRIES = 1_000_000
-#: Parsed inodes and listings kept per view.
-MAX_CACHED = 65536
-#: Decompressed data blocks kept per view: the loader, the page rules and
-#: the page-code reader open the same libraries in turn.
+#: Entries one directory listing may read, repeated names included (the
+#: largest directories of real images hold a few thousand).
+MAX_DIR_ENTRIES = 1 << 17
+#: Entries of all cached listings together; the oldest listing goes first.
+MAX_CACHED_ENTRIES = 1 << 18
+#: Parsed inodes kept per view (a few hundred bytes each).
+MAX_CACHED = 16384
+#: Bytes of metadata blocks kept per view (512 blocks of 8 KiB); the oldest
+#: block goes first.
+MAX_META_CACHE = 4 << 20
+#: Decompressed data blocks kept per view, by count and by bytes: the
+#: loader, the page rules and the page-code reader open the same libraries
+#: in turn.
 MAX_CACHED_BLOCKS = 64
+MAX_BLOCK_CACHE = 16 << 20
+#: Entries of the longest block list a file may have to be read (a 512 GiB
+#: file at 128 KiB blocks); a longer one is a check-limit when opened.
+MAX_FILE_BLOCKS = 1 << 22
+#: Block-list entries between two remembered positions of a file's list.
+_STRIDE = 2048
 
 COMPRESSORS = {1: "gzip", 2: "lzma", 3: "lzo", 4: "xz", 5: "lz4", 6: "zstd"}
 
@@ -140,7 +168,7 @@ def _zstd():  # type: ignore[no-untyped-def]
 
 class _Inode:
     __slots__ = (
-        "blocks",
+        "count",
         "dir_block",
         "dir_off",
         "dir_size",
@@ -148,6 +176,7 @@ class _Inode:
         "frag_off",
         "ino",
         "kind",
+        "list_at",
         "mode",
         "mtime",
         "size",
@@ -160,18 +189,24 @@ class _Inode:
 class SquashView(TreeView):
     """The files of one squashfs image, at byte ``base`` of an open file.
 
-    ``fd`` stays open as long as the view (closed by :meth:`close`)."""
+    ``fd`` stays open as long as the view (closed by :meth:`close`); ``st`` is
+    its ``fstat`` (what was opened, not what the name says now). Every read
+    is charged to ``budget`` from the superblock on."""
 
-    def __init__(self, fd: int, name: str, st: os.stat_result, *, base: int = 0,
-                 length: int | None = None, max_inodes: int | None = None) -> None:
+    def __init__(self, fd: int, name: str, st: os.stat_result, *, budget: Budget,
+                 base: int = 0, length: int | None = None,
+                 max_inodes: int | None = None) -> None:
         self.fd, self.name, self.base = fd, name, base
         self.host_st = st
         self.length = (st.st_size - base) if length is None else length
         #: An st_dev of this image's own (for (dev, ino) keys of readers).
         self.dev = (hash((st.st_dev, st.st_ino, st.st_mtime_ns, base)) & 0x3FFFFFFFFFFF) | (
             1 << 46)
-        self.budget = None
+        #: The step's budget, for the view's whole life (read-only).
+        self.budget = budget
         self.inflated = 0
+        self._meta: dict[int, tuple[bytes, int]] = {}
+        self._meta_bytes = 0
         try:
             self._superblock(max_inodes)
         except OSError as exc:
@@ -207,11 +242,12 @@ class SquashView(TreeView):
         self.frag_table, self.frag_count = frag_table, frags
         self.bytes_used = bytes_used
         self.root_ref = root_ref
-        self._meta: dict[int, tuple[bytes, int]] = {}
         self._inodes: dict[int, _Inode] = {}
         self._dirs: dict[int, dict[str, tuple[int, int]]] = {}
+        self._dir_entries = 0
         self._frags: dict[int, tuple[int, int]] = {}
         self._blocks: dict[tuple[int, int], bytes] = {}
+        self._block_bytes = 0
         try:
             self.root = self._inode(root_ref)
         except OSError as exc:
@@ -227,28 +263,41 @@ class SquashView(TreeView):
 
     # -- bytes ----------------------------------------------------------------
 
-    def _raw(self, pos: int, length: int, what: str) -> bytes:
+    def _raw(self, pos: int, length: int, what: str, *, charge: bool = True) -> bytes:
+        """``length`` bytes at ``pos``, charged to the budget unless
+        ``charge`` is false: a data block is read for a reader that charged
+        what it asked for (the ELF reader, the page-code reader...), as on
+        the host; charging its whole compressed block again would spend a
+        large image's allowance ten times over."""
         if pos < 0 or length < 0 or pos + length > self.length:
             raise _corrupt(f"{what} lies beyond the end of the image")
+        if charge:
+            self.budget.spend_bytes(length)
+        else:
+            self.budget.tick()
         data = os.pread(self.fd, length, self.base + pos)
         if len(data) != length:
             raise _corrupt(f"{what} could not be read in full (truncated image?)")
         return data
 
     def _inflate(self, data: bytes, limit: int, what: str) -> bytes:
-        if self.budget is not None:
-            self.budget.tick()  # type: ignore[attr-defined]
+        self.budget.tick()
         try:
             out = self.inflate(data, limit)
         except OSError:
             raise
         except Exception as exc:  # zlib.error, lzma.LZMAError, LzoError, ...
             raise _corrupt(f"{what} does not decompress ({exc})") from None
-        self.inflated += len(out)
-        if self.inflated > MAX_INFLATE:
-            raise OSError(errno.EFBIG, f"the check decompressed more than {MAX_INFLATE} "
-                                       "bytes of the image")
+        self._produced(len(out))
         return out
+
+    def _produced(self, size: int) -> None:
+        """Count ``size`` bytes of metadata or data made available, stored or
+        decompressed alike: a chain of stored blocks is no cheaper to walk."""
+        self.inflated += size
+        if self.inflated > MAX_INFLATE:
+            raise BudgetExceeded(f"the check read more than {MAX_INFLATE} bytes of the "
+                                 "image's contents")
 
     def _metablock(self, pos: int) -> tuple[bytes, int]:
         """(content, position of the next block) of the metadata block at ``pos``."""
@@ -260,11 +309,19 @@ class SquashView(TreeView):
         if size == 0 or size > METADATA_SIZE:
             raise _corrupt(f"a metadata block claims {size} bytes")
         raw = self._raw(pos + 2, size, "a metadata block")
-        data = raw if header & 0x8000 else self._inflate(raw, METADATA_SIZE, "a metadata block")
-        if len(self._meta) >= MAX_CACHED:
-            self._meta.clear()
-        self._meta[pos] = (data, pos + 2 + size)
-        return self._meta[pos]
+        if header & 0x8000:  # stored: ticks and counts like a decompressed one
+            self.budget.tick()
+            self._produced(len(raw))
+            data = raw
+        else:
+            data = self._inflate(raw, METADATA_SIZE, "a metadata block")
+        meta = self._meta
+        while meta and self._meta_bytes + len(data) > MAX_META_CACHE:
+            oldest = next(iter(meta))
+            self._meta_bytes -= len(meta.pop(oldest)[0])
+        meta[pos] = known = (data, pos + 2 + size)
+        self._meta_bytes += len(data)
+        return known
 
     def _meta_read(self, pos: int, offset: int, length: int, what: str
                    ) -> tuple[bytes, int, int]:
@@ -310,7 +367,7 @@ class SquashView(TreeView):
         node.kind = _KIND.get(itype, "o")
         node.mode = _FMT[basic] | (perm & 0o7777)
         node.ino, node.mtime, node.size = ino, mtime, 0
-        node.target = ""
+        node.target, node.count = "", 0
         if itype == 1:
             body, _, _ = self._meta_read(pos, offset, 16, "a directory inode")
             start, _nlink, size, boff, _parent = struct.unpack("<IIHHI", body)
@@ -336,10 +393,9 @@ class SquashView(TreeView):
                 count += 1
             if count * 4 > 64 << 20:
                 raise _corrupt("a file's block list is too long")
-            sizes = struct.unpack(f"<{count}I", self._meta_read(
-                pos, offset, count * 4, "a block list")[0]) if count else ()
+            # Where the list starts: read a piece at a time by SquashFile.
             node.start, node.size, node.frag, node.frag_off = start, size, frag, foff
-            node.blocks = sizes
+            node.count, node.list_at = count, (pos, offset)
         elif itype in (3, 10):
             body, pos, offset = self._meta_read(pos, offset, 8, "a symlink inode")
             _nlink, tsize = struct.unpack("<II", body)
@@ -367,7 +423,9 @@ class SquashView(TreeView):
             return known
         out: dict[str, tuple[int, int]] = {}
         pos, offset = self.dir_table + node.dir_block, node.dir_off
+        read = 0
         while left > 0:
+            self.budget.tick()
             if left < 12:
                 raise _corrupt("a directory listing ends inside a header")
             head, pos, offset = self._meta_read(pos, offset, 12, "a directory header")
@@ -389,14 +447,17 @@ class SquashView(TreeView):
                 if "/" in text or text in (".", "..") or "\0" in text:
                     raise _corrupt(f"a directory entry named {text!r}")
                 out[text] = ((start << 16) | ioff, etype)
-                if len(out) > MAX_DIR_ENTRIES:
-                    raise OSError(errno.EFBIG, "a directory with more than "
-                                               f"{MAX_DIR_ENTRIES} entries")
-            if self.budget is not None:
-                self.budget.tick()  # type: ignore[attr-defined]
-        if len(self._dirs) >= 4096:
-            self._dirs.clear()
-        self._dirs[key] = out
+                read += 1
+                if read > MAX_DIR_ENTRIES:
+                    # Entries read, not names kept: one name repeated over
+                    # a 4 GiB listing would otherwise run for minutes.
+                    raise BudgetExceeded("a directory of the image has more than "
+                                         f"{MAX_DIR_ENTRIES} entries")
+        dirs = self._dirs
+        while dirs and self._dir_entries + len(out) > MAX_CACHED_ENTRIES:
+            self._dir_entries -= len(dirs.pop(next(iter(dirs))))
+        dirs[key] = out
+        self._dir_entries += len(out)
         return out
 
     # -- the walk's questions -------------------------------------------------
@@ -456,36 +517,67 @@ class SquashView(TreeView):
         known = self._blocks.get(key)
         if known is not None:
             return known
-        raw = self._raw(start, size, what)
-        data = raw if size_word & (1 << 24) else self._inflate(raw, self.block_size, what)
-        if len(self._blocks) >= MAX_CACHED_BLOCKS:
-            self._blocks.pop(next(iter(self._blocks)))
-        self._blocks[key] = data
+        raw = self._raw(start, size, what, charge=False)
+        if size_word & (1 << 24):
+            self._produced(size)
+            data = raw
+        else:
+            data = self._inflate(raw, self.block_size, what)
+        blocks = self._blocks
+        while blocks and (len(blocks) >= MAX_CACHED_BLOCKS
+                          or self._block_bytes + len(data) > MAX_BLOCK_CACHE):
+            self._block_bytes -= len(blocks.pop(next(iter(blocks))))
+        blocks[key] = data
+        self._block_bytes += len(data)
         return data
 
     def record(self) -> list[tuple[str, str, str]]:
-        # The image file's identity: what the C side replays (a host stat);
-        # its content cannot change without its mtime/ctime changing.
-        from ..fsprobe import signature
+        # The identity of the file actually read: the descriptor's fstat,
+        # never a later stat of the name (renaming another file over it in
+        # between would make a clean entry stand for that file). The C side
+        # replays a stat of the name: it matches only while the name still
+        # is this file, unchanged (its mtime/ctime would move).
+        from ..fsprobe import CHANGED, signature
 
         try:
-            return [("s", self.name, signature(os.stat(self.name)))]
-        except OSError as exc:
-            return [("s", self.name, signature(None, exc.errno or 0))]
+            return [("s", self.name, signature(os.fstat(self.fd)))]
+        except (OSError, ValueError):  # closed: nothing a replay could vouch for
+            return [("s", self.name, CHANGED)]
 
 
 class SquashFile:
     """One regular file of the image: positional reads, decompressing only
-    the blocks a read touches (the last one kept)."""
+    the blocks a read touches (the last one kept).
+
+    The block list (4 bytes a block, up to 64 MiB for a hostile inode) is
+    read where a read needs it: the data position of every :data:`_STRIDE`-th
+    block is remembered as the list is walked, so memory stays a few
+    entries per MiB of list and a read at the end walks it once."""
 
     def __init__(self, view: SquashView, node: _Inode) -> None:
+        if node.count > MAX_FILE_BLOCKS:
+            raise BudgetExceeded(f"a file of the image has a block list of {node.count} "
+                                 f"entries (more than {MAX_FILE_BLOCKS} are not read)")
         self.view, self.node = view, node
-        offsets, pos = [], node.start
-        for word in node.blocks:
-            offsets.append(pos)
-            pos += word & 0xFFFFFF
-        self.offsets = offsets
+        pos, offset = node.list_at if node.count else (0, 0)
+        #: (data position, list block, list offset) of block k * _STRIDE.
+        self.marks: list[tuple[int, int, int]] = [(node.start, pos, offset)]
         self.cached: tuple[int, bytes] | None = None
+
+    def _where(self, index: int) -> tuple[int, int]:
+        """(data position, size word) of block ``index`` of the list."""
+        v = self.view
+        mark = index // _STRIDE
+        while len(self.marks) <= mark:  # walk the list to the next mark
+            data_pos, pos, offset = self.marks[-1]
+            raw, pos, offset = v._meta_read(pos, offset, _STRIDE * 4, "a block list")
+            data_pos += sum(w & 0xFFFFFF for w in struct.unpack(f"<{_STRIDE}I", raw))
+            self.marks.append((data_pos, pos, offset))
+        data_pos, pos, offset = self.marks[mark]
+        within = index - mark * _STRIDE
+        raw, _, _ = v._meta_read(pos, offset, (within + 1) * 4, "a block list")
+        words = struct.unpack(f"<{within + 1}I", raw)
+        return data_pos + sum(w & 0xFFFFFF for w in words[:within]), words[within]
 
     def _block(self, index: int) -> bytes:
         if self.cached is not None and self.cached[0] == index:
@@ -493,8 +585,9 @@ class SquashFile:
         v, n = self.view, self.node
         bs = v.block_size
         expect = min(bs, n.size - index * bs)
-        if index < len(n.blocks):
-            data = v.block(self.offsets[index], n.blocks[index], expect, "a data block")
+        if index < n.count:
+            start, word = self._where(index)
+            data = v.block(start, word, expect, "a data block")
         else:  # the tail, in a fragment block shared with other files
             start, size_word = v._fragment(n.frag)
             whole = v.block(start, size_word, bs, "a fragment block")

@@ -369,11 +369,8 @@ class MountedView(TreeView):
 
     @property
     def budget(self):  # type: ignore[no-untyped-def]
+        """The budget the image was opened under (read-only)."""
         return getattr(self.base, "budget", None)
-
-    @budget.setter
-    def budget(self, value) -> None:  # type: ignore[no-untyped-def]
-        self.base.budget = value  # type: ignore[attr-defined]
 
     def _root(self) -> object:
         return (0, self.base._root())

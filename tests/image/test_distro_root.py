@@ -23,6 +23,7 @@ from grace_policy.elf import ElfError, read_elf
 from grace_policy.image.open import open_image
 from grace_policy.node import detect
 
+from .budgets import roomy
 from .roots import mksquashfs
 from .sif_root import apptainer_root
 
@@ -79,9 +80,9 @@ def _real_loader(root: Path, program: str) -> dict[str, str]:
 def test_real_root_resolves_as_its_own_loader(root: Path, tmp_path: Path) -> None:
     programs = _programs(root)
     assert len(programs) >= 10
-    tree = open_image(str(root))
-    sqsh = open_image(str(mksquashfs(root, tmp_path / "sid.sqsh", "lzo",
-                                     "-e", "usr/share", "var/cache", "var/lib/apt")))
+    tree = open_image(str(root), budget=roomy())
+    sqsh = open_image(str(mksquashfs(root, tmp_path / "sid.sqsh", "lzo", "-e", "usr/share",
+                                     "var/cache", "var/lib/apt")), budget=roomy())
     env = {"PATH": "/usr/bin:/bin"}
     compared = 0
     for program in programs:

@@ -2,8 +2,9 @@
 
 The contract (as for ``read_elf``, tests/test_elf_fuzz.py): bytes no longer
 than the limit or an ``LzoError``; an :class:`ImageError` when an image
-cannot be opened, ``OSError`` for any later read; never another exception,
-never a hang. Seeds are real: LZO blocks and whole images ``mksquashfs``
+cannot be opened, ``OSError`` for any later read, ``BudgetExceeded`` (the
+step's check-limit) where a bound of the reader is reached; never another
+exception, never a hang. Seeds are real: LZO blocks and whole images ``mksquashfs``
 wrote here. ``make fuzz`` raises the example count (GRACE_FUZZ_EXAMPLES).
 """
 
@@ -18,11 +19,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from grace_policy.budget import BudgetExceeded
 from grace_policy.image import ImageError, native
 from grace_policy.image.lzo import LzoError, decompress
 from grace_policy.image.open import open_image
-from grace_policy.image.squashfs import SquashView
+from grace_policy.image.squashfs import SquashFile, SquashView
 
+from .budgets import roomy
 from .roots import mksquashfs
 
 EXAMPLES = int(os.environ.get("GRACE_FUZZ_EXAMPLES", "0") or 0)
@@ -60,18 +63,18 @@ def lzo_blocks(small_images: dict[str, bytes], tmp_path_factory: pytest.TempPath
     """(compressed, decompressed) data blocks of the lzo image."""
     path = tmp_path_factory.mktemp("lzo") / "i.sqsh"
     path.write_bytes(small_images["lzo"])
-    image = open_image(str(path))
+    image = open_image(str(path), budget=roomy())
     view: SquashView = image.view  # type: ignore[assignment]
     out = []
     for name in ("/usr/bin/true", "/usr/bin/s"):
         node, _ = view._walk(name, True)
-        pos = node.start  # type: ignore[attr-defined]
-        for word in node.blocks:  # type: ignore[attr-defined]
+        listing = SquashFile(view, node)  # type: ignore[arg-type]
+        for index in range(node.count):  # type: ignore[attr-defined]
+            pos, word = listing._where(index)
             size = word & 0xFFFFFF
             if not word & (1 << 24):
                 raw = view._raw(pos, size, "block")
                 out.append((raw, view.block(pos, word, view.block_size, "block")))
-            pos += size
     view.close()
     assert len(out) >= 3
     return out
@@ -152,8 +155,8 @@ def test_zstd_native_bounded() -> None:
 def _exercise(path: Path) -> None:
     """Open, walk (bounded: a listing may point at an ancestor), stat, read."""
     try:
-        image = open_image(str(path))
-    except ImageError:
+        image = open_image(str(path), budget=roomy())
+    except (ImageError, BudgetExceeded):
         return
     view = image.view
     seen = 0
@@ -162,7 +165,7 @@ def _exercise(path: Path) -> None:
         where = todo.pop()
         try:
             entries = view.scandir(where)  # type: ignore[attr-defined]
-        except OSError:
+        except (OSError, BudgetExceeded):
             continue
         for entry in entries:
             seen += 1
@@ -178,7 +181,7 @@ def _exercise(path: Path) -> None:
                     fh.pread(100, max(st_.st_size - 50, 0))
                 finally:
                     fh.close()
-            except OSError:
+            except (OSError, BudgetExceeded):
                 continue
     view.close()  # type: ignore[attr-defined]
 
@@ -208,7 +211,7 @@ def test_squashfs_every_cut(small_images: dict[str, bytes], tmp_path: Path) -> N
     for size in range(0, used, max(1, used // 200)):
         path.write_bytes(raw[:size])
         with pytest.raises(ImageError):
-            open_image(str(path))
+            open_image(str(path), budget=roomy())
     # Cut inside the tables but with the size field lowered to match: each
     # read past the end is an OSError, never anything else.
     for size in range(used // 2, used, max(1, used // 50)):

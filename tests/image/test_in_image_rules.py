@@ -19,6 +19,7 @@ from grace_policy.check import check_step
 from grace_policy.image.open import open_image
 from grace_policy.node import NodeProfile
 
+from .budgets import roomy
 from .roots import make_root, mksquashfs
 
 GRACE4 = NodeProfile("aarch64", 4096, (2, 36))
@@ -43,8 +44,8 @@ def _inner(report) -> list[tuple[str, str]]:  # type: ignore[no-untyped-def]
 @pytest.mark.network
 def test_python_in_image_as_in_the_root(tmp_path: Path) -> None:
     root = debian_arm64_python_or_skip()
-    sqsh = open_image(str(mksquashfs(root, tmp_path / "py.sqsh", "gzip")))
-    tree = open_image(str(root))
+    sqsh = open_image(str(mksquashfs(root, tmp_path / "py.sqsh", "gzip")), budget=roomy())
+    tree = open_image(str(root), budget=roomy())
     env = {"PATH": "/usr/bin:/bin", "HOME": "/root"}
     judged = 0
     for node in (GRACE4, GRACE64):
@@ -73,7 +74,7 @@ def test_embedded_jemalloc_in_image(tmp_path: Path, compile_cache: object) -> No
                     str(lib), "-lpthread", "-Wl,-z,max-page-size=65536"],
                    check=True, capture_output=True)
     os.chmod(app, 0o755)
-    image = open_image(str(mksquashfs(root, tmp_path / "jem.sqsh", "lzo")))
+    image = open_image(str(mksquashfs(root, tmp_path / "jem.sqsh", "lzo")), budget=roomy())
     on64 = check_step(["jem"], image.step_env({}), "/", GRACE64, image=image)
     assert [i.rule for i in on64.issues] == ["page-size-compiled"]
     assert on64.issues[0].path == f"{tmp_path / 'jem.sqsh'}:/opt/app/jem"

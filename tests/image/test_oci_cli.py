@@ -17,6 +17,7 @@ from grace_policy.image import ImageError
 from grace_policy.image.open import open_image
 from grace_policy.node import detect
 
+from .budgets import roomy
 from .roots import make_root, mksquashfs
 
 HOST = detect()
@@ -50,7 +51,7 @@ CONFIG = {"ociVersion": "1.0.2", "root": {"path": "rootfs"},
 
 
 def test_bundle(root: Path, tmp_path: Path) -> None:
-    image = open_image(str(_bundle(tmp_path, root, CONFIG)))
+    image = open_image(str(_bundle(tmp_path, root, CONFIG)), budget=roomy())
     assert image.kind == "oci" and image.args == ("hello", "--x") and image.cwd == "/opt"
     # process.env is the whole environment: nothing of the job's.
     assert image.step_env({"PATH": "/host/bin", "SECRET": "x"}) == {"PATH": "/usr/bin",
@@ -75,7 +76,7 @@ def test_hostile_bundles(root: Path, tmp_path: Path, config: object, raw: bytes 
                          reason: str) -> None:
     bundle = _bundle(tmp_path, root, config, raw)
     with pytest.raises(ImageError, match=reason):
-        open_image(str(bundle))
+        open_image(str(bundle), budget=roomy())
     # The plugin's entry: a skip with the reason, never an exception.
     verdict = decide(load_policy(None), partition=None, argv=["hello"], env={}, cwd="/",
                      node=HOST, image=str(bundle))
@@ -87,17 +88,17 @@ def test_bundle_links_out_and_odd_configs(root: Path, tmp_path: Path) -> None:
     shutil.rmtree(bundle / "rootfs")
     (bundle / "rootfs").symlink_to("/")  # runc refuses a symlinked root (test_oci_runc_root)
     with pytest.raises(ImageError, match="symbolic link"):
-        open_image(str(bundle))
+        open_image(str(bundle), budget=roomy())
     bundle = _bundle(tmp_path, root, CONFIG)
     os.unlink(bundle / "config.json")
     os.mkfifo(bundle / "config.json")  # must not block
     with pytest.raises(ImageError, match="not a regular file"):
-        open_image(str(bundle))
+        open_image(str(bundle), budget=roomy())
     os.unlink(bundle / "config.json")
     (bundle / "real.json").write_text(json.dumps(CONFIG))
     (bundle / "config.json").symlink_to("real.json")
     with pytest.raises(ImageError):
-        open_image(str(bundle))
+        open_image(str(bundle), budget=roomy())
 
 
 def test_check_image_cli(root: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -131,7 +132,7 @@ def test_decide_in_an_image_records_its_identity(root: Path, tmp_path: Path) -> 
     from grace_policy import fsprobe, verdict_cache
 
     sqsh = mksquashfs(root, tmp_path / "c.sqsh", "lzo")
-    image = open_image(str(sqsh))
+    image = open_image(str(sqsh), budget=roomy())
     probes: list[tuple[str, str, str]] = []
     verdict = decide(load_policy(None), partition=None, argv=["hello"],
                      env=image.step_env({}), cwd="/", node=HOST, probes=probes, image=image)

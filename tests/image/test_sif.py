@@ -26,6 +26,7 @@ from grace_policy.image.open import open_image
 from grace_policy.image.sif import DESCRIPTOR, HEADER
 from grace_policy.node import NodeProfile, detect
 
+from .budgets import roomy
 from .roots import make_root
 from .sif_root import build_sif, sif_list
 
@@ -71,7 +72,7 @@ def test_layout_matches_apptainer(sifs: dict[str, tuple[Path, Path]], tmp_path: 
         start, end, listed_arch = _listed_partition(listing)
         assert listed_arch == goarch[arch]
         assert f"Primary Architecture: {goarch[arch]}" in listing
-        image = open_image(str(sif))
+        image = open_image(str(sif), budget=roomy())
         assert (image.kind, image.arch) == ("sif", arch)
         view = image.view
         assert (view.base, view.length) == (start, end - start)  # type: ignore[attr-defined]
@@ -97,8 +98,8 @@ def test_layout_matches_apptainer(sifs: dict[str, tuple[Path, Path]], tmp_path: 
 
 def test_verdicts_in_a_sif(sifs: dict[str, tuple[Path, Path]]) -> None:
     for arch, (root, sif) in sifs.items():
-        image = open_image(str(sif))
-        tree = open_image(str(root))
+        image = open_image(str(sif), budget=roomy())
+        tree = open_image(str(root), budget=roomy())
         nodes = [GRACE64] if arch == "aarch64" else []
         nodes += [HOST]
         for node in nodes:
@@ -117,14 +118,14 @@ def test_verdicts_in_a_sif(sifs: dict[str, tuple[Path, Path]]) -> None:
                     assert got.issues[0].path == str(sif)
     if "aarch64" in sifs:
         sif = sifs["aarch64"][1]
-        image = open_image(str(sif))
+        image = open_image(str(sif), budget=roomy())
         bad = check_step(["/opt/app/tool4k"], {}, "/", GRACE64, image=image)
         assert bad.issues and bad.issues[0].path == f"{sif}:/opt/app/tool4k"
         assert bad.issues[0].rule in ("page-align", "page-congruence")
         assert check_step(["/opt/app/tool"], {}, "/", GRACE64, image=image).issues == ()
     x86 = sifs["x86_64"][1]
     if HOST.machine == "x86_64":
-        image = open_image(str(x86))
+        image = open_image(str(x86), budget=roomy())
         fsprobe.start()
         assert check_step(["hello"], image.step_env({}), "/", HOST, image=image).issues == ()
         assert fsprobe.stop() == [("s", str(x86), fsprobe.signature(os.stat(x86)))]
@@ -136,14 +137,14 @@ def test_truncated_and_hostile_sifs(sifs: dict[str, tuple[Path, Path]], tmp_path
     for size in (40, 127, 128, 4096, 4096 + 585 * 2, 40000, len(data) // 2, len(data) - 1):
         bad.write_bytes(data[:size])
         with pytest.raises(ImageError):
-            open_image(str(bad))
+            open_image(str(bad), budget=roomy())
     head = list(HEADER.unpack_from(data))
     for field, value in ((8, 1 << 40), (8, 0), (9, 1 << 50), (9, -5)):  # dtotal, descroff
         forged = list(head)
         forged[field] = value
         bad.write_bytes(HEADER.pack(*forged) + data[HEADER.size:])
         with pytest.raises(ImageError):
-            open_image(str(bad))
+            open_image(str(bad), budget=roomy())
     # A system partition whose offset or size points past the end.
     descroff = head[9]
     for i in range(head[8]):
@@ -157,13 +158,13 @@ def test_truncated_and_hostile_sifs(sifs: dict[str, tuple[Path, Path]], tmp_path
                 raw[at:at + DESCRIPTOR.size] = DESCRIPTOR.pack(*forged)
                 bad.write_bytes(bytes(raw))
                 with pytest.raises(ImageError):
-                    open_image(str(bad))
+                    open_image(str(bad), budget=roomy())
             # Its squashfs zeroed: unreadable, named as such.
             raw = bytearray(data)
             raw[fields[5]:fields[5] + 96] = bytes(96)
             bad.write_bytes(bytes(raw))
             with pytest.raises(ImageError, match="squashfs"):
-                open_image(str(bad))
+                open_image(str(bad), budget=roomy())
             break
     else:
         raise AssertionError("no partition descriptor found")

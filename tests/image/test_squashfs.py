@@ -18,7 +18,7 @@ import pytest
 from test_hostile import no_hang
 
 from grace_policy import fsprobe
-from grace_policy.budget import Budget
+from grace_policy.budget import Budget, BudgetExceeded
 from grace_policy.check import check_step
 from grace_policy.image import ImageError
 from grace_policy.image.open import open_image
@@ -26,6 +26,7 @@ from grace_policy.image.squashfs import SquashView
 from grace_policy.node import NodeProfile, detect
 from grace_policy.rules import RULES_TOML, _toml_load, parse_rules
 
+from .budgets import roomy
 from .roots import make_root, mksquashfs
 
 KNOWN_RULES = set(parse_rules(_toml_load(RULES_TOML)))
@@ -129,7 +130,7 @@ def test_reader_matches_unsquashfs(images: dict[tuple[str, str], Path], variant:
     for (arch, name), path in images.items():
         if name != variant:
             continue
-        image = open_image(str(path))
+        image = open_image(str(path), budget=roomy())
         view = image.view
         assert isinstance(view, SquashView) and image.kind == "squashfs"
         expected = _lls(path)
@@ -172,8 +173,8 @@ def test_verdicts_match_the_unpacked_root(roots: dict[str, Path],
                                           images: dict[tuple[str, str], Path],
                                           variant: str) -> None:
     for arch, root in roots.items():
-        tree = open_image(str(root))
-        packed = open_image(str(images[(arch, variant)]))
+        tree = open_image(str(root), budget=roomy())
+        packed = open_image(str(images[(arch, variant)]), budget=roomy())
         nodes = [HOST] if arch == HOST.machine else []
         if arch == "aarch64":
             nodes += [GRACE4, GRACE64]
@@ -189,13 +190,13 @@ def test_verdicts_match_the_unpacked_root(roots: dict[str, Path],
                     else [(i.rule, i.fact("image_arch")) for i in b.issues]
                 assert got_a == got_b, (arch, node, argv)
     # What the verdicts are, so the comparison is not between two blanks.
-    x86 = open_image(str(images[("x86_64", variant)]))
+    x86 = open_image(str(images[("x86_64", variant)]), budget=roomy())
     if HOST.machine == "x86_64":
         assert check_step(["hello"], x86.step_env({}), "/", HOST, image=x86).issues == ()
         assert [i.rule for i in check_step(["/bin/true"], {}, "/", HOST, image=x86).issues] \
             == ["exe-not-found"]
     if ("aarch64", variant) in images:
-        arm = open_image(str(images[("aarch64", variant)]))
+        arm = open_image(str(images[("aarch64", variant)]), budget=roomy())
         bad = check_step(["tool4k"], arm.step_env({}), "/", GRACE64, image=arm)
         assert {i.rule for i in bad.issues} & {"page-align", "page-congruence"}
         assert bad.issues[0].path == f"{images[('aarch64', variant)]}:/opt/app/tool4k"
@@ -209,7 +210,7 @@ def test_cache_record_is_the_image_identity(images: dict[tuple[str, str], Path],
                                             tmp_path: Path) -> None:
     copy = tmp_path / "img.sqsh"
     shutil.copy2(images[("x86_64", "lzo")], copy)
-    image = open_image(str(copy))
+    image = open_image(str(copy), budget=roomy())
     fsprobe.start()
     check_step(["hello"], image.step_env({}), "/", HOST, image=image)
     record = fsprobe.stop()
@@ -229,14 +230,14 @@ def test_truncated_and_corrupt_images(images: dict[tuple[str, str], Path],
     for size in (0, 4, 50, 95, 96, 200, 4096, used // 3, used // 2, used - 1):
         cut.write_bytes(data[:size])
         with pytest.raises(ImageError):
-            open_image(str(cut))
+            open_image(str(cut), budget=roomy())
     # A corrupt middle (the superblock intact): findings, never an exception.
     for start in range(200, len(data) - 4096, max(1, len(data) // 23)):
         bad = bytearray(data)
         bad[start:start + 4096] = bytes(4096)
         cut.write_bytes(bytes(bad))
         try:
-            image = open_image(str(cut))
+            image = open_image(str(cut), budget=roomy())
         except ImageError:
             continue
         for argv in (["hello"], ["script"], ["tool"]):
@@ -256,7 +257,7 @@ def test_hundred_thousand_files(tmp_path: Path, compile_cache: object) -> None:
     big.mkdir(parents=True)
     for i in range(100_000):
         (big / f"f{i:06d}").touch()
-    image = open_image(str(mksquashfs(root, tmp_path / "big.sqsh", "gzip")))
+    image = open_image(str(mksquashfs(root, tmp_path / "big.sqsh", "gzip")), budget=roomy())
     env = {"PATH": "/usr/share/many:/usr/bin"}
     # The 100,000-entry directory first on PATH is read through (~140 ms
     # here) and the program found after it, clean.
@@ -265,12 +266,18 @@ def test_hundred_thousand_files(tmp_path: Path, compile_cache: object) -> None:
     assert report.limit is None and report.issues == () and report.exe == "/usr/bin/hello"
     # With a deadline it cannot meet, the check stops at the deadline with
     # the limit said (check-limit), not after the directory.
+    # The image is read under the step's budget from its first byte, so the
+    # limit may come while it is opened or while the check reads it.
+    tiny = Budget(deadline_ms=1)
     with no_hang(10):
-        tiny = check_step(["hello"], env, "/", HOST, image=open_image(str(tmp_path / "big.sqsh")),
-                          budget=Budget(deadline_ms=1))
-    assert tiny.limit is not None and "deadline of 1 ms" in tiny.limit, tiny
+        try:
+            small = open_image(str(tmp_path / "big.sqsh"), budget=tiny)
+            limit = check_step(["hello"], env, "/", HOST, image=small, budget=tiny).limit
+        except BudgetExceeded as exc:
+            limit = str(exc)
+    assert limit is not None and "deadline of 1 ms" in limit, limit
     with pytest.raises(ImageError):
-        open_image(str(tmp_path / "big.sqsh"), max_inodes=1000)
+        open_image(str(tmp_path / "big.sqsh"), max_inodes=1000, budget=roomy())
 
 
 @pytest.mark.parametrize("comp", ["zstd", "lz4"])
@@ -283,7 +290,7 @@ def test_other_compressions(roots: dict[str, Path], tmp_path: Path, comp: str) -
     except subprocess.CalledProcessError:
         pytest.skip(f"this mksquashfs has no {comp}")
     if comp == "zstd" and (_zstd() is not None or native.zstd() is not None):
-        image = open_image(str(path))
+        image = open_image(str(path), budget=roomy())
         assert check_step(["hello"], image.step_env({}), "/", HOST, image=image).issues == ()
         fh, st = image.view.open_regular("/usr/bin/hello")  # type: ignore[attr-defined]
         cat = subprocess.run(["unsquashfs", "-cat", str(path), "usr/bin/hello"], check=True,
@@ -293,7 +300,7 @@ def test_other_compressions(roots: dict[str, Path], tmp_path: Path, comp: str) -
         return
     # No decoder here: refused by name at open, never misread.
     with pytest.raises(ImageError, match=f"{comp}-compressed"):
-        open_image(str(path))
+        open_image(str(path), budget=roomy())
 
 
 def test_empty_directory_read_first_hides_no_other(tmp_path: Path) -> None:
@@ -312,7 +319,7 @@ def test_empty_directory_read_first_hides_no_other(tmp_path: Path) -> None:
             for p in tree.rglob("*") if p.is_dir()}
     assert any(not names for names in want.values())
     for first in sorted(d for d, names in want.items() if not names):
-        view = open_image(str(image)).view
+        view = open_image(str(image), budget=roomy()).view
         assert view.listdir("/" + first) == []
         got = {d: sorted(view.listdir("/" + d)) for d in want}
         assert got == want, first

@@ -15,6 +15,7 @@ from grace_policy.image.open import open_image
 from grace_policy.image.view import DirView
 from grace_policy.node import NodeProfile, detect
 
+from .budgets import roomy
 from .roots import make_root
 
 HOST = detect()
@@ -70,7 +71,7 @@ def test_fsprobe_uses_the_view_and_records_no_inner_path(x86_root: Path) -> None
 
 
 def test_clean_step_in_image(x86_root: Path) -> None:
-    image = open_image(str(x86_root))
+    image = open_image(str(x86_root), budget=roomy())
     env = image.step_env({"PATH": "/nonexistent", "HOME": "/root"})
     assert env["PATH"] == "/opt/app:/usr/local/bin:/usr/bin:/bin"
     assert env["IMAGE_VAR"] == "from-image"
@@ -85,7 +86,7 @@ def test_clean_step_in_image(x86_root: Path) -> None:
 
 def test_host_program_decides_nothing(x86_root: Path) -> None:
     # /usr/bin/python3 and /bin/true exist on this host, not in the image.
-    image = open_image(str(x86_root))
+    image = open_image(str(x86_root), budget=roomy())
     for prog in ("/bin/true", "true", "/usr/bin/escape"):
         report = check_step([prog], image.step_env({}), "/", HOST, image=image)
         assert [i.rule for i in report.issues] == ["exe-not-found"], prog
@@ -98,7 +99,7 @@ def test_host_program_decides_nothing(x86_root: Path) -> None:
 
 @pytest.mark.cross
 def test_foreign_image_is_one_finding(arm_root: Path) -> None:
-    image = open_image(str(arm_root))
+    image = open_image(str(arm_root), budget=roomy())
     node = HOST if HOST.machine != "aarch64" else NodeProfile("x86_64", 4096, (2, 36))
     report = check_step(["/opt/app/tool"], image.step_env({}), "/", node, image=image)
     assert [i.rule for i in report.issues] == ["image-arch-mismatch"]
@@ -109,7 +110,7 @@ def test_foreign_image_is_one_finding(arm_root: Path) -> None:
 
 @pytest.mark.cross
 def test_page_rules_inside_image(arm_root: Path) -> None:
-    image = open_image(str(arm_root))
+    image = open_image(str(arm_root), budget=roomy())
     env = image.step_env({})
     assert check_step(["tool"], env, "/", GRACE64, image=image).issues == ()
     assert check_step(["tool4k"], env, "/", GRACE4, image=image).issues == ()
@@ -132,7 +133,7 @@ def test_budget_ends_a_deep_walk(tmp_path: Path) -> None:
     with pytest.raises(OSError) as exc:
         view.stat("/d/l0")
     assert exc.value.errno == errno.ELOOP
-    report = check_step(["/d/l0"], {}, "/", HOST, image=open_image(str(root)),
+    report = check_step(["/d/l0"], {}, "/", HOST, image=open_image(str(root), budget=roomy()),
                         budget=Budget(2000))
     assert report.issues and report.limit is None
 
@@ -167,7 +168,7 @@ def test_mounts_are_seen_where_the_runtime_mounts_them(x86_root: Path, tmp_path:
     (home / "bin" / "script").write_text("#!/usr/bin/sh\n")
     (home / "bin" / "script").chmod(0o755)
     sqsh = mksquashfs(x86_root, tmp_path / "i.sqsh", "gzip")
-    image = open_image(str(sqsh)).with_mounts([("/home/u", str(home))])
+    image = open_image(str(sqsh), budget=roomy()).with_mounts([("/home/u", str(home))])
     view = image.view
     assert "u" in view.listdir("/home") if view.lstat("/home") else True  # type: ignore[attr-defined]
     assert view.realpath("/home/u/bin/mine") == "/usr/bin/hello"  # type: ignore[attr-defined]
@@ -182,7 +183,7 @@ def test_mounts_are_seen_where_the_runtime_mounts_them(x86_root: Path, tmp_path:
     # Only what is mounted: the rest of the host stays invisible.
     assert [i.rule for i in check_step(["/bin/true"], {}, "/", HOST, image=image).issues] == \
         ["exe-not-found"]
-    plain = open_image(str(sqsh))
+    plain = open_image(str(sqsh), budget=roomy())
     fsprobe.start()
     check_step(["hello"], plain.step_env({}), "/", HOST, image=plain)
     assert fsprobe.stop() == [("s", str(sqsh), fsprobe.signature(os.stat(sqsh)))]

@@ -128,7 +128,8 @@ def test_verdicts_in_a_sif(sifs: dict[str, tuple[Path, Path]]) -> None:
         image = open_image(str(x86), budget=roomy())
         fsprobe.start()
         assert check_step(["hello"], image.step_env({}), "/", HOST, image=image).issues == ()
-        assert fsprobe.stop() == [("s", str(x86), fsprobe.signature(os.stat(x86)))]
+        assert [r for r in fsprobe.stop() if r[0] not in ("v", "i")] == \
+            [("s", str(x86), fsprobe.signature(os.stat(x86)))]
 
 
 def test_truncated_and_hostile_sifs(sifs: dict[str, tuple[Path, Path]], tmp_path: Path) -> None:

@@ -186,4 +186,5 @@ def test_mounts_are_seen_where_the_runtime_mounts_them(x86_root: Path, tmp_path:
     plain = open_image(str(sqsh), budget=roomy())
     fsprobe.start()
     check_step(["hello"], plain.step_env({}), "/", HOST, image=plain)
-    assert fsprobe.stop() == [("s", str(sqsh), fsprobe.signature(os.stat(sqsh)))]
+    assert [r for r in fsprobe.stop() if r[0] not in ("v", "i")] == \
+        [("s", str(sqsh), fsprobe.signature(os.stat(sqsh)))]

@@ -139,6 +139,6 @@ def enter(job_id: int) -> View:
     credential switch); what went wrong is said with the step, never raised."""
     try:
         return View(enter_job(job_id), None)
-    except (Unenterable, OSError) as exc:
+    except Exception as exc:  # Unenterable, OSError, an unreadable table
         return View(False, f"cannot judge job {job_id} in its own mount namespace (its "
                            f"/tmp and /dev/shm): {exc}; not judged in the host's view")

@@ -6,8 +6,9 @@ for every step in slurm_spank_init; on a verdict-cache hit - most steps - it
 hangs up without a word and the server forks nothing. On a miss the server
 hands the connection to a *spare*, a child forked ahead of time that has
 already paid its copy-on-write faults (:func:`warm.prefault`) while it
-waited, and forks the next spare. The child takes the user's credentials
-(:mod:`.creds`) before it reads anything of the step, runs the same entry
+waited, and forks the next spare. The child enters the job's mount
+namespace (:mod:`.mntns`) and takes the user's credentials (:mod:`.creds`)
+before it opens any file of the step, runs the same entry
 the embedded check runs (:func:`slurm_bridge.outcome_for`), writes the same
 records (:mod:`.wire`) and exits. The server itself never runs a check, so
 no child inherits anything a step left behind.

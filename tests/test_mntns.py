@@ -90,11 +90,6 @@ def _in_child(job: int, uid: int | None = None) -> str:
         try:
             os.close(read)
             if uid is not None:
-                # mntns loads ctypes for setns on Python < 3.12: as root, as
-                # in the node checker (pytest's interpreter may sit in a home
-                # that ``uid`` cannot read).
-                import ctypes  # noqa: F401
-
                 os.setresuid(uid, uid, uid)
             view = mntns.enter(job)
             said = f"{view.entered}|{view.problem}|{os.readlink('/proc/self/ns/mnt')}"

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -182,3 +183,52 @@ def test_cached_verdict_is_not_replayed_for_another_jobs_tmp(jc: SlurmEnv,
     ]), "cache-2")
     assert "rc2=0" not in text2 and PREFIX in text2, text2
     assert _step(records2, "true")["action"] == "reject", records2
+
+
+def test_unenterable_namespace_is_a_failure_not_the_hosts_view(jc: SlurmEnv,
+                                                              host_tmp: str) -> None:
+    """A second namespace held for the same job (here by the test, as a
+    broken or foreign holder would be): the child cannot tell which is the
+    job's, so it judges neither view. The check fails with the reason in
+    slurmd's log and the audit line, and on_error=deny refuses the step: the
+    program, native and in both views, never runs."""
+    jc.use("base", "cache_dir=none", "on_error=deny")
+    prog = f"{host_tmp}-c"
+    _host_copy(jc.files / "native", prog)
+    ran = jc.side_file("ran-unenterable")
+    other = jc.cluster.root.parent / "jc-other"
+    made: list[tuple[subprocess.Popen[bytes], Path]] = []
+
+    def second_holder(job: int) -> None:
+        proc = subprocess.Popen(["unshare", "--mount", "--propagation", "private",
+                                 "sleep", "300"])
+        holder = other / "node" / str(job) / mntns.HOLDER
+        holder.parent.mkdir(parents=True, exist_ok=True)
+        holder.touch()
+        made.append((proc, holder))
+        deadline = time.monotonic() + 10
+        while os.readlink(f"/proc/{proc.pid}/ns/mnt") == os.readlink("/proc/self/ns/mnt"):
+            assert time.monotonic() < deadline, "unshare did not start"
+            time.sleep(0.05)
+        subprocess.run(["mount", "--bind", f"/proc/{proc.pid}/ns/mnt", str(holder)], check=True)
+        assert len(set(mntns.holders(job).values())) == 2
+
+    since = len(jc.cluster.slurmd_log_text())
+    try:
+        _, text, records = _job(jc, "\n".join([
+            f"srun -n1 cp {jc.files}/native {prog}",
+            WAIT,
+            f"srun -n1 {prog} {ran}; echo rc=$?",
+        ]), "unenterable", during=second_holder)
+    finally:
+        for proc, holder in made:
+            subprocess.run(["umount", str(holder)], capture_output=True, check=False)
+            proc.kill()
+            proc.wait()
+    assert not ran.exists() and "rc=0" not in text, text
+    assert "this step was refused: the site's launch check could not run" in text, text
+    record = _step(records, prog)
+    assert record["action"] == "reject" and record["failure"] == "check", record
+    said = "in its own mount namespace"
+    assert said in str(record["error"]), record
+    assert said in jc.cluster.slurmd_log_text()[since:]

@@ -12,6 +12,9 @@
 # reader's native decoders are tested against them: grace_policy/image/native.py).
 # libfuse2 + fusepy (pinned): the hung FUSE mount of tests/slurm/test_hungfs.py.
 # iproute2: the two-architecture cluster's network namespace and tap (ip).
+# mount (mount/umount), util-linux (unshare): the job-container tests' namespace
+# holders and their clean-up (tests/slurm/test_job_container.py, tests/test_mntns.py);
+# job_container/tmpfs itself is in slurm-wlm-basic-plugins (a slurmd dependency).
 # g++-aarch64-linux-gnu: the CUDA fixtures' aarch64 builds (nvcc -ccbin
 # aarch64-linux-gnu-g++, tests/gpu/fixtures.py; nvcc itself comes from PyPI
 # wheels the tests fetch, pinned, into the test cache).
@@ -29,7 +32,7 @@ all_pkgs=(slurmd slurmctld slurm-client libslurm-dev munge gcc-aarch64-linux-gnu
           qemu-system-arm flex bison bc cpio xz-utils libssl-dev libelf-dev
           squashfs-tools parallel gawk makeself libmd-dev libbsd-dev jq zstd curl
           libcap2-bin runc libfuse2 liblzo2-2 libzstd1 iproute2 python3-pytest ipxe-qemu
-          debian-archive-keyring g++-aarch64-linux-gnu)
+          debian-archive-keyring g++-aarch64-linux-gnu mount)
 # --packaging deb|rpm: only what make deb / make rpm need (no test tools).
 if [ "${1:-}" = --packaging ]; then
   all_pkgs=(libslurm-dev python3-dev python3-pip build-essential debhelper dpkg-dev)
@@ -54,6 +57,8 @@ need_files=(
   /usr/share/keyrings/debian-archive-keyring.gpg:debian-archive-keyring
   /usr/sbin/runc:runc /usr/bin/jq:jq /usr/bin/zstd:zstd /usr/bin/curl:curl /bin/ip:iproute2
   /usr/bin/patchelf:patchelf /usr/bin/fakeroot:fakeroot /usr/bin/python3-config:python3-dev
+  /bin/mount:mount /bin/umount:mount /usr/bin/unshare:util-linux
+  /usr/lib/x86_64-linux-gnu/slurm-wlm/job_container_tmpfs.so:slurm-wlm-basic-plugins
 )
 reinstall=()
 for pkg in "${all_pkgs[@]}"; do

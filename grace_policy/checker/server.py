@@ -6,8 +6,9 @@ for every step in slurm_spank_init; on a verdict-cache hit - most steps - it
 hangs up without a word and the server forks nothing. On a miss the server
 hands the connection to a *spare*, a child forked ahead of time that has
 already paid its copy-on-write faults (:func:`warm.prefault`) while it
-waited, and forks the next spare. The child takes the user's credentials
-(:mod:`.creds`) before it reads anything of the step, runs the same entry
+waited, and forks the next spare. The child enters the job's mount
+namespace (:mod:`.mntns`) and takes the user's credentials (:mod:`.creds`)
+before it opens any file of the step, runs the same entry
 the embedded check runs (:func:`slurm_bridge.outcome_for`), writes the same
 records (:mod:`.wire`) and exits. The server itself never runs a check, so
 no child inherits anything a step left behind.
@@ -31,7 +32,7 @@ import struct
 import time
 
 from .. import slurm_bridge
-from . import creds, stale, wire
+from . import creds, mntns, stale, wire
 
 #: How long after slurmstepd's deadline a child still runs (its own timer).
 _SLACK_S = 0.2
@@ -362,20 +363,23 @@ class Server:
             return
         try:
             request = wire.Request(frame)
+            # Past slurmstepd's deadline nothing we say is used: end by then.
+            signal.setitimer(signal.ITIMER_REAL, request.left_ms / 1000.0 + _SLACK_S)
+            # The job's view of files, entered while still root (mntns.py).
+            step_frame = wire.read_frame(conn)[0]
+            view = mntns.enter(wire.decode_step(step_frame)["job_id"])
             creds.take(request)
-        except (OSError, ValueError):
+        except (EOFError, OSError, ValueError):
             return  # EOF before 'A': slurmstepd checks it itself
         if request.code != self.code:
             conn.sendall(wire.record("stale", f"it runs {self.code!r}, the step "
                                      f"{request.code!r}".encode()) + wire.record("end"))
             return
-        # Past slurmstepd's deadline nothing we say is used: end by then.
-        signal.setitimer(signal.ITIMER_REAL, request.left_ms / 1000.0 + _SLACK_S)
         try:
-            step = wire.parse_step(wire.read_frame(conn)[0], audit_fd)
-        except (EOFError, OSError, ValueError):
+            step = wire.parse_step(step_frame, audit_fd)
+        except ValueError:
             return
         conn.sendall(wire.record("accepted"))
         while self.test == "hang":
             signal.pause()  # as a check stuck on a dead file system
-        conn.sendall(wire.outcome_records(slurm_bridge.outcome_for(step)))
+        conn.sendall(wire.outcome_records(view.outcome(step)))

@@ -164,6 +164,10 @@ class Cluster(JobQueries):
     partitions: Mapping[str, str] = field(default_factory=lambda: dict(PARTITIONS))
     #: How many (device-less) GPUs the node announces; 0: no gres at all.
     gpus: int = GPUS
+    #: ``JobContainerType=job_container/tmpfs`` with this BasePath (a private
+    #: /tmp and /dev/shm per job, field notes §13), or None: no job container.
+    #: Such a cluster, its plugin and its programs must live outside /tmp.
+    job_container: Path | None = None
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     # -- layout -------------------------------------------------------------
@@ -250,6 +254,7 @@ class Cluster(JobQueries):
             "MessageTimeout=20",
             f"PlugStackConfig={self.plugstack}",
             *self._release_lines(),
+            *self._job_container_lines(),
         ]
         node = f"NodeName={NODE} NodeAddr=127.0.0.1 CPUs={os.cpu_count() or 1} State=UNKNOWN"
         gres = self.conf.parent / "gres.conf"
@@ -287,6 +292,43 @@ class Cluster(JobQueries):
         (e.g. ``contain_spank``, 24.05+) becomes ``SlurmdParameters=``."""
         params = os.environ.get("GRACE_SLURMD_PARAMETERS", "").strip()
         return [f"SlurmdParameters={params}"] if params else []
+
+    def _job_container_lines(self) -> list[str]:
+        """job_container/tmpfs on 22.05 (field notes §13): it needs
+        PrologFlags=contain and job_container.conf beside slurm.conf; slurmd
+        refuses a BasePath of /tmp or /dev/shm, and every step (and srun in
+        it) sees the job's own /tmp, so nothing of the cluster may be there."""
+        conf = self.conf.parent / "job_container.conf"
+        if self.job_container is None:
+            if conf.exists():
+                conf.unlink()
+            return []
+        if Path(tempfile.gettempdir()) in (self.root, *self.root.parents):
+            raise ValueError(f"a job-container cluster cannot live under /tmp: {self.root}")
+        self.job_container.mkdir(parents=True, exist_ok=True)
+        conf.write_text("# Written by tests/slurm/cluster.py: a private /tmp per job.\n"
+                        f"AutoBasePath=true\nBasePath={self.job_container}\n")
+        return ["JobContainerType=job_container/tmpfs", "PrologFlags=contain"]
+
+    def unmount_job_containers(self) -> None:
+        """Undo what job_container/tmpfs mounted under BasePath (the job
+        namespaces' nsfs holders ``BASE/NODE/JOB/.ns``, then BasePath's own
+        bind mounts), deepest first, so the tree can be removed. Only mounts
+        under our BasePath are touched."""
+        if self.job_container is None:
+            return
+        base = str(self.job_container)
+        for _ in range(20):  # BasePath may be mounted on itself more than once
+            mounts = []
+            with open("/proc/self/mountinfo") as fh:
+                for line in fh:
+                    point = line.split()[4].replace("\\040", " ")
+                    if point == base or point.startswith(base + "/"):
+                        mounts.append(point)
+            if not mounts:
+                return
+            for point in sorted(set(mounts), key=len, reverse=True):
+                subprocess.run(["umount", "-l", point], capture_output=True, check=False)
 
     @property
     def bin_dir(self) -> Path:
@@ -362,6 +404,7 @@ class Cluster(JobQueries):
             except (OSError, subprocess.SubprocessError):
                 pass  # stopping must go on whatever the client says
         stop_daemons(self.procs, ("slurmd", "slurmctld", "munged"))
+        self.unmount_job_containers()
 
     # -- client commands ----------------------------------------------------
     def run(self, argv: Sequence[str], *, user: str | None = None,

@@ -369,5 +369,11 @@ def answer(op: str, path: str) -> str:
     return signature(st)
 
 
+#: Records of the step's inputs (``note_input``/``note_env``), not of files:
+#: only the step itself can answer them again (the cache lookup does).
+INPUT_OPS = ("i", "v")
+
+
 def still_true(records: list[tuple[str, str, str]]) -> bool:
-    return all(answer(op, path) == ans for op, path, ans in records)
+    """Whether every recorded file question has the same answer now."""
+    return all(answer(op, path) == ans for op, path, ans in records if op not in INPUT_OPS)

@@ -171,7 +171,8 @@ static int grace_args_put(char *buf, size_t len, size_t *used, const char *key,
 	int w = snprintf(buf + n, len - n, "%s=", key);
 	const char *p;
 
-	if (w < 0 || (size_t)w >= len - n)
+	/* room for "key=", then the closing "\n\0" even when VALUE is empty */
+	if (w < 0 || (size_t)w + 2 > len - n)
 		return -1;
 	n += (size_t)w;
 	for (p = value; *p; p++) {

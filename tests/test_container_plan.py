@@ -150,3 +150,21 @@ def test_pyxis_batch_step_runs_slurmds_script_inside_the_image(tmp_path: Path) -
     assert judged(batch=False) == [("exe-not-found", f"{image}:{script}")]
     script.write_text("#!/usr/bin/python3\n")  # the host has one; the image does not
     assert judged(batch=True) == [("interp-missing", f"{image}:{script}")]
+
+
+def test_an_option_c_could_not_carry_skips_named_steps_too(tmp_path: Path) -> None:
+    """C marks a --container-name step not local; "uncarried" (an option too
+    long to pass whole) must still make it a skip, never a judgement on a
+    guess without its mounts (review of the named/stalekeys merge)."""
+    args = "uncarried=1\nname=foo\njob=1\nslurm_conf=\n"
+    for local in (True, False):
+        got = plan("pyxis", str(tmp_path / "x.sqsh"), local, "pyxis step", ["tool"], {}, "/",
+                   args=args)
+        assert got.image is None and got.skipped and "too long" in got.skipped
+
+
+def test_a_relative_image_without_a_known_cwd_is_a_skip() -> None:
+    """getcwd failed in slurmstepd: C leaves ./x.sqsh relative, and the
+    checker's own directory would be a guess."""
+    got = plan("pyxis", "./x.sqsh", True, "pyxis step", ["tool"], {}, "/")
+    assert got.image is None and "relative image" in (got.skipped or "")

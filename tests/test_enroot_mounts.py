@@ -211,6 +211,42 @@ def test_every_enroot_file_read_is_in_the_record(site: Path, tmp_path: Path) -> 
     assert not fsprobe.still_true(rec)
 
 
+def test_the_job_variables_enroot_follows_are_in_the_record(
+        site: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Which mounts.d enroot reads, and what its lines expand to, follow
+    the job's variables (review of issue 27 item 4: a clean step cached with
+    one ENROOT_CONFIG_PATH replayed for another whose mounts.d binds a
+    foreign /usr/bin). Each name looked up is recorded with the job's value,
+    absent ones too; the step's other variables are not."""
+    from grace_policy import fsprobe, verdict_cache
+
+    home = tmp_path / "h"
+    other = tmp_path / "other"
+    (other / "mounts.d").mkdir(parents=True)
+    (other / "mounts.d/x.fstab").write_text("${MYBIN} /usr/bin none bind\n")
+    job = {"HOME": str(home), "SLURM_STEP_ID": "3"}
+    monkeypatch.setenv("PATH", str(site / "bin"))  # the enroot pyxis runs
+    fsprobe.start()
+    try:
+        base = mounts({}, job)
+    finally:
+        rec = fsprobe.stop()
+    env_read = {p: a for op, p, a in rec if op == "v"}
+    assert env_read["HOME"] == "=" + str(home)
+    assert env_read["ENROOT_CONFIG_PATH"] == "-"
+    assert env_read["XDG_CONFIG_HOME"] == "-"
+    assert env_read["PYXIS_CONTAINER_MOUNT_HOME"] == "-"
+    assert "SLURM_STEP_ID" not in env_read
+    # The same step with the user's own ENROOT_CONFIG_PATH is another verdict.
+    changed = {**job, "ENROOT_CONFIG_PATH": str(other), "MYBIN": "/x86/bin"}
+    assert ("/usr/bin", "/x86/bin") not in base
+    assert ("/usr/bin", "/x86/bin") in mounts({}, changed)
+    text = verdict_cache.entry([], "allow", rec)
+    assert text is not None
+    assert verdict_cache.lookup(text, [], env=changed) is None
+    assert verdict_cache.lookup(text, [], env={**job, "SLURM_STEP_ID": "4"}) == "allow"
+
+
 def test_pyxis_mount_grammar(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """pyxis 0.24.0 args.c: relative sources (from the job's cwd, where
     enroot runs), relative targets (in the container), flags, ``tmpfs`` and

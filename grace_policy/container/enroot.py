@@ -173,7 +173,8 @@ def _expand(value: str, env: Mapping[str, str]) -> str | None:
     return _subst(value, env, bare=True)
 
 
-def _load(path: str, settings: dict[str, str], env: Mapping[str, str]) -> None:
+def _load(path: str, settings: dict[str, str], env: Mapping[str, str],
+          job: Mapping[str, str]) -> None:
     """One config file, read as ``IFS=$' \\t=' read -r key value`` does."""
     for line in (_read(path) or "").splitlines():
         line = line.strip(" \t")
@@ -183,7 +184,7 @@ def _load(path: str, settings: dict[str, str], env: Mapping[str, str]) -> None:
         key, value = line[:cut], line[cut:].lstrip(" \t=")
         if not _is_key(key) or key in settings or not value:
             continue
-        expanded = _expand(value, {**env, **settings})
+        expanded = _expand(value, NotedEnv({**env, **settings}, job))
         if expanded is not None:
             settings[key] = expanded
 
@@ -225,6 +226,30 @@ def _files(directory: str, suffix: str) -> list[str]:
     return [os.path.join(directory, n) for n in names[:_MAX_FILES]]
 
 
+class NotedEnv(Mapping[str, str]):
+    """A mapping enroot's model reads by name that records, for the verdict
+    cache, the *job's* value of each name it is asked about (absent ones
+    too). What enroot mounts and sets follows the job's variables (its own
+    ``ENROOT_CONFIG_PATH``, ``HOME``, ``XDG_CONFIG_HOME``, a ``${VAR}`` in
+    enroot.conf or an fstab, pyxis' ``PYXIS_CONTAINER_MOUNT_HOME``), so a
+    cached verdict is replayed only while each of them holds. Only names
+    looked up are recorded, never the whole environment: the SLURM_*
+    variables of every step differ and would end every hit."""
+
+    def __init__(self, data: Mapping[str, str], job: Mapping[str, str]) -> None:
+        self._data, self._job = data, job
+
+    def __getitem__(self, name: str) -> str:
+        fsprobe.note_env(name, self._job.get(name))
+        return self._data[name]
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+
 def _settings(job_env: Mapping[str, str], mount_home: bool | None,
               remap_root: bool | None, search: str | None
               ) -> tuple[dict[str, str], dict[str, str]] | None:
@@ -240,17 +265,18 @@ def _settings(job_env: Mapping[str, str], mount_home: bool | None,
             env[name] = "y" if value else "n"
     settings = {k: v for k, v in env.items() if _is_key(k)}
     if conf:
-        _load(conf, settings, env)
+        _load(conf, settings, env, job_env)
         for dropin in _files(conf + ".d", ".conf"):
-            _load(dropin, settings, env)
+            _load(dropin, settings, env, job_env)
     if sysconf and "ENROOT_SYSCONF_PATH" not in settings:
         settings["ENROOT_SYSCONF_PATH"] = sysconf
-    home = env.get("HOME", "")
-    xdg = env.get("XDG_CONFIG_HOME") or (f"{home}/.config" if home else "")
+    noted = NotedEnv(env, job_env)
+    home = noted.get("HOME", "")
+    xdg = noted.get("XDG_CONFIG_HOME") or (f"{home}/.config" if home else "")
     if "ENROOT_CONFIG_PATH" not in settings and xdg:
         settings["ENROOT_CONFIG_PATH"] = f"{xdg}/enroot"
     settings = {k: v for k, v in settings.items() if v not in _FALSE}
-    return settings, {**env, **settings}
+    return NotedEnv(settings, job_env), NotedEnv({**env, **settings}, job_env)
 
 
 def _config_files(settings: Mapping[str, str], sub: str, suffix: str) -> list[str]:

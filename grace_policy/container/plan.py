@@ -23,7 +23,7 @@ def plan(kind: str, image: str | None, local: bool, reason: str, argv: Sequence[
             from .pyxis import plan_pyxis
 
             lines = _lines(args)
-            if "uncarried" in lines and local:
+            if "uncarried" in lines:  # a named step (never "local") too
                 # C could not pass an option whole (grace_container.c): judging
                 # the image without its mounts would be a guess, and a guess
                 # must not become a cached allow.

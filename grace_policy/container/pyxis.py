@@ -46,14 +46,16 @@ def mounts(args: Mapping[str, str], env: Mapping[str, str], image_fstab: str = "
     in). ``--container-mount-home`` / ``--no-container-mount-home`` (or
     pyxis' ``PYXIS_CONTAINER_MOUNT_HOME``) decide the home mount; without
     either, enroot's setting does."""
-    from .enroot import PYXIS_DENIED, enroot_mounts, fstab_binds
+    from .enroot import PYXIS_DENIED, NotedEnv, enroot_mounts, fstab_binds
 
+    noted = NotedEnv(env, env)  # what is read by name is part of the verdict
     home_flag = {"1": True, "0": False}.get(args.get("mount_home", ""))
     if home_flag is None:
-        home_flag = _bool(env.get("PYXIS_CONTAINER_MOUNT_HOME"))
+        home_flag = _bool(noted.get("PYXIS_CONTAINER_MOUNT_HOME"))
     site = enroot_mounts(env, home_flag)
-    out = fstab_binds(image_fstab, {k: v for k, v in env.items() if k not in PYXIS_DENIED})
-    home = env.get("HOME")
+    out = fstab_binds(image_fstab, NotedEnv(
+        {k: v for k, v in env.items() if k not in PYXIS_DENIED}, env))
+    home = noted.get("HOME")
     if site is not None:
         out.extend(site)
     elif home_flag and home and home.startswith("/"):
@@ -138,6 +140,13 @@ def plan_pyxis(image: str | None, local: bool, reason: str, argv: Sequence[str],
         return Plan(None, tuple(argv), dict(env), cwd,
                     skipped=f"{reason}: not judged: not a local image (pyxis imports or "
                             "reuses it in its task_init, after the check)")
+    if not image.startswith("/"):
+        # C joins a relative image to the step's cwd; with no cwd known
+        # (getcwd failed) it stays relative, and the checker's own cwd would
+        # be a guess.
+        return Plan(None, tuple(argv), dict(env), cwd,
+                    skipped=f"{reason}: not judged: a relative image and no known working "
+                            "directory")
     from ..image import ImageError
     from ..image.open import open_image
 

@@ -27,6 +27,10 @@ ID_VARIABLES = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS")
 MAX_IDS = 1024
 
 
+def _digits(word: str) -> bool:
+    return word.isascii() and word.isdigit()
+
+
 def _ids(value: str) -> list[int] | None:
     """``"0,1,3"`` -> [0, 1, 3]; ranges (``0-3``) are expanded; None when
     any part is not a number."""
@@ -34,7 +38,8 @@ def _ids(value: str) -> list[int] | None:
     for part in value.split(","):
         part = part.strip()
         lo, dash, hi = part.partition("-")
-        if not lo.isdigit() or (dash and not hi.isdigit()) or len(part) > 12:
+        # ASCII digits only: str.isdigit() takes '²', which int() refuses.
+        if not _digits(lo) or (dash and not _digits(hi)) or len(part) > 12:
             return None
         first, last = int(lo), int(hi) if dash else int(lo)
         if last < first or len(out) + last - first >= MAX_IDS:

@@ -137,4 +137,8 @@ def test_step_devices_follow_slurm_and_the_shared_gpu_decision() -> None:
     # Ids that match no GPU, or garbage: every GPU of the node counts.
     assert step_devices({"SLURM_GPUS_ON_NODE": "1", "SLURM_STEP_GPUS": "7"}, NODE) == NODE
     assert step_devices({"SLURM_GPUS_ON_NODE": "1", "SLURM_STEP_GPUS": "x,9-1"}, NODE) == NODE
+    # Digits str.isdigit() takes and int() refuses (the user's variables):
+    # garbage too, never an internal error that on_error=allow lets through.
+    for ids in ("\u00b2", "4-\u00b2", "\u0664"):
+        assert step_devices({"SLURM_GPUS_ON_NODE": "1", "SLURM_STEP_GPUS": ids}, NODE) == NODE
     assert capabilities(NODE) == ((9, 0), (10, 0))

@@ -173,8 +173,9 @@ def node(tmp_path: Path, lookup: Path, progs: dict[str, Path],  # noqa: F811
 def test_a_verdict_on_published_facts_replays_until_they_change(node: Node) -> None:
     """sm80+sm90 kernels, judged clean on NVML's sm_90 that the checker
     published: the entry replays in C. The checker restarting with the same
-    GPUs leaves the file as it is; another GPU (sm_100: the library would be
-    refused) is a miss; the facts gone (no checker) are a miss."""
+    GPUs writes a new file with the same text: still a hit; another GPU
+    (sm_100: the library would be refused) is a miss; the facts gone (no
+    checker) are a miss."""
     nodegpus.set_for_tests(A)
     assert nodegpus.publish(str(node.cache)) == "0:sm_90 cuda 13.5"
     st = node.facts.stat()
@@ -185,7 +186,7 @@ def test_a_verdict_on_published_facts_replays_until_they_change(node: Node) -> N
     assert node.replayed()
 
     assert nodegpus.publish(str(node.cache)) is not None  # a restart, same GPUs
-    assert node.facts.stat().st_ino == st.st_ino
+    assert node.facts.stat().st_ino != st.st_ino
     assert node.replayed()
 
     nodegpus.set_for_tests(B)  # a GPU swap, read at the checker's next start
@@ -290,3 +291,19 @@ def test_the_node_checker_publishes_what_nvml_answered(tmp_path: Path) -> None:
         assert _published(facts, proc) == "4:sm_90 5:sm_90 cuda 13.5"
     finally:
         _stop(proc, life)
+
+
+def test_an_old_checker_ending_late_leaves_the_new_ones_facts(node: Node) -> None:
+    """slurmd restarted while its old checker still ran: the new one wrote
+    the facts again; the old one, ending, removes only the file it wrote."""
+    from grace_policy.atomicfile import replace
+
+    nodegpus.set_for_tests(A)
+    text = nodegpus.publish(str(node.cache))
+    assert text is not None and node.judge() is not None
+    replace(str(node.facts), text.encode(), mode=0o600)  # the new checker's file
+    nodegpus.unpublish(str(node.cache))  # the old checker ends
+    assert node.facts.read_text() == text and node.replayed()
+    nodegpus.publish(str(node.cache))
+    nodegpus.unpublish(str(node.cache))  # its own file: gone
+    assert not node.facts.exists()

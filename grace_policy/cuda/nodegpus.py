@@ -8,7 +8,7 @@ upgrade therefore takes effect at the checker's next start, like a config
 change to the node's facts (docs/CUDA.md).
 
 The node checker also *publishes* its answer (:func:`publish`): root writes
-:func:`facts_text` to ``<cache_dir>/gpus.v<version>``, which the plugin's C
+:func:`facts_text` to ``<cache_dir>/gpus.v<version>`` at its start, which the plugin's C
 side reads as root beside the cache files and compares with the ``gpus``
 input of an entry (spank/grace_cache.c). A clean verdict judged on NVML's
 facts is then replayable exactly while the published facts are the ones it
@@ -29,6 +29,8 @@ _answer: NodeGpus | None = None
 #: :func:`facts_text` of ``_answer`` when this process (or the checker it
 #: was forked from) wrote it to the cache directory; None otherwise.
 _published: str | None = None
+#: (st_dev, st_ino) of the file this process wrote: it removes only that one.
+_written: tuple[int, int] | None = None
 #: The facts file's longest text C reads (grace_cache.c GRACE_GPU_FACTS_MAX - 1).
 FACTS_MAX = 1023
 
@@ -76,31 +78,16 @@ def _trusted_dir(cache_dir: str) -> bool:
     return stat.S_ISDIR(st.st_mode) and st.st_uid == 0 and not st.st_mode & 0o022
 
 
-def _current(path: str) -> bytes | None:
-    """The facts file as C would take it (root's, one link, not writable by
-    others, a regular file), or None."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-    except OSError:
-        return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022 \
-                or st.st_nlink != 1:
-            return None
-        return os.read(fd, FACTS_MAX + 2)
-    finally:
-        os.close(fd)
-
-
 def publish(cache_dir: str | None) -> str | None:
     """Write this process's answer for C (root only: the node checker at its
-    start), rewriting the file only when the facts differ, so entries stay
-    valid across restarts with the same GPUs. Without an answer, or when the
-    file cannot be written, remove it: entries keyed on facts read before
-    must not outlive them. Returns the published text; never raises."""
-    global _published
-    _published = None
+    start). Written afresh at every start, atomically: entries are keyed by
+    its text, so a restart with the same GPUs keeps them, and the file is
+    this checker's own (an old checker that ends late removes only its
+    own). Without an answer, or when the file cannot be written, remove it:
+    entries keyed on facts read before must not outlive them. Returns the
+    published text; never raises."""
+    global _published, _written
+    _published = _written = None
     if not cache_dir or not cache_dir.startswith("/") or os.geteuid() != 0:
         return None
     path = facts_path(cache_dir)
@@ -110,28 +97,33 @@ def publish(cache_dir: str | None) -> str | None:
         answer = node_gpus()
         text = facts_text(answer) if answer.available else ""
         if text and len(text) <= FACTS_MAX:
-            data = text.encode("ascii")
-            if _current(path) != data:
-                from ..atomicfile import replace
+            from ..atomicfile import replace
 
-                replace(path, data, mode=0o600)
-            _published = text
+            replace(path, text.encode("ascii"), mode=0o600)
+            st = os.lstat(path)
+            _published, _written = text, (st.st_dev, st.st_ino)
             return text
     except (OSError, ValueError):
         pass
-    unpublish(cache_dir)
+    unpublish(cache_dir, mine_only=False)
     return None
 
 
-def unpublish(cache_dir: str | None) -> None:
-    """Remove the published facts (no answer, or the checker ends: while no
-    checker holds facts, no entry keyed on them is replayed)."""
-    global _published
-    _published = None
+def unpublish(cache_dir: str | None, *, mine_only: bool = True) -> None:
+    """Remove the published facts: when the checker ends (no checker, no
+    facts: no entry keyed on them is replayed), only the file it wrote
+    itself; with no answer at its start, whatever an earlier one left."""
+    global _published, _written
+    written, _published, _written = _written, None, None
     if not cache_dir or not cache_dir.startswith("/") or os.geteuid() != 0:
         return
+    path = facts_path(cache_dir)
     try:
-        os.unlink(facts_path(cache_dir))
+        if mine_only:
+            st = os.lstat(path)
+            if (st.st_dev, st.st_ino) != written:
+                return  # a newer checker's
+        os.unlink(path)
     except OSError:
         pass
 

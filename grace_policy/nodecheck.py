@@ -21,7 +21,8 @@ if TYPE_CHECKING:
 
 
 def main(argv: Sequence[str]) -> int:
-    """``--socket PATH --code CODE --life FD [--test hang]`` (grace_node.c)."""
+    """``--socket PATH --code CODE --life FD [--cache-dir DIR] [--test hang]``
+    (grace_node.c)."""
     opts = dict(zip(argv[::2], argv[1::2]))
     os.chdir("/")
     os.umask(0o077)
@@ -30,7 +31,8 @@ def main(argv: Sequence[str]) -> int:
     from .checker.syslog import say
 
     warm.preload()
-    server = Server(opts["--socket"], opts["--code"], int(opts["--life"]), opts.get("--test"))
+    server = Server(opts["--socket"], opts["--code"], int(opts["--life"]), opts.get("--test"),
+                    cache_dir=opts.get("--cache-dir"))
 
     def _stop(signum: int, frame: object) -> None:
         raise SystemExit(0)
@@ -47,3 +49,8 @@ def main(argv: Sequence[str]) -> int:
         return 1
     finally:
         server.close()
+        if server.published and os.getpid() == server.pid:  # never a child's exit
+            # No checker, no facts: entries keyed on them stop replaying.
+            from .cuda.nodegpus import unpublish
+
+            unpublish(server.cache_dir)

@@ -323,7 +323,7 @@ def _cache_entry(step: StepInput, policy: Any, verdict: Verdict,
     if contract.wraps_an_image(step.argv[0]):
         return None  # the image is an argument the entry would not key on (grace_cache.c)
     if not verdict_cache.replayable(probes):
-        return None  # judged on facts C cannot recompute (NVML's GPUs): it would never hit
+        return None  # judged on facts C cannot check (NVML's, unpublished): it would never hit
     from .check import READ_VARS  # imported already: the verdict came from a check
     from .compiled import compiled_path_for
 

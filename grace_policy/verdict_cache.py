@@ -25,9 +25,13 @@ Format (ASCII, one entry per block; keep in step with grace_cache.c)::
 
 Inputs C knows: ``argv0``, ``cwd``, ``partition``, ``user_mode``, ``config``,
 ``code``, ``creds``, ``node``, ``host`` (:func:`host_profile`: the machine,
-page size, kernel release and glibc C sees now), ``container``
-(``KIND:IMAGE``) and ``cargs`` (the runtime's options, C's ``key=value``
-lines; both required of an entry a container step replays), ``env:NAME``, ``argv:N``
+page size, kernel release and glibc C sees now), ``gpus`` (the node's GPU
+facts as the node checker published them: the text of
+``<cache_dir>/gpus.v<version>``, which C reads as root beside the cache
+files; :mod:`grace_policy.cuda.nodegpus`; no such file: never a match),
+``container`` (``KIND:IMAGE``) and ``cargs`` (the runtime's options, C's
+``key=value`` lines; both required of an entry a container step replays),
+``env:NAME``, ``argv:N``
 (the step's argument N), ``argc`` (exactly that many) and ``argmin`` (at
 least that many: a Python step records the arguments up to its script,
 ``-c`` or ``-m`` operand, and ``argmin`` one more than the last, so the
@@ -64,8 +68,9 @@ MAX_ENTRY = 256 * 1024
 
 #: Inputs a check may note that the C lookup cannot compute (so they never
 #: match): an entry with one is not worth its bytes, and is not written.
-#: ``gpus``: the node's GPUs as NVML answered (grace_policy/cuda/stepcheck.py).
-NEVER_MATCHED = frozenset({"gpus"})
+#: ``nvml``: the node's GPUs as NVML answered a process that did not publish
+#: them (grace_policy/cuda/stepcheck.py; published facts are ``gpus``).
+NEVER_MATCHED = frozenset({"nvml"})
 
 
 def replayable(probes: Iterable[tuple[str, str, str]]) -> bool:

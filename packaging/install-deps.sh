@@ -7,7 +7,8 @@
 # ../shared/third_party/): squashfs-tools parallel gawk makeself libmd-dev
 # libbsd-dev jq zstd curl libcap2-bin for enroot, runc for --container.
 # squashfs-tools: container images the tests make (mksquashfs) and the
-# squashfs reader's oracle (unsquashfs); util-linux: unshare for SIF builds.
+# squashfs reader's oracle (unsquashfs); util-linux: unshare for SIF builds
+# and for slurmd's own mount namespace (tests/slurm/test_gpu_cache.py; mount, too).
 # liblzo2-2, libzstd1 (squashfs-tools' own deps, named because the image
 # reader's native decoders are tested against them: grace_policy/image/native.py).
 # libfuse2 + fusepy (pinned): the hung FUSE mount of tests/slurm/test_hungfs.py.
@@ -28,7 +29,7 @@ need_apt=()
 all_pkgs=(slurmd slurmctld slurm-client libslurm-dev munge gcc-aarch64-linux-gnu
           libc6-dev-arm64-cross qemu-user python3-dev python3-pip python3-venv
           fakeroot patchelf dpkg-dev make bzip2 binutils-aarch64-linux-gnu
-          mmdebstrap debhelper rpm util-linux
+          mmdebstrap debhelper rpm util-linux mount
           qemu-system-arm flex bison bc cpio xz-utils libssl-dev libelf-dev
           squashfs-tools parallel gawk makeself libmd-dev libbsd-dev jq zstd curl
           libcap2-bin runc libfuse2 liblzo2-2 libzstd1 iproute2 python3-pytest ipxe-qemu

@@ -52,6 +52,51 @@
 /* ------------------------------------------------------------------------ */
 /* Opening (root, slurm_spank_init)                                          */
 
+/* The node's GPU facts as the node checker published them (DIR/gpus.v<version>,
+ * grace_policy/cuda/nodegpus.py), read here as root: the "gpus" input of an
+ * entry judged on NVML's answer matches only this text. Empty: no trusted
+ * file, and no such entry matches. One per slurmstepd, like the cache fds;
+ * the lookup child inherits it. */
+#define GRACE_GPU_FACTS_MAX 1024 /* nodegpus.FACTS_MAX + 1 */
+static char grace_gpu_facts[GRACE_GPU_FACTS_MAX];
+
+static void grace_gpu_facts_read(const struct grace_context *ctx)
+{
+	char path[4096];
+	struct stat st;
+	ssize_t n;
+	size_t i;
+	int fd;
+
+	grace_gpu_facts[0] = '\0';
+	if ((size_t)snprintf(path, sizeof(path), "%s/gpus.v%s", ctx->cache_dir, GRACE_VERSION) >=
+	    sizeof(path))
+		return;
+	fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+	if (fd < 0)
+		return; /* no checker published facts: such entries are misses */
+	/* As the cache files: only root could have written it. */
+	if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != 0 ||
+	    (st.st_mode & 0022) != 0 || st.st_nlink != 1) {
+		close(fd);
+		return;
+	}
+	n = read(fd, grace_gpu_facts, sizeof(grace_gpu_facts));
+	close(fd);
+	if (n <= 0 || (size_t)n >= sizeof(grace_gpu_facts)) {
+		grace_gpu_facts[0] = '\0';
+		return;
+	}
+	for (i = 0; i < (size_t)n; i++) {
+		/* nodegpus.facts_text(): printable ASCII on one line */
+		if (grace_gpu_facts[i] < 0x20 || grace_gpu_facts[i] > 0x7e) {
+			grace_gpu_facts[0] = '\0';
+			return;
+		}
+	}
+	grace_gpu_facts[n] = '\0';
+}
+
 /* Open (creating) one cache file DIR/NAME.v<version> as root; -1 with the
  * reason in ctx->cache_error. */
 static int grace_cache_file(struct grace_context *ctx, const char *name, const char *what)
@@ -128,6 +173,7 @@ void grace_cache_open(struct grace_context *ctx, spank_t sp)
 	ctx->cache_fd = grace_cache_file(ctx, name, "verdict cache");
 	if (ctx->cache_fd < 0)
 		return;
+	grace_gpu_facts_read(ctx);
 	/* The node-wide file: read by every user's step, written only here, by
 	 * root, with entries whose every answer no user can change (the bridge's
 	 * grace_policy.nodeowned); docs/SECURITY.md. Without it the user's file
@@ -285,6 +331,11 @@ static int grace_input_matches(const struct grace_step *step, const struct grace
 		have = now->creds;
 	} else if (nlen == 4 && memcmp(name, "host", 4) == 0) {
 		have = now->host;
+	} else if (nlen == 4 && memcmp(name, "gpus", 4) == 0) {
+		/* the published GPU facts; none: never a match, not even "-" */
+		if (grace_gpu_facts[0] == '\0')
+			return 0;
+		have = grace_gpu_facts;
 	} else if (nlen == 6 && memcmp(name, "argmin", 6) == 0) {
 		/* at least N words: a Python step's arguments after its script,
 		 * -c or -m operand are not part of the key */

@@ -88,6 +88,11 @@ void grace_node_start(const struct grace_context *ctx)
 	argv[n++] = code;
 	argv[n++] = "--life";
 	argv[n++] = "3";
+	if (ctx->cache_dir != NULL && ctx->cache_dir[0] == '/') {
+		/* where it publishes the node's GPU facts for the cache (nodegpus.py) */
+		argv[n++] = "--cache-dir";
+		argv[n++] = ctx->cache_dir;
+	}
 #ifdef GRACE_TEST_HOOKS
 	if (ctx->test_checker != NULL) {
 		argv[n++] = "--test";

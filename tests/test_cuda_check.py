@@ -328,12 +328,15 @@ def _entry(argv: list[str], env: dict[str, str], node: NodeProfile
 def test_a_clean_verdict_on_nvmls_gpus_is_never_replayed(progs: dict[str, Path],
                                                          cudart13: Path,
                                                          nvml_answer: None) -> None:
-    """Clean on NVML's sm_90: the entry records the GPUs as an input no
-    lookup can give, so the same step on a node that became sm_100 (or got
-    another driver) is judged again, never replayed."""
+    """Clean on NVML's sm_90 in a process that published no facts (the
+    ``checker=step`` helper, the CLI): the entry records the GPUs as an
+    input no lookup can give, so the same step on a node that became sm_100
+    (or got another driver) is judged again, never replayed. (Published
+    facts: tests/test_gpu_cache.py.)"""
     env = _env(cudart13, SLURM_STEP_GPUS="0")
     text, ins = _entry([str(progs["sm80_sm90"])], env, _node(None, None))
-    assert text is not None and "I gpus =sm_90%20cuda%2013.5" in text, text
+    assert text is not None and "I nvml =sm_90%20cuda%2013.5" in text, text
+    assert "I gpus " not in text
     assert verdict_cache.lookup(text, ins, env) is None
 
 

@@ -66,8 +66,12 @@ class Server:
     """The listening parent: accepts, checks the peer, hands a step that
     asks to be judged to the spare, forks the next spare, forgets."""
 
-    def __init__(self, path: str, code: str, life: int, test: str | None = None) -> None:
+    def __init__(self, path: str, code: str, life: int, test: str | None = None, *,
+                 cache_dir: str | None = None) -> None:
         self.path, self.code, self.life, self.test = path, code, life, test
+        #: plugstack's cache_dir=, where the node's GPU facts are published.
+        self.cache_dir = cache_dir
+        self.published = False
         self.install = stale.Install(slurm_bridge.code_files(), [stale.PACKAGE])
         self.sock: socket.socket | None = None
         self.ino = 0
@@ -156,10 +160,11 @@ class Server:
         self.poll.register(self.life, select.POLLIN)
         self.poll.register(self.sock.fileno(), select.POLLIN)
         # The node's GPUs, once per start and before any child is forked, so
-        # no step waits for NVML (docs/CUDA.md).
+        # no step waits for NVML (docs/CUDA.md); published in cache_dir so
+        # verdicts judged on them can be replayed by C.
         from ..cuda.nodegpus import preload
 
-        preload()
+        self.published = preload(self.cache_dir)
         self._fork_spare()
         while True:
             for fd, _event in self.poll.poll():

@@ -35,9 +35,12 @@ if TYPE_CHECKING:
     from ..findings import Issue
     from ..node import NodeProfile
 
-#: The verdict-cache input a judgement on NVML's facts records (see
+#: The verdict-cache input a judgement on NVML's facts records when the node
+#: checker published them (grace_cache.c compares it with the facts file),
+#: and the one it records otherwise, which C never matches (see
 #: :meth:`GpuCheck._depends`).
 CACHE_INPUT = "gpus"
+UNPUBLISHED_INPUT = "nvml"
 #: How every soname that names a CUDA major begins.
 RUNTIME_PREFIXES = ("libcu", "libnv")
 
@@ -67,15 +70,25 @@ class GpuCheck:
         return f"{caps} cuda {driver}"
 
     def _depends(self) -> None:
-        """The verdict depended on the node's GPUs. NVML's answer is no input
-        the plugin's C side can recompute, so a cache entry that records it
-        is never replayed (grace_cache.c: an unknown input never matches):
-        a clean verdict on sm_90 is not replayed after the node (or its
-        driver) changed. Stated facts need no input: the config's identity
-        is part of every entry."""
+        """The verdict depended on the node's GPUs. Stated facts need no
+        input: the config's identity is part of every entry. NVML's answer
+        is keyed by the facts the node checker published for C
+        (:func:`.nodegpus.published`; the step's own devices are keyed by
+        ``SLURM_STEP_GPUS``/``SLURM_JOB_GPUS``, which :mod:`.stepgpus`
+        notes): the entry replays while the checker's facts are these, and
+        misses once it read others. A process whose answer nobody published
+        (``checker=step``'s helper, the CLI) records an input C never
+        matches, so no entry is written: a clean verdict on sm_90 is never
+        replayed after the node (or its driver) changed."""
         if not self._noted and not self.stated:
             self._noted = True
-            fsprobe.note_input(CACHE_INPUT, self.describe())
+            from .nodegpus import published
+
+            facts = published()
+            if facts is not None:
+                fsprobe.note_input(CACHE_INPUT, facts)
+            else:
+                fsprobe.note_input(UNPUBLISHED_INPUT, self.describe())
 
     def file(self, path: str, info: ElfInfo, host_path: str | None = None) -> list[Issue]:
         """The issues of one ELF file the step loads: ``path`` as messages

@@ -354,16 +354,18 @@ class Cluster(JobQueries):
             self.stop()
             raise
 
-    def restart_slurmd(self, timeout: float = 60.0) -> None:
+    def restart_slurmd(self, timeout: float = 60.0, wrap: Sequence[str] = ()) -> None:
         """Stop slurmd (TERM, as at a shutdown) and start it again: what it
         does once at its own start (slurm_spank_init in slurmd's context)
-        runs again with today's plugstack.conf."""
+        runs again with today's plugstack.conf. ``wrap``: a command that
+        execs slurmd's argv (its last arguments), e.g. to give it a mount
+        namespace of its own; the next restart without it drops it."""
         # A step that has just ended may still be completing: a slurmd
         # stopped in the middle of that leaves the node busy for a while.
         self.settled_node_state()
         seen = len(self.slurmd_log_text())
         _terminate(self.procs.pop("slurmd", None))
-        self._spawn("slurmd", [_sbin("slurmd"), "-D", "-f", str(self.conf), "-N", NODE])
+        self._spawn("slurmd", [*wrap, _sbin("slurmd"), "-D", "-f", str(self.conf), "-N", NODE])
         try:
             self._wait(lambda: " started on " in self.slurmd_log_text()[seen:]
                        and self.node_ready(), timeout, "node idle after a slurmd restart")

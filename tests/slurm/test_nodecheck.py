@@ -529,3 +529,23 @@ def test_checker_arguments_are_checked(node: SlurmEnv, arg: str, said: str) -> N
     log = [line for line in node.cluster.slurmd_log_text().splitlines()
            if f"{PREFIX}error: job {job.group(1)} step 0:" in line]
     assert len(log) == 1 and said in log[0], log
+
+
+def test_stale_gpu_facts_are_removed_by_a_checker_without_nvml(node: SlurmEnv) -> None:
+    """slurmd hands the server cache_dir (grace_node.c's --cache-dir); the
+    server, finding no NVML answer on this GPU-less machine, removes GPU
+    facts an earlier checker published there, so no entry keyed on them is
+    replayed any more (docs/CUDA.md "The verdict cache")."""
+    from grace_policy import __version__
+
+    cache = node.cluster.root.parent / "cache-gpu-facts"
+    if cache.exists():
+        shutil.rmtree(cache)
+    cache.mkdir(mode=0o700)
+    facts = cache / f"gpus.v{__version__}"
+    facts.write_text("0:sm_90 cuda 13.5")
+    facts.chmod(0o600)
+    server = _start(node, node.plugin, f"cache_dir={cache}")
+    cmd = Path(f"/proc/{server}/cmdline").read_bytes()
+    assert f"\0--cache-dir\0{cache}\0".encode() in cmd, cmd
+    _wait(lambda: not facts.exists())

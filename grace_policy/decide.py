@@ -20,6 +20,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from .exempt import Exempted, Who
     from .image import Image
+    from .registry.step import RegistryStep
 
 
 def node_for(policy: Policy, partition: str | None, *, base: NodeProfile | None = None,
@@ -65,6 +66,7 @@ def decide(
     who: Who | None = None,
     today: str | None = None,
     image: Image | str | None = None,
+    registry: RegistryStep | None = None,
 ) -> Verdict:
     """What the plugin does with this step. Never raises.
 
@@ -86,6 +88,10 @@ def decide(
     ``who``: the job's user and groups as Slurm set them, for the policy's
     exemptions (none apply without it); ``today``: ``YYYY-MM-DD`` (UTC) to
     judge their expiry by, default the real date.
+
+    ``registry``: the step runs in an image pyxis will pull from a registry;
+    judged from its manifest and config (the architecture only), within the
+    check's deadline; a registry that cannot be read follows ``on_error``.
     """
     mode = policy.mode
     try:
@@ -94,6 +100,8 @@ def decide(
             return Verdict(action="allow", mode=mode, partition=partition, skipped="mode off")
         if container:
             return Verdict(action="allow", mode=mode, partition=partition, skipped=container)
+        if registry is not None:
+            return _registry(policy, mode, partition, node, who, today, registry)
         if isinstance(image, str):
             from .image import ImageError
             from .image.open import open_image
@@ -128,6 +136,34 @@ def decide(
     except Exception as exc:  # never let a check failure escape into slurmstepd
         return error_verdict(policy, mode, partition,
                              f"internal error: {type(exc).__name__}: {exc}")
+
+
+def _registry(policy: Policy, mode: str, partition: str | None, node: NodeProfile | None,
+              who: Who | None, today: str | None, step: RegistryStep) -> Verdict:
+    """A registry image's verdict from its manifest, before any layer."""
+    from .registry import RegistryError
+
+    node = node or node_for(policy, partition)
+    budget = Budget(policy.limits.deadline_ms, policy.limits.max_files, policy.limits.max_bytes)
+    shown = step.reference.shown()
+    try:
+        issue, found = step.judge(node, budget)
+    except (RegistryError, BudgetExceeded) as exc:
+        return replace(_limit_verdict(policy, mode, partition,
+                                      f"registry image {shown}: {exc}"), image=shown)
+    if issue is None:
+        return Verdict(action="allow", mode=mode, partition=partition,
+                       skipped=step.judged(found), image=shown)
+    from .rules import Catalogue
+
+    findings = Catalogue.for_policy(policy).findings((issue,), finding_context(node, partition))
+    exempted: tuple[Exempted, ...] = ()
+    if policy.exemptions and findings:
+        from . import exempt
+
+        findings, exempted = exempt.apply(policy, findings, who, today)
+    return Verdict(action=action_for(mode, findings), mode=mode, partition=partition,
+                   findings=findings, exempted=exempted, image=shown)
 
 
 def _wraps_an_image(argv0: str) -> bool:

@@ -190,6 +190,7 @@ def run_step(step: StepInput) -> Outcome:
     probes: list[tuple[str, str, str]] = []
     argv, env, cwd = list(step.argv), step.env, step.cwd or "/"
     container, image, program = step.container, None, step.argv[0] if step.argv else None
+    registry = None
     if step.container_kind:
         # Judged inside the container (C found it, on Slurm's and pyxis' word).
         from .container.plan import plan
@@ -197,10 +198,12 @@ def run_step(step: StepInput) -> Outcome:
         todo = plan(step.container_kind, step.container_image, step.container_local,
                     step.container or step.container_kind, argv, env, cwd,
                     args=step.container_args, batch=step.batch)
-        container, image = todo.skipped, todo.image
+        container, image, registry = todo.skipped, todo.image, todo.registry
         argv, env, cwd = list(todo.argv), todo.env, todo.cwd
         program = argv[0] if argv else None  # the program in the image
     judge, inside = decide, {"image": image}
+    if registry is not None:  # pulled by pyxis after the check: its manifest (issue 25)
+        inside["registry"] = registry
     if step.batch and not step.container_kind:
         # The job's script: its lines are read too (grace_policy/batch/). A
         # broken install of the reader leaves the script judged as before. A

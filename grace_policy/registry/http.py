@@ -133,7 +133,6 @@ def _resolve(host: str, port: int, budget: Budget) -> tuple:  # type: ignore[typ
     worker.start()
     worker.join(_left(budget))
     if not out:
-        budget.tick()
         raise BudgetExceeded(f"the name lookup of {host!r} took longer than the deadline")
     if isinstance(out[0], OSError):
         raise RegistryError(f"cannot resolve {host!r}: {out[0]}")
@@ -148,7 +147,6 @@ def _connect(host: str, port: int, budget: Budget) -> socket.socket:
         sock.connect(addr)
     except TimeoutError:
         sock.close()
-        budget.tick()
         raise BudgetExceeded(f"connecting to {host}:{port} took longer than the deadline") \
             from None
     except OSError as exc:
@@ -182,8 +180,8 @@ class _Conn:
         try:
             data = self.sock.recv(_CHUNK)
         except TimeoutError:
-            self.budget.tick()
-            raise BudgetExceeded("the registry did not answer within the deadline") from None
+            raise BudgetExceeded("the registry did not answer within the check's deadline") \
+                from None
         if not data:
             self.eof = True
             return False

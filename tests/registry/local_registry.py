@@ -62,7 +62,8 @@ class LocalRegistry:
 
             with (work / "htpasswd").open("w") as fh:
                 for user, password in self.users.items():
-                    salted = crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH))
+                    # Cost 4: the registry checks the hash on every request.
+                    salted = crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH, rounds=16))
                     fh.write(f"{user}:{salted}\n")
             auth = (f"auth:\n  htpasswd:\n    realm: grace-tests\n"
                     f"    path: {work / 'htpasswd'}\n")
@@ -100,13 +101,20 @@ class LocalRegistry:
         if proc.returncode != 0:
             raise RuntimeError(f"skopeo failed: {proc.stderr[-2000:]}")
 
-    def blob_requests(self) -> list[str]:
-        """The paths of every blob request the registry logged."""
+    def mark(self) -> int:
+        """Where the log ends now (for :meth:`blob_gets` since then)."""
+        return self.log.stat().st_size
+
+    def blob_gets(self, since: int = 0) -> list[str]:
+        """The blob paths GET (a pull, not skopeo's push checks) asked for
+        since ``since``, from the registry's access log."""
+        with self.log.open("rb") as fh:
+            fh.seek(since)
+            text = fh.read().decode(errors="replace")
         out = []
-        for line in self.log.read_text(errors="replace").splitlines():
-            for word in line.split():
-                if "/blobs/sha256:" in word:
-                    out.append(word.strip('"'))
+        for line in text.splitlines():
+            if '"GET /v2/' in line and "/blobs/sha256:" in line:
+                out.append(line.split('"GET ', 1)[1].split()[0])
         return out
 
     def stop(self) -> None:

@@ -30,6 +30,8 @@ all_pkgs=(slurmd slurmctld slurm-client libslurm-dev munge gcc-aarch64-linux-gnu
           squashfs-tools parallel gawk makeself libmd-dev libbsd-dev jq zstd curl
           libcap2-bin runc libfuse2 liblzo2-2 libzstd1 iproute2 python3-pytest ipxe-qemu
           debian-archive-keyring g++-aarch64-linux-gnu)
+# Registry images (issue 25): Debian's registry 2.8.2, skopeo to push, umoci.
+all_pkgs+=(docker-registry skopeo umoci)
 # --packaging deb|rpm: only what make deb / make rpm need (no test tools).
 if [ "${1:-}" = --packaging ]; then
   all_pkgs=(libslurm-dev python3-dev python3-pip build-essential debhelper dpkg-dev)
@@ -55,6 +57,8 @@ need_files=(
   /usr/sbin/runc:runc /usr/bin/jq:jq /usr/bin/zstd:zstd /usr/bin/curl:curl /bin/ip:iproute2
   /usr/bin/patchelf:patchelf /usr/bin/fakeroot:fakeroot /usr/bin/python3-config:python3-dev
 )
+[ "${1:-}" = --packaging ] || need_files+=(/usr/bin/docker-registry:docker-registry
+  /usr/bin/skopeo:skopeo /usr/bin/umoci:umoci)
 reinstall=()
 for pkg in "${all_pkgs[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")

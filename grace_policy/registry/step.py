@@ -10,7 +10,7 @@ architecture: what pyxis unpacks is not on the node yet.
 
 from __future__ import annotations
 
-from .._record import dataclass
+from .._record import dataclass, field
 from ..budget import Budget
 from ..findings import Issue
 from .manifest import Resolved, resolve
@@ -37,11 +37,15 @@ class RegistryStep:
     settings: Settings
     #: The image string the user gave (for the audit line).
     given: str
+    #: What the last :meth:`judge` read ("found": :class:`Resolved`), for the
+    #: CLI's report; not part of the step's identity.
+    seen: dict[str, Resolved] = field(default_factory=dict, compare=False)
 
     def judge(self, node: NodeProfile, budget: Budget) -> tuple[Issue | None, Resolved]:
         """(``image-arch-mismatch`` or None, what was judged). Raises
         RegistryError or BudgetExceeded."""
         found = resolve(self.reference, node.machine, self.settings, budget)
+        self.seen["found"] = found
         return arch_issue(found, node), found
 
     def judged(self, found: Resolved) -> str:

@@ -20,7 +20,6 @@ from .._record import dataclass
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ..image import Image
-    from ..registry.step import RegistryStep
 
 
 @dataclass(frozen=True)
@@ -34,6 +33,8 @@ class Plan:
     cwd: str
     #: Why the step is not judged (for the audit line), or None.
     skipped: str | None = None
-    #: An image pyxis will pull from a registry (``image`` is None): judged
-    #: from its manifest by the core, within the check's deadline.
-    registry: RegistryStep | None = None
+    #: An image pyxis will pull from a registry (``image`` is None): a
+    #: :class:`grace_policy.registry.step.RegistryStep`, judged from its
+    #: manifest by the core within the check's deadline. (Not typed by name:
+    #: the registry package reads enroot's settings from this package.)
+    registry: object | None = None

@@ -61,11 +61,28 @@ def platform_of(machine: str) -> str:
     return PLATFORMS.get(machine, f"linux/{machine}")
 
 
+#: The most platforms a message names (a list may have up to MAX_ENTRIES).
+MAX_SHOWN = 8
+
+
+def shown_platforms(platforms: tuple[str, ...]) -> str:
+    """The platforms for a message: each once, in the list's order, at most
+    :data:`MAX_SHOWN` (the registry's words: the messages escape them)."""
+    seen: list[str] = []
+    for name in platforms:
+        if name not in seen:
+            seen.append(name)
+    if not seen:
+        return "no platform"
+    more = len(seen) - MAX_SHOWN
+    return ", ".join(seen[:MAX_SHOWN]) + (f" and {more} more" if more > 0 else "")
+
+
 def arch_issue(found: Resolved, node: NodeProfile) -> Issue | None:
     from ..node import normalize_arch
 
     node_platform = platform_of(node.machine)
-    has = ", ".join(found.image_platforms()) or "no platform"
+    has = shown_platforms(found.image_platforms())
     image = found.reference.shown()
     if found.digest:
         if not found.arch:

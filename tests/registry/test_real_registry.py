@@ -270,6 +270,29 @@ def test_faults_end_within_the_deadline(handler, says: str, on_error: str,  # ty
     assert took < 1.5 + 1.0, f"took {took:.1f} s with a 1.5 s deadline"
 
 
+def _hostile_list(conn: socket.socket) -> None:
+    entries = [{"digest": "sha256:" + f"{i:064x}", "size": 1,
+                "platform": {"os": "linux\n", "architecture": f"\x1b[31mrisc{i % 20}\u202e"}}
+               for i in range(1000)]
+    body = json.dumps({"schemaVersion": 2, "manifests": entries}).encode()
+    conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+
+
+def test_hostile_platform_names_are_escaped_and_capped() -> None:
+    from grace_policy.messages import user_lines
+
+    fault = Fault(_hostile_list)
+    try:
+        verdict = _decide(_step(f"{fault.address}#lab/img:v1"), "x86_64")
+    finally:
+        fault.close()
+    assert verdict.action == "reject" and verdict.findings[0].rule == "image-arch-mismatch"
+    text = "\n".join(user_lines(verdict))
+    assert "\x1b" not in text and "\u202e" not in text
+    assert "and 12 more" in text  # 20 distinct names, 8 shown
+    assert all(line.startswith("grace-policy: ") for line in text.splitlines())
+
+
 def test_connection_refused() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -293,6 +293,50 @@ def test_hostile_platform_names_are_escaped_and_capped() -> None:
     assert all(line.startswith("grace-policy: ") for line in text.splitlines())
 
 
+class Proxy(Fault):
+    """A forwarding HTTP proxy (absolute-form requests, as curl sends them to
+    an ``http_proxy``) in front of the real registry; it notes each request."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+        super().__init__(None)
+
+    def _one(self, conn: socket.socket) -> None:
+        try:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                head += conn.recv(65536)
+            first, rest = head.split(b"\r\n", 1)
+            method, url, version = first.decode().split(" ")
+            self.seen.append(url)
+            hostport, _, path = url.removeprefix("http://").partition("/")
+            host, port = hostport.rsplit(":", 1)
+            with socket.create_connection((host, int(port)), timeout=10) as up:
+                up.sendall(f"{method} /{path} {version}\r\n".encode() + rest)
+                while data := up.recv(65536):
+                    conn.sendall(data)
+            conn.close()
+        except OSError:
+            pass
+
+
+def test_http_proxy_from_the_environment(anon) -> None:  # type: ignore[no-untyped-def]
+    reg, _ = anon
+    proxy = Proxy()
+    try:
+        env = {"http_proxy": f"http://{proxy.address}", "HTTP_PROXY": "http://127.0.0.1:9"}
+        step = _step(f"{reg.address}#lab/img:arm", Settings(allow_http=True, env=env))
+        assert _decide(step, "x86_64").action == "reject"
+        assert proxy.seen and all(u.startswith(f"http://{reg.address}/v2/") for u in proxy.seen)
+        # no_proxy names the registry: straight there (curl's rule).
+        proxy.seen.clear()
+        env["no_proxy"] = "localhost,127.0.0.1"
+        step = _step(f"{reg.address}#lab/img:arm", Settings(allow_http=True, env=env))
+        assert _decide(step, "x86_64").action == "reject" and not proxy.seen
+    finally:
+        proxy.close()
+
+
 def test_connection_refused() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -45,6 +45,23 @@ def free_port() -> int:
         return s.getsockname()[1]  # type: ignore[no-any-return]
 
 
+def bcrypt_hash(password: str) -> str:
+    """A bcrypt hash as registry 2.8.2's htpasswd wants it, cost 4 (the
+    registry checks it on every request): Debian's python3-bcrypt, else
+    Python's crypt (gone in 3.13)."""
+    try:
+        import bcrypt
+
+        return bcrypt.hashpw(password.encode(), bcrypt.gensalt(4)).decode()  # type: ignore[no-any-return]
+    except ImportError:
+        pass
+    try:
+        import crypt
+    except ImportError:
+        pytest.skip("neither bcrypt (python3-bcrypt) nor crypt to write an htpasswd")
+    return crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH, rounds=16))
+
+
 class LocalRegistry:
     """One registry process: storage, config and log under ``work``."""
 
@@ -58,16 +75,9 @@ class LocalRegistry:
         self.users = dict(users or {})
         auth = ""
         if self.users:
-            try:
-                import crypt  # Python <= 3.12; bcrypt as registry 2.8.2 wants it
-            except ImportError:
-                pytest.skip("no crypt module (Python 3.13+) to write a bcrypt htpasswd")
-
             with (work / "htpasswd").open("w") as fh:
                 for user, password in self.users.items():
-                    # Cost 4: the registry checks the hash on every request.
-                    salted = crypt.crypt(password, crypt.mksalt(crypt.METHOD_BLOWFISH, rounds=16))
-                    fh.write(f"{user}:{salted}\n")
+                    fh.write(f"{user}:{bcrypt_hash(password)}\n")
             auth = (f"auth:\n  htpasswd:\n    realm: grace-tests\n"
                     f"    path: {work / 'htpasswd'}\n")
         (work / "config.yml").write_text(

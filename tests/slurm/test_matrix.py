@@ -61,7 +61,7 @@ INNER_IGNORE = ("tests/slurm/test_matrix.py", "tests/slurm/test_packages.py", *C
 #: has (packaging/install-deps.sh's container line; mmdebstrap for the SIFs).
 CONTAINER_DEBS = ("squashfs-tools", "parallel", "gawk", "makeself", "libmd-dev", "libbsd-dev",
                   "jq", "zstd", "curl", "libcap2-bin", "runc", "mmdebstrap", "apptainer",
-                  "docker-registry", "skopeo")
+                  "docker-registry", "skopeo", "python3-bcrypt")
 #: What runs again under contain_spank: launch, verdict, env, batch, no drain,
 #: cache, concurrent steps, the faults and the hung mounts (the check's helper
 #: forked from the clone child); test_bypass's paths do not depend on where user_init runs.

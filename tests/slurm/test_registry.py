@@ -180,3 +180,75 @@ def test_batch_step_of_an_arm64_image(pulls: Pulls) -> None:
     assert f"{PREFIX}ERROR image-arch-mismatch: {pulls.ref('arm')}" in text, text
     gets = " ".join(pulls.registry.blob_gets(mark))
     assert pulls.layers["arm"]["aarch64"].split(":")[1] not in gets
+
+
+# -- a registry with htpasswd basic auth and enroot's .credentials ---------
+
+PASSWORD = "Ab3-registry-secret"
+
+
+@pytest.fixture(scope="module")
+def private(pulls: Pulls) -> Iterator[LocalRegistry]:
+    """Registry 2.8.2 with one user; the images are the same roots."""
+    work = pulls.pyxis.work / "registry-private"
+    reg = LocalRegistry(work / "reg", users={"alice": PASSWORD})
+    try:
+        roots = {"amd64": pulls.pyxis.work / "root-clean",
+                 "arm64": pulls.pyxis.work / "root-arm64"}
+        env = ["PATH=/opt/app/bin:/usr/bin:/bin"]
+        for tag, arches in (("arm", {"aarch64": roots["arm64"]}),
+                            ("amd", {"x86_64": roots["amd64"]})):
+            oci_image(work / "layout", tag, arches, env=env,
+                      files={"etc/image-tag": f"private-{tag}".encode()})
+            reg.push(work / "layout", tag, "team/img")
+        yield reg
+    finally:
+        reg.stop()
+
+
+def _credentials(pulls: Pulls, text: str) -> Path:
+    """root's ``$ENROOT_CONFIG_PATH/.credentials`` for the steps (enroot's
+    default: ``$HOME/.config/enroot``; pyxis passes HOME on)."""
+    config = Path(pulls.pyxis.env()["HOME"]) / ".config" / "enroot"
+    config.mkdir(parents=True, exist_ok=True)
+    path = config / ".credentials"
+    path.write_text(text)
+    path.chmod(0o600)
+    return path
+
+
+def test_private_registry_with_credentials(pulls: Pulls, private: LocalRegistry) -> None:
+    """No USER@ in the reference: enroot 4.1.2 takes the login from the
+    first .credentials line for the registry's host (docker::_parse_uri),
+    and so does the check. A wrong password: pyxis' pull fails, the check
+    follows on_error; no password or Basic token shows anywhere."""
+    import base64
+
+    px = pulls.pyxis
+    px.use()
+    creds = _credentials(pulls, "machine 127.0.0.1 login alice password $GRACE_REG_PW\n")
+    env = {**px.env(), "GRACE_REG_PW": PASSWORD}  # evalnetrc: from enroot's environment
+    try:
+        ref = f"{private.address}#team/img"
+        before = len(px.slurm.audit_lines())
+        res = px.slurm.cluster.srun([f"--container-image={ref}:arm", "tool"], env=env,
+                                    timeout=180)
+        assert f"{PREFIX}ERROR image-arch-mismatch: {ref}:arm" in res.stderr, res.stderr
+        res = px.slurm.cluster.srun([f"--container-image={ref}:amd", "tool"], env=env,
+                                    timeout=180)
+        assert res.returncode == 0, res.stderr  # enroot pulled it with the same login
+        assert "side-effect program ran" in res.stdout and PREFIX not in res.stderr
+        creds.write_text("machine 127.0.0.1 login alice password wrong-Pw-7\n")
+        res = px.slurm.cluster.srun([f"--container-image={ref}:amd", "tool"], env=env,
+                                    timeout=180)
+        assert res.returncode != 0 and "pyxis:" in res.stderr
+        assert f"{PREFIX}WARNING check-limit" in res.stderr and "HTTP 401" in res.stderr
+        records = px.records(before)
+        assert [r["action"] for r in records] == ["reject", "allow", "allow"]
+    finally:
+        creds.unlink()
+    seen = res.stderr + json.dumps(records) + "\n".join(px.slurm.audit_lines())
+    seen += private.log.read_text(errors="replace")
+    for secret in (PASSWORD, "wrong-Pw-7",
+                   base64.b64encode(f"alice:{PASSWORD}".encode()).decode()):
+        assert secret not in seen

@@ -20,6 +20,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from .exempt import Exempted, Who
     from .image import Image
+    from .registry.step import RegistryStep
 
 
 def node_for(policy: Policy, partition: str | None, *, base: NodeProfile | None = None,
@@ -73,6 +74,7 @@ def decide(
     image: Image | str | None = None,
     budget: Budget | None = None,
     limit: str | None = None,
+    registry: RegistryStep | None = None,
 ) -> Verdict:
     """What the plugin does with this step. Never raises.
 
@@ -98,6 +100,10 @@ def decide(
     ``who``: the job's user and groups as Slurm set them, for the policy's
     exemptions (none apply without it); ``today``: ``YYYY-MM-DD`` (UTC) to
     judge their expiry by, default the real date.
+
+    ``registry``: the step runs in an image pyxis will pull from a registry;
+    judged from its manifest and config (the architecture only), within the
+    check's deadline; a registry that cannot be read follows ``on_error``.
     """
     mode = policy.mode
     try:
@@ -108,6 +114,8 @@ def decide(
             return Verdict(action="allow", mode=mode, partition=partition, skipped=container)
         if limit is not None:
             return _limit_verdict(policy, mode, partition, limit)
+        if registry is not None:
+            return _registry(policy, mode, partition, node, who, today, registry, budget)
         if isinstance(image, str):
             from .image import ImageError
             from .image.open import open_image
@@ -144,6 +152,36 @@ def decide(
     except Exception as exc:  # never let a check failure escape into slurmstepd
         return error_verdict(policy, mode, partition,
                              f"internal error: {type(exc).__name__}: {exc}")
+
+
+def _registry(policy: Policy, mode: str, partition: str | None, node: NodeProfile | None,
+              who: Who | None, today: str | None, step: RegistryStep,
+              budget: Budget | None) -> Verdict:
+    """A registry image's verdict from its manifest, before any layer, under
+    the step's budget (started before its plan read anything)."""
+    from .registry import RegistryError
+
+    node = node or node_for(policy, partition)
+    budget = budget or step_budget(policy)
+    shown = step.reference.shown()
+    try:
+        issue, found = step.judge(node, budget)
+    except (RegistryError, BudgetExceeded) as exc:
+        return replace(_limit_verdict(policy, mode, partition,
+                                      f"registry image {shown}: {exc}"), image=shown)
+    if issue is None:
+        return Verdict(action="allow", mode=mode, partition=partition,
+                       skipped=step.judged(found), image=shown)
+    from .rules import Catalogue
+
+    findings = Catalogue.for_policy(policy).findings((issue,), finding_context(node, partition))
+    exempted: tuple[Exempted, ...] = ()
+    if policy.exemptions and findings:
+        from . import exempt
+
+        findings, exempted = exempt.apply(policy, findings, who, today)
+    return Verdict(action=action_for(mode, findings), mode=mode, partition=partition,
+                   findings=findings, exempted=exempted, image=shown)
 
 
 def _wraps_an_image(argv0: str) -> bool:

@@ -60,6 +60,8 @@ CAUSES = (
     # The file is inside the container image the step runs in (issue 15):
     # the image is what to fix, whatever put the file there.
     "image",
+    # ... pulled from a registry by pyxis (issue 25): judged from its manifest.
+    "registry",
     "leaked-env",
     "pythonpath",
     "conda",
@@ -84,6 +86,9 @@ TEMPLATE_FIELDS = frozenset(
         "image",
         "image_arch",
         "node_platform",
+        # Registry images (issue 25): the platforms the image has, the manifest.
+        "platforms",
+        "digest",
         "inner",
         "file_arch",
         "page_size",

@@ -214,6 +214,8 @@ def run_step(step: StepInput) -> Outcome:
         argv, env, cwd = list(todo.argv), todo.env, todo.cwd
         program = argv[0] if argv else None  # the program in the image
         inside = {"image": image, "budget": budget, "limit": todo.limit}
+        if todo.registry is not None:  # pulled by pyxis after the check: its manifest
+            inside["registry"] = todo.registry
     judge = decide
     if step.batch and not step.container_kind:
         # The job's script: its lines are read too (grace_policy/batch/). A

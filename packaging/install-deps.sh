@@ -33,7 +33,10 @@ all_pkgs=(slurmd slurmctld slurm-client libslurm-dev munge gcc-aarch64-linux-gnu
           qemu-system-arm flex bison bc cpio xz-utils libssl-dev libelf-dev
           squashfs-tools parallel gawk makeself libmd-dev libbsd-dev jq zstd curl
           libcap2-bin runc libfuse2 liblzo2-2 libzstd1 iproute2 python3-pytest ipxe-qemu
-          debian-archive-keyring g++-aarch64-linux-gnu mount)
+          debian-archive-keyring g++-aarch64-linux-gnu)
+# Registry images (issue 25): Debian's registry 2.8.2, skopeo to push, umoci;
+# python3-bcrypt writes the test registry's htpasswd where Python has no crypt.
+all_pkgs+=(docker-registry skopeo umoci python3-bcrypt)
 # --packaging deb|rpm: only what make deb / make rpm need (no test tools).
 if [ "${1:-}" = --packaging ]; then
   all_pkgs=(libslurm-dev python3-dev python3-pip build-essential debhelper dpkg-dev)
@@ -61,6 +64,8 @@ need_files=(
   /bin/mount:mount /bin/umount:mount /usr/bin/unshare:util-linux
   /usr/lib/x86_64-linux-gnu/slurm-wlm/job_container_tmpfs.so:slurm-wlm-basic-plugins
 )
+[ "${1:-}" = --packaging ] || need_files+=(/usr/bin/docker-registry:docker-registry
+  /usr/bin/skopeo:skopeo /usr/bin/umoci:umoci)
 reinstall=()
 for pkg in "${all_pkgs[@]}"; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")

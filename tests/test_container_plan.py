@@ -52,10 +52,14 @@ def test_pyxis_local_image_env_and_cwd(tmp_path: Path) -> None:
     assert plan("pyxis", str(image), True, "r", ["tool"], job, "/nowhere").cwd == "/"
 
 
-def test_pyxis_registry_image_and_bad_images_are_skips(tmp_path: Path) -> None:
+def test_pyxis_registry_image_planned_and_bad_images_are_skips(tmp_path: Path) -> None:
     todo = plan("pyxis", "nvcr.io#nvidia/pytorch:25.01-py3", False, "pyxis step (x)",
                 ["python"], {}, "/")
-    assert todo.image is None and "not a local image" in str(todo.skipped)
+    # Issue 25: a registry image is judged from its manifest by the core.
+    assert todo.image is None and todo.skipped is None and todo.registry is not None
+    assert todo.registry.reference.shown() == "nvcr.io#nvidia/pytorch:25.01-py3"
+    todo = plan("pyxis", "dockerd://local", False, "pyxis step (x)", ["python"], {}, "/")
+    assert todo.registry is None and "not a registry reference" in str(todo.skipped)
     broken = tmp_path / "broken.sqsh"
     broken.write_bytes(b"hsqs" + b"\0" * 60)
     todo = plan("pyxis", str(broken), True, "pyxis step", ["tool"], {}, "/")

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
     from ..node import NodeProfile
     from ..policy import Policy
     from ..python.nodeinterp import Basis
+    from ..registry.step import RegistryStep
 
 
 def configure_parser(sub: argparse._SubParsersAction, name: str, help_text: str) -> None:
@@ -52,7 +53,12 @@ def configure_parser(sub: argparse._SubParsersAction, name: str, help_text: str)
     parser.add_argument("--image", metavar="IMAGE",
                         help="judge CMD inside a container image, read without mounting: an "
                              "enroot/pyxis .sqsh, an Apptainer .sif, an unpacked root or an "
-                             "OCI bundle (its config.json's process.args when no CMD)")
+                             "OCI bundle (its config.json's process.args when no CMD); or a "
+                             "registry image as pyxis/enroot name it "
+                             "(docker://[USER@][REGISTRY#]IMAGE[:TAG], REGISTRY#IMAGE:TAG): "
+                             "its platforms and architecture verdict from the registry's "
+                             "manifest and config, as `enroot import` run by you would read "
+                             "them (your environment, enroot.conf, .credentials)")
     gpus = parser.add_mutually_exclusive_group()
     gpus.add_argument("--gpus", metavar="N",
                       help="the step gets N GPUs on its node, as with srun/sbatch --gpus=N "
@@ -197,6 +203,9 @@ def execute(args: argparse.Namespace, rest: list[str] | None) -> int:
     from ..decide import decide
     from ..policy import ConfigError
 
+    registry = _registry_step(args.image) if getattr(args, "image", None) else None
+    if registry is not None:
+        return _execute_registry(args, rest, registry)
     image = _open_image(args.image) if getattr(args, "image", None) else None
     command = _command(args, rest, image.args if image is not None else ())
     env = job_env(args)
@@ -260,6 +269,74 @@ def execute(args: argparse.Namespace, rest: list[str] | None) -> int:
         err(escape(str(verdict.error)))
         err(f"(the plugin would {verdict.action} this step: on_error={policy.on_error})")
         return EX_SOFTWARE
+    return EXIT_FOR_ACTION.get(verdict.action, EX_SOFTWARE)
+
+
+def _registry_step(text: str) -> RegistryStep | None:
+    """A registry reference (not a file here): the step enroot's import
+    would make of it, with this user's settings; None for a local image."""
+    if os.path.exists(text) or text.startswith(("/", ".")):
+        return None
+    from ..registry.reference import parse
+
+    ref = parse(text)
+    if ref is None:
+        return None
+    from ..registry.settings import for_user
+    from ..registry.step import RegistryStep
+
+    return RegistryStep(ref, for_user(dict(os.environ)), text)
+
+
+def _execute_registry(args: argparse.Namespace, rest: list[str] | None,
+                      step: RegistryStep) -> int:
+    """The login-node question for a registry image: what the plugin will
+    decide from the manifest and config alone (nothing is pulled)."""
+    from ..compiled import load_policy
+    from ..decide import decide
+    from ..messages import PREFIX, escape
+    from ..policy import ConfigError
+
+    if args.batch is not None:
+        raise UsageError("--batch with a registry --image: not supported yet")
+    command = _command(args, rest, ("(the image's entrypoint)",))
+    try:
+        policy = load_policy(args.config)
+    except ConfigError as exc:
+        return report_config_error(exc)
+    node = build_node(args, policy)
+    note_unknown_partition(args, policy)
+    who = None
+    if policy.exemptions:
+        from ..exempt import Who
+
+        who = Who.current()
+    verdict = decide(policy, partition=args.partition, argv=command, env=job_env(args),
+                     cwd="/", node=node, who=who, registry=step)
+    found = step.seen.get("found")
+    if args.json:
+        out = verdict.to_json()
+        out["node"] = node_json(node)
+        out["command"] = command
+        if found is not None:
+            out["registry"] = {
+                "reference": step.reference.shown(), "digest": found.digest,
+                "list_digest": found.list_digest, "platforms": list(found.image_platforms()),
+                "architecture": found.arch, "os": found.os, "env": list(found.env),
+                "entrypoint": list(found.entrypoint), "cmd": list(found.cmd)}
+        print(json.dumps(out, indent=2))
+        return EXIT_FOR_ACTION.get(verdict.action, EX_SOFTWARE)
+    if found is not None:
+        has = ", ".join(found.image_platforms()) or "no platform"
+        print(f"{PREFIX}image {escape(step.reference.shown())}: platforms {escape(has)}")
+        if found.digest:
+            print(f"{PREFIX}for this node enroot imports manifest {escape(found.digest)} "
+                  f"({escape(found.os or 'linux')}/{escape(found.arch or '?')}); entrypoint "
+                  f"{escape(json.dumps(list(found.entrypoint)))}, cmd "
+                  f"{escape(json.dumps(list(found.cmd)))}, env "
+                  f"{escape(json.dumps(list(found.env)))}")
+    for line in _human(verdict, policy, node, command):
+        print(line)
     return EXIT_FOR_ACTION.get(verdict.action, EX_SOFTWARE)
 
 

@@ -35,3 +35,8 @@ class Plan:
     skipped: str | None = None
     #: The step's budget ran out while its image was read: a check-limit.
     limit: str | None = None
+    #: An image pyxis will pull from a registry (``image`` is None): a
+    #: :class:`grace_policy.registry.step.RegistryStep`, judged from its
+    #: manifest by the core within the check's deadline. (Not typed by name:
+    #: the registry package reads enroot's settings from this package.)
+    registry: object | None = None

@@ -15,9 +15,11 @@ default): pyxis starts the container for the batch step too, with slurmd's
 copy of the script bind-mounted at its own path, and the script runs in
 it; its ``#!`` interpreter is the image's.
 
-An image pyxis imports from a registry, or a named container, exists on
-this node only after pyxis' task_init: not judged here (the audit line says
-so). What pyxis fails to import or start is pyxis' error to report.
+An image pyxis imports from a registry exists on this node only after
+pyxis' task_init; its manifest and config are judged before that
+(:mod:`grace_policy.registry`, issue 25): the architecture only. A named
+container without an image is not judged here (the audit line says so).
+What pyxis fails to import or start is pyxis' error to report.
 """
 
 from __future__ import annotations
@@ -136,6 +138,10 @@ def plan_pyxis(image: str | None, local: bool, reason: str, argv: Sequence[str],
             local = named  # no container yet: pyxis makes it from the image, judged below
         else:
             image, local, opened = named.path, True, named  # its root, judged below
+    if not local and image:  # pulled by pyxis from a registry: its manifest (issue 25)
+        from .registry import plan_registry
+
+        return plan_registry(image, reason, argv, env, cwd)
     if not local or not image:
         return Plan(None, tuple(argv), dict(env), cwd,
                     skipped=f"{reason}: not judged: not a local image (pyxis imports or "

@@ -55,12 +55,13 @@ SRC = "/src/grace-policy"
 CONTAINERS = ("tests/slurm/test_containers.py", "tests/slurm/test_container_python.py",
               "tests/slurm/test_apptainer_slurm.py",
               "tests/slurm/test_pyxis_batch.py", "tests/slurm/test_enroot_mounts.py",
-              "tests/slurm/test_oci_path.py")
+              "tests/slurm/test_oci_path.py", "tests/slurm/test_registry.py")
 INNER_IGNORE = ("tests/slurm/test_matrix.py", "tests/slurm/test_packages.py", *CONTAINERS)
 #: What tests/slurm/test_containers.py needs in a root besides what the root
 #: has (packaging/install-deps.sh's container line; mmdebstrap for the SIFs).
 CONTAINER_DEBS = ("squashfs-tools", "parallel", "gawk", "makeself", "libmd-dev", "libbsd-dev",
-                  "jq", "zstd", "curl", "libcap2-bin", "runc", "mmdebstrap", "apptainer")
+                  "jq", "zstd", "curl", "libcap2-bin", "runc", "mmdebstrap", "apptainer",
+                  "docker-registry", "skopeo", "python3-bcrypt")
 #: What runs again under contain_spank: launch, verdict, env, batch, no drain,
 #: cache, concurrent steps, the faults and the hung mounts (the check's helper
 #: forked from the clone child); test_bypass's paths do not depend on where user_init runs.

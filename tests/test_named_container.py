@@ -159,7 +159,8 @@ def test_flags_as_pyxis_reads_them(enroot_env: dict[str, str], images: dict[str,
     assert fresh.image is not None and fresh.image.kind == "squashfs"
     assert fresh.image.path == str(images["aarch64"])
     # A registry image for a new container: the image path's business.
-    assert "not a local image" in str(go("other", "ubuntu:24.04").skipped)
+    pulled = go("other", "ubuntu:24.04")
+    assert pulled.image is None and pulled.skipped is None and pulled.registry is not None
     assert split("x:y:z") is None and split("x") == ("x", "auto")
 
 

@@ -91,6 +91,8 @@ STEP = (
     Field("container_local", FLAG, "1: container_image is a file on this node"),
     Field("container_args", TEXT, 'the runtime\'s own options, "key=value" lines (pyxis: '
           "mounts, workdir, mount_home), or NULL"),
+    Field("max_memory", UINT, "max_memory=MIB of plugstack.conf: the data the check may add "
+          "to what its process has (0: no limit; grace_policy/checker/confine.py)"),
 )
 
 #: The fields the frame carries, in its order.

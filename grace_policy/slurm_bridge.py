@@ -90,6 +90,10 @@ class StepInput:
     #: The runtime's own options that change what argv finds, "key=value"
     #: lines (pyxis: mounts, workdir, mount_home), as C read them.
     container_args: str | None = None
+    #: ``max_memory=`` of plugstack.conf in MiB (0: none): the helper that
+    #: judges confines itself to it before reading the policy
+    #: (checker/confine.py); the check's allocations past it end as check-limit.
+    max_memory: int = 0
 
     @property
     def step_name(self) -> str:
@@ -129,7 +133,7 @@ PRELOAD = ("grace_policy.compiled", "grace_policy.policy", "grace_policy.decide"
            "grace_policy.verdict_cache", "grace_policy.nodeowned", "grace_policy.python.step",
            "grace_policy.python.interp", "grace_policy.python.judge",
            "grace_policy.python.sitepath", "grace_policy.python.usage", "grace_policy.messages",
-           "encodings.ascii")
+           "encodings.ascii", "grace_policy.checker.confine", "ctypes", "resource")
 
 
 def _one_line(text: str, limit: int = 900) -> str:
@@ -443,6 +447,22 @@ def outcome_for(step: StepInput) -> Outcome:
         return Outcome.failed(f"bridge: {type(exc).__name__}: {_one_line(str(exc))}")
 
 
+def confine(step: StepInput) -> Outcome | None:
+    """Confine the process that is about to judge (checker/confine.py: the
+    data limit, no new privileges, the system call filter), before the
+    policy or any file of the user's is read. Only for a process that
+    judges and then ends: the node checker's child, slurmstepd's helper
+    (grace_py_decide runs nowhere else); never the CLI, never a test's own
+    process. The failure to return if it did not take, else None."""
+    from .checker import confine as _confine
+
+    try:
+        _confine.enter(step.max_memory)
+    except _confine.Refused as exc:
+        return Outcome.failed(f"the check was not confined, so not run: {_one_line(str(exc))}")
+    return None
+
+
 def emissions(out: Outcome) -> list[tuple[str, bytes]]:
     """What C is handed, in order, by kind (contract.EMIT's names: ``user``,
     ``unset``, ``set``, ``log``, ``cache``, ``fail`` for an error, ``done``
@@ -491,7 +511,8 @@ def register(ffi: Any, lib: Any) -> None:
     def grace_py_decide(c_step: Any) -> int:
         result = c_step.result
         try:
-            out = outcome_for(read_step(ffi, c_step))
+            step = read_step(ffi, c_step)
+            out = confine(step) or outcome_for(step)
         except Exception as exc:
             out = Outcome.failed(f"bridge: {type(exc).__name__}: {_one_line(str(exc))}")
         for kind, text in emissions(out):

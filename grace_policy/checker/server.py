@@ -31,7 +31,7 @@ import struct
 import time
 
 from .. import slurm_bridge
-from . import creds, stale, wire
+from . import confine, creds, stale, wire
 
 #: How long after slurmstepd's deadline a child still runs (its own timer).
 _SLACK_S = 0.2
@@ -305,6 +305,9 @@ class Server:
             self.spare.close()
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        # Not slurmd's standing (often -1000): a child that grows is the
+        # OOM killer's candidate like any process. Now, while still root.
+        confine.fair_oom()
 
     def _spare(self, link: socket.socket) -> None:
         """Prefault at low priority, then wait for one step's connection;
@@ -325,7 +328,7 @@ class Server:
         if link not in ready:
             return  # slurmd is gone
         try:
-            _msg, fds, _flags, _addr = socket.recv_fds(link, 1, 1)
+            _msg, fds, _flags, _addr = socket.recv_fds(link, 1, 1, socket.MSG_CMSG_CLOEXEC)
         except OSError:
             return
         link.close()
@@ -346,7 +349,7 @@ class Server:
         if self.life in ready and conn not in ready:
             return
         try:
-            frame, audit_fd = wire.read_frame(conn, with_fd=True)
+            frame = wire.read_frame(conn)
         except (EOFError, OSError, ValueError):
             return  # a hit, or the step ended: nothing to do
         why = self.install.changed()
@@ -367,10 +370,37 @@ class Server:
         # Past slurmstepd's deadline nothing we say is used: end by then.
         signal.setitimer(signal.ITIMER_REAL, request.left_ms / 1000.0 + _SLACK_S)
         try:
-            step = wire.parse_step(wire.read_frame(conn)[0], audit_fd)
+            step = wire.parse_step(wire.read_frame(conn))
         except (EOFError, OSError, ValueError):
             return
         conn.sendall(wire.record("accepted"))
+        refused = slurm_bridge.confine(step)
+        if refused is not None:
+            conn.sendall(wire.outcome_records(refused))
+            return
         while self.test == "hang":
             signal.pause()  # as a check stuck on a dead file system
+        if self.test == "probe":  # what the child may still do (tests/test_confine.py)
+            said = repr(confine.selftest())  # (no import: the user may not read the stdlib)
+            conn.sendall(wire.outcome_records(slurm_bridge.Outcome("allow", log=[said])))
+            return
+        if self.test == "hog":  # a check that grows (tests/test_confine.py)
+            _hog()
         conn.sendall(wire.outcome_records(slurm_bridge.outcome_for(step)))
+
+
+def _hog() -> None:
+    """Test hook: make this child's check allocate 1 MiB at a time, up to
+    1 GiB, before it looks at the step's program - as a parser fed a
+    hostile file would. Within max_memory nothing shows; past it the
+    check must end as check-limit."""
+    from .. import check
+
+    judge = check._check
+
+    def hungry(*args: object, **kwargs: object) -> None:
+        held = [bytearray(1 << 20) for _ in range(1024)]
+        del held
+        judge(*args, **kwargs)  # type: ignore[arg-type]
+
+    check._check = hungry  # type: ignore[assignment]

@@ -447,20 +447,33 @@ def outcome_for(step: StepInput) -> Outcome:
         return Outcome.failed(f"bridge: {type(exc).__name__}: {_one_line(str(exc))}")
 
 
-def confine(step: StepInput) -> Outcome | None:
+def confine(step: StepInput) -> tuple[Outcome | None, str | None]:
     """Confine the process that is about to judge (checker/confine.py: the
     data limit, no new privileges, the system call filter), before the
     policy or any file of the user's is read. Only for a process that
     judges and then ends: the node checker's child, slurmstepd's helper
     (grace_py_decide runs nowhere else); never the CLI, never a test's own
-    process. The failure to return if it did not take, else None."""
+    process. Returns the failure to answer with if it did not take, and a
+    line for slurmd's log if it took without the filter."""
     from .checker import confine as _confine
 
     try:
-        _confine.enter(step.max_memory)
+        missing = _confine.enter(step.max_memory)
     except _confine.Refused as exc:
-        return Outcome.failed(f"the check was not confined, so not run: {_one_line(str(exc))}")
-    return None
+        return Outcome.failed(f"the check was not confined, so not run: "
+                              f"{_one_line(str(exc))}"), None
+    if missing:
+        return None, f"the check ran without its system call filter: {_one_line(missing)}"
+    return None, None
+
+
+def confined_outcome(step: StepInput) -> Outcome:
+    """:func:`outcome_for` in a process :func:`confine` confined first."""
+    refused, note = confine(step)
+    out = refused or outcome_for(step)
+    if note:
+        out.log.append(note)
+    return out
 
 
 def emissions(out: Outcome) -> list[tuple[str, bytes]]:
@@ -511,8 +524,7 @@ def register(ffi: Any, lib: Any) -> None:
     def grace_py_decide(c_step: Any) -> int:
         result = c_step.result
         try:
-            step = read_step(ffi, c_step)
-            out = confine(step) or outcome_for(step)
+            out = confined_outcome(read_step(ffi, c_step))
         except Exception as exc:
             out = Outcome.failed(f"bridge: {type(exc).__name__}: {_one_line(str(exc))}")
         for kind, text in emissions(out):

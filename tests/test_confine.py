@@ -186,6 +186,55 @@ out = said
     assert _confined(0, then) == ["thread", 7, True, 1]
 
 
+@pytest.mark.skipif(MACHINE not in confine.ARCHES, reason="no filter for this machine")
+def test_a_program_the_kernel_refuses_is_refused_not_skipped() -> None:
+    """EINVAL for our program on a kernel that filters (a program that
+    allows all installs) is a broken filter: the check must not run. Only a
+    kernel without seccomp filters (the 64 KiB test guest's allnoconfig
+    kernel: tests/test_grace_node.py) runs it unfiltered, and says so."""
+    then = """
+confine.program = lambda machine, pid: confine._insn(confine._LD_W_ABS, 3)  # misaligned
+try:
+    out = ["entered", confine.enter(0)]
+except confine.Refused as exc:
+    out = ["refused", str(exc)]
+"""
+    assert _confined_raw(then) == ["refused", "seccomp: Invalid argument"]
+
+
+def test_a_machine_without_a_table_is_confined_but_unfiltered() -> None:
+    then = """
+import os as real_os
+class Fake:
+    machine = "riscv64"
+confine.os.uname = lambda: Fake()
+note = confine.enter(0)
+status = open("/proc/self/status").read()
+out = [note, "NoNewPrivs:\t1" in status, "Seccomp:\t0" in status]
+"""
+    assert _confined_raw(then) == ["no system call table for riscv64", True, True]
+
+
+def _confined_raw(then: str) -> object:
+    """Fork and run ``then`` (it calls confine.enter itself)."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            os.close(r)
+            scope: dict[str, object] = {"confine": confine}
+            exec(then, scope)
+            os.write(w, json.dumps(scope["out"]).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    with os.fdopen(r, "rb") as fh:
+        said = fh.read()
+    os.waitpid(pid, 0)
+    assert said, "the child died"
+    return json.loads(said)
+
+
 def test_the_data_limit_turns_growth_into_memory_error() -> None:
     grow = """
 try:

@@ -45,6 +45,7 @@ if TYPE_CHECKING:
 #: What a refused call returns (errno.EPERM, errno.ENOSYS; numbers, so
 #: that this module imports nothing on the check's path).
 EPERM, ENOSYS = 1, 38
+_EINVAL = 22
 
 #: How a refused call is decided. PLAIN: always. NS: clone() asking for a
 #: new namespace. SELF: a signal to any process but this one. NOSYS: always,
@@ -243,13 +244,18 @@ class Refused(Exception):
 _entered = False
 
 
-def enter(max_memory_mib: int) -> None:
+def enter(max_memory_mib: int) -> str | None:
     """Confine this process for the rest of its life: the data limit, then
     no new privileges, not dumpable, the filter. Once per process (a second
-    call does nothing). Raises :class:`Refused` if a step did not take."""
+    call does nothing). Raises :class:`Refused` if a step did not take.
+    Returns why the filter is missing, or None: a kernel built without
+    seccomp filters (EINVAL for any program, even one that allows all) or
+    a machine without a table; the other steps still hold and the check
+    runs, as it did before the filter existed (refusing every step of such
+    a node would make on_error the verdict of every job)."""
     global _entered
     if _entered:
-        return
+        return None
     import ctypes
     import resource
 
@@ -268,17 +274,28 @@ def enter(max_memory_mib: int) -> None:
         raise Refused(f"no_new_privs: {os.strerror(ctypes.get_errno())}")
     if prctl(_PR_SET_DUMPABLE, 0, None, 0, 0) != 0:
         raise Refused(f"dumpable: {os.strerror(ctypes.get_errno())}")
-    machine = os.uname().machine
-    if machine in ARCHES:
-        code = program(machine, os.getpid())
 
-        class _Fprog(ctypes.Structure):
-            _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+    class _Fprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
 
+    def install(code: bytes) -> int:
         prog = _Fprog(len(code) // _INSN.size, code)
-        if prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.addressof(prog), 0, 0) != 0:
-            raise Refused(f"seccomp: {os.strerror(ctypes.get_errno())}")
+        if prctl(_PR_SET_SECCOMP, _SECCOMP_MODE_FILTER, ctypes.addressof(prog), 0, 0) == 0:
+            return 0
+        return ctypes.get_errno() or _EINVAL
+
+    machine = os.uname().machine
+    note = None
+    if machine not in ARCHES:
+        note = f"no system call table for {machine}"
+    else:
+        err = install(program(machine, os.getpid()))
+        if err == _EINVAL and install(_insn(_RET, _ALLOW)) == _EINVAL:
+            note = "this kernel has no seccomp filters (CONFIG_SECCOMP_FILTER)"
+        elif err:
+            raise Refused(f"seccomp: {os.strerror(err)}")
     _entered = True
+    return note
 
 
 def selftest() -> dict[str, str]:

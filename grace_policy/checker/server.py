@@ -374,7 +374,7 @@ class Server:
         except (EOFError, OSError, ValueError):
             return
         conn.sendall(wire.record("accepted"))
-        refused = slurm_bridge.confine(step)
+        refused, note = slurm_bridge.confine(step)
         if refused is not None:
             conn.sendall(wire.outcome_records(refused))
             return
@@ -386,7 +386,10 @@ class Server:
             return
         if self.test == "hog":  # a check that grows (tests/test_confine.py)
             _hog()
-        conn.sendall(wire.outcome_records(slurm_bridge.outcome_for(step)))
+        out = slurm_bridge.outcome_for(step)
+        if note:
+            out.log.append(note)
+        conn.sendall(wire.outcome_records(out))
 
 
 def _hog() -> None:

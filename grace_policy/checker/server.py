@@ -151,6 +151,7 @@ class Server:
     def serve(self) -> int:
         assert self.sock is not None
         signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children reap themselves
+        confine.prepare()  # what every child's confinement shares, made once
         self.poll = select.poll()
         self.poll.register(self.life, select.POLLIN)
         self.poll.register(self.sock.fileno(), select.POLLIN)
@@ -320,6 +321,7 @@ class Server:
         except OSError:
             pass
         warm.prefault()
+        confine.prepare()  # its filter, for its own pid: off the step's path
         try:
             link.send(b"R")
         except OSError:

@@ -752,8 +752,8 @@ static int grace_pre_wait(const struct timespec *until, struct grace_outcome *ou
  * nothing of any step. On a miss, user_init sends two frames: first the
  * credentials slurmstepd has now (the user's euid/egid/groups, root's real
  * and saved ids, as grace_put_creds), the time left and the install that
- * sends it ('code', as the step's), with the audit descriptor passed along
- * (SCM_RIGHTS); the child takes the credentials, then reads the second
+ * sends it ('code', as the step's), and no descriptor (slurmstepd writes the
+ * audit line itself); the child takes the credentials, then reads the second
  * frame, the step, and answers with the same records as the helper forked
  * here ('A' first, 'Z' last). 'V' first: the server runs another install;
  * EOF before 'A': it is gone. Both mean today's path, under the same

@@ -196,8 +196,8 @@ class Server:
 
     def _spoke(self, fd: int) -> None:
         """slurmstepd wrote (a miss: judge it) or hung up (a hit, or the
-        step ended: nothing to do). Peeked, not read: the frame and the
-        descriptor that comes with it are the judging child's to take."""
+        step ended: nothing to do). Peeked, not read: the frames are the
+        judging child's to take."""
         conn = self.pending[fd]
         try:
             first = conn.recv(1, socket.MSG_PEEK)

@@ -328,13 +328,13 @@ def test_the_step_helper_is_confined_while_it_judges(env: SlurmEnv, hung: HungMo
     files are root's), a data limit of max_memory, and at OOM standing 0
     although slurmd - and so slurmstepd - stands at 500 here (a site's -1000
     needs CAP_SYS_RESOURCE, which this machine's container does not grant;
-    any value the helper inherits shows the reset the same way)."""
+    any value the helper inherits shows the reset the same way), and holding
+    neither the audit log nor the verdict caches."""
     slurmd = env.cluster.procs["slurmd"].pid
     adj = Path(f"/proc/{slurmd}/oom_score_adj")
     adj.write_text("500\n")
     try:
-        env.use("base", "checker=step", "cache_dir=none", "timeout_ms=8000",
-                "on_error=deny", "max_memory=48")
+        env.use("base", "checker=step", "timeout_ms=8000", "on_error=deny", "max_memory=48")
         job = env.cluster.sbatch("#!/bin/sh\ntrue\n", ["-o", "/dev/null"], user="nobody",
                                  env={"CONDA_PREFIX": f"{hung.path}/env"})
         status: dict[str, str] = {}
@@ -349,6 +349,8 @@ def test_the_step_helper_is_confined_while_it_judges(env: SlurmEnv, hung: HungMo
                 status["oom_score_adj"] = Path(f"/proc/{pid}/oom_score_adj").read_text()
                 status["limits"] = Path(f"/proc/{pid}/limits").read_text()
                 status["owner"] = str(os.stat(f"/proc/{pid}/status").st_uid)
+                status["fds"] = " ".join(os.readlink(f"/proc/{pid}/fd/{fd}")
+                                         for fd in os.listdir(f"/proc/{pid}/fd"))
                 status["slurmstepd"] = "".join(_slurmstepd_of(job, env.cluster.root.parent))
                 break
             time.sleep(0.1)
@@ -359,6 +361,10 @@ def test_the_step_helper_is_confined_while_it_judges(env: SlurmEnv, hung: HungMo
         nobody = str(pwd.getpwnam("nobody").pw_uid)
         assert status["Uid"].split()[:3] == ["0", nobody, "0"], status  # as slurmstepd's
         assert status["oom_score_adj"].strip() == "0", status
+        # It holds neither the audit log nor a verdict-cache file (the
+        # lookup missed and is over): slurmstepd writes both.
+        assert str(env.audit_log) not in status["fds"], status["fds"]
+        assert str(env.cache_dir) not in status["fds"], status["fds"]
         [data] = [line for line in status["limits"].splitlines()
                   if line.startswith("Max data size")]
         limit = int(data.split()[3])

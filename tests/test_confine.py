@@ -431,3 +431,35 @@ def test_a_check_that_grows_past_max_memory_ends_as_check_limit(tmp_path: Path,
         assert "the check needed more memory than max_memory= allows" in text, text
     else:
         assert "max_memory" not in text, text
+
+
+@pytest.mark.parametrize(("value", "want", "error"), [
+    (None, 512, None), ("0", 0, None), ("16", 16, None), ("1048576", 1 << 20, None),
+    ("8", 512, "max_memory must be 0 or 16..1048576 (MiB), not '8'"),
+    ("1G", 512, "max_memory must be 0 or 16..1048576 (MiB), not '1G'"),
+    ("-1", 512, "max_memory must be 0 or 16..1048576 (MiB), not '-1'"),
+])
+def test_max_memory_is_read_as_the_plugin_reads_it(value: str | None, want: int,
+                                                   error: str | None) -> None:
+    """plugstack.py mirrors grace_spank.c (its messages are checked on the
+    real Slurm: tests/slurm/test_nodecheck.py test_checker_arguments_are_checked)."""
+    from grace_policy import plugstack
+
+    args = ["config=/etc/g.toml"] + ([f"max_memory={value}"] if value is not None else [])
+    entry = plugstack.PluginLine("plugstack.conf", 1, "required", "spank_grace_policy.so", args)
+    plugstack.parse_args(entry)
+    assert (entry.max_memory, entry.error) == (want, error)
+
+
+def test_config_check_says_what_max_memory_does(tmp_path: Path) -> None:
+    cfg = tmp_path / "gp.toml"
+    cfg.write_text('mode = "enforce"\n')
+    stack = tmp_path / "plugstack.conf"
+    for arg, said in (("", "check memory: 512 MiB beyond what its process starts with"),
+                      ("max_memory=0", "check memory: unlimited (max_memory=0)")):
+        stack.write_text(f"required /usr/lib/slurm/spank_grace_policy.so config={cfg} {arg}\n")
+        done = subprocess.run(
+            [sys.executable, "-m", "grace_policy", "config", "check", "--plugstack", str(stack),
+             str(cfg)], capture_output=True, text=True, cwd=REPO, check=False,
+            env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+        assert said in done.stdout, done.stdout + done.stderr

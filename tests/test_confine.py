@@ -190,8 +190,8 @@ out = said
 def test_a_program_the_kernel_refuses_is_refused_not_skipped() -> None:
     """EINVAL for our program on a kernel that filters (a program that
     allows all installs) is a broken filter: the check must not run. Only a
-    kernel without seccomp filters (the 64 KiB test guest's allnoconfig
-    kernel: tests/test_grace_node.py) runs it unfiltered, and says so."""
+    kernel without seccomp filters (one built from allnoconfig, as the 64
+    KiB test guest's was) runs it unfiltered, and says so."""
     then = """
 confine.program = lambda machine, pid: confine._insn(confine._LD_W_ABS, 3)  # misaligned
 try:

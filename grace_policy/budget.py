@@ -19,6 +19,12 @@ class BudgetExceeded(Exception):
     """Raised when a check has used its deadline or one of its caps."""
 
 
+#: check-limit's words for a MemoryError: the process that judges has a data
+#: limit (``max_memory=`` of plugstack.conf, set by checker/confine.py), and
+#: an allocation past it is a cap reached like the others, not a crash.
+OUT_OF_MEMORY = "the check needed more memory than max_memory= allows"
+
+
 class Budget:
     def __init__(
         self,

@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from . import envleak, fsprobe
 from ._record import dataclass, replace
-from .budget import Budget, BudgetExceeded
+from .budget import OUT_OF_MEMORY, Budget, BudgetExceeded
 from .causes import path_causes
 from .context import StepContext
 from .elf import ELFCLASS32, EM_386, ET_DYN, ET_EXEC, ElfError, ElfInfo, read_elf
@@ -141,10 +141,12 @@ def _check_step(argv: Sequence[str], env: Mapping[str, str], cwd: str, node: Nod
                           cuda_index=cuda_index, read=fsprobe.recording(),
                           gpu=gpu_check(node, step_env, budget, cuda_index))
         _check(argv, ctx, issues, state, leak.foreign_prefixes)
-    except BudgetExceeded as exc:
+    except (BudgetExceeded, MemoryError) as exc:
+        # What was held is freed as the stack unwinds: the report is small.
+        limit = OUT_OF_MEMORY if isinstance(exc, MemoryError) else str(exc)
         return StepReport(tuple(issues), changes, _opt_str(state.get("exe")),
                           tuple(state.get("hops", ())),  # type: ignore[arg-type]
-                          None, limit=str(exc))
+                          None, limit=limit)
     return StepReport(tuple(issues), changes, _opt_str(state.get("exe")),
                       tuple(state.get("hops", ())),  # type: ignore[arg-type]
                       state.get("tree"), limit=None)  # type: ignore[arg-type]

@@ -92,6 +92,8 @@ STEP = (
           "runs (0 for pyxis --container-name: the named container's root decides)"),
     Field("container_args", TEXT, 'the runtime\'s own options, "key=value" lines (pyxis: '
           "mounts, workdir, mount_home; name, job, slurm_conf for --container-name), or NULL"),
+    Field("max_memory", UINT, "max_memory=MIB of plugstack.conf: the data the check may add "
+          "to what its process has (0: no limit; grace_policy/checker/confine.py)"),
 )
 
 #: The fields the frame carries, in its order.

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from ._record import replace
-from .budget import Budget, BudgetExceeded
+from .budget import OUT_OF_MEMORY, Budget, BudgetExceeded
 from .findings import ACTIONS, SEVERITY_RANK, EnvChanges, Finding, Verdict
 from .node import NodeProfile, detect
 from .policy import Policy
@@ -149,6 +149,8 @@ def decide(
         return verdict
     except BudgetExceeded as exc:
         return _limit_verdict(policy, mode, partition, str(exc))
+    except MemoryError:  # past max_memory (checker/confine.py): a cap, not a crash
+        return _limit_verdict(policy, mode, partition, OUT_OF_MEMORY)
     except Exception as exc:  # never let a check failure escape into slurmstepd
         return error_verdict(policy, mode, partition,
                              f"internal error: {type(exc).__name__}: {exc}")

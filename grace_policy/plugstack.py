@@ -5,7 +5,8 @@ Some settings exist only there, because the plugin needs them before any
 Python runs or while it still is root: ``audit=`` (opened as root in
 ``slurm_spank_init``, before privileges drop: the one place the audit log
 is configured), ``on_error=`` for a check that cannot run at all,
-``timeout_ms=``, ``cache_dir=``, ``container_env=``, ``python_path=``.
+``timeout_ms=``, ``max_memory=`` (set before the policy is read),
+``cache_dir=``, ``container_env=``, ``python_path=``.
 The key parsing mirrors ``grace_parse_args`` in spank/grace_spank.c.
 
 Slurm's format (src/common/spank.c): ``required|optional PATH ARGS...`` or
@@ -25,9 +26,13 @@ from dataclasses import dataclass, field
 PLUGIN_NAME = "spank_grace_policy.so"
 DEFAULT_CACHE_DIR = "/run/grace-policy"
 DEFAULT_TIMEOUT_MS = 10000
+#: MiB a check may allocate beyond what its process had (grace.h
+#: GRACE_DEFAULT_MAX_MEMORY; checker/confine.py). 0: no limit.
+DEFAULT_MAX_MEMORY = 512
+MAX_MEMORY_RANGE = (16, 1 << 20)
 DEFAULT_CHECKER_SOCKET = "/run/grace-policy/checker/socket"
 KNOWN = ("config", "on_error", "python_path", "timeout_ms", "audit", "container_env",
-         "cache_dir", "prestart", "checker", "checker_socket")
+         "cache_dir", "prestart", "checker", "checker_socket", "max_memory")
 
 
 @dataclass
@@ -44,6 +49,7 @@ class PluginLine:
     audit: str | None = None
     on_error: str = "allow"
     timeout_ms: int = DEFAULT_TIMEOUT_MS
+    max_memory: int = DEFAULT_MAX_MEMORY
     cache_dir: str | None = DEFAULT_CACHE_DIR
     container_env: str | None = None
     python_path: str | None = None
@@ -125,6 +131,12 @@ def parse_args(entry: PluginLine) -> None:
                 entry.timeout_ms = int(val)
             else:
                 fail(f"timeout_ms must be 10..600000, not '{val}'")
+        elif key == "max_memory":
+            low, high = MAX_MEMORY_RANGE
+            if val.isdigit() and (int(val) == 0 or low <= int(val) <= high):
+                entry.max_memory = int(val)
+            else:
+                fail(f"max_memory must be 0 or {low}..{high} (MiB), not '{val}'")
         elif key == "audit":
             entry.audit = val or None
         elif key == "cache_dir":

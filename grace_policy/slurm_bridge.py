@@ -90,6 +90,10 @@ class StepInput:
     #: The runtime's own options that change what argv finds, "key=value"
     #: lines (pyxis: mounts, workdir, mount_home), as C read them.
     container_args: str | None = None
+    #: ``max_memory=`` of plugstack.conf in MiB (0: none): the helper that
+    #: judges confines itself to it before reading the policy
+    #: (checker/confine.py); the check's allocations past it end as check-limit.
+    max_memory: int = 0
 
     @property
     def step_name(self) -> str:
@@ -130,7 +134,7 @@ PRELOAD = ("grace_policy.compiled", "grace_policy.policy", "grace_policy.decide"
            "grace_policy.python.interp", "grace_policy.python.judge",
            "grace_policy.python.sitepath", "grace_policy.python.usage", "grace_policy.messages",
            "grace_policy.python.gpus",
-           "encodings.ascii")
+           "encodings.ascii", "grace_policy.checker.confine", "ctypes", "resource")
 
 
 def _one_line(text: str, limit: int = 900) -> str:
@@ -466,6 +470,35 @@ def outcome_for(step: StepInput) -> Outcome:
         return Outcome.failed(f"bridge: {type(exc).__name__}: {_one_line(str(exc))}")
 
 
+def confine(step: StepInput) -> tuple[Outcome | None, str | None]:
+    """Confine the process that is about to judge (checker/confine.py: the
+    data limit, no new privileges, the system call filter), before the
+    policy or any file of the user's is read. Only for a process that
+    judges and then ends: the node checker's child, slurmstepd's helper
+    (grace_py_decide runs nowhere else); never the CLI, never a test's own
+    process. Returns the failure to answer with if it did not take, and a
+    line for slurmd's log if it took without the filter."""
+    from .checker import confine as _confine
+
+    try:
+        missing = _confine.enter(step.max_memory)
+    except _confine.Refused as exc:
+        return Outcome.failed(f"the check was not confined, so not run: "
+                              f"{_one_line(str(exc))}"), None
+    if missing:
+        return None, f"the check ran without its system call filter: {_one_line(missing)}"
+    return None, None
+
+
+def confined_outcome(step: StepInput) -> Outcome:
+    """:func:`outcome_for` in a process :func:`confine` confined first."""
+    refused, note = confine(step)
+    out = refused or outcome_for(step)
+    if note:
+        out.log.append(note)
+    return out
+
+
 def emissions(out: Outcome) -> list[tuple[str, bytes]]:
     """What C is handed, in order, by kind (contract.EMIT's names: ``user``,
     ``unset``, ``set``, ``log``, ``cache``, ``fail`` for an error, ``done``
@@ -514,7 +547,7 @@ def register(ffi: Any, lib: Any) -> None:
     def grace_py_decide(c_step: Any) -> int:
         result = c_step.result
         try:
-            out = outcome_for(read_step(ffi, c_step))
+            out = confined_outcome(read_step(ffi, c_step))
         except Exception as exc:
             out = Outcome.failed(f"bridge: {type(exc).__name__}: {_one_line(str(exc))}")
         for kind, text in emissions(out):

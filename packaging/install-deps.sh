@@ -19,6 +19,8 @@
 # g++-aarch64-linux-gnu: the CUDA fixtures' aarch64 builds (nvcc -ccbin
 # aarch64-linux-gnu-g++, tests/gpu/fixtures.py; nvcc itself comes from PyPI
 # wheels the tests fetch, pinned, into the test cache).
+# linux-libc-dev, linux-libc-dev-arm64-cross: both architectures' asm/unistd.h,
+# which tests/test_confine.py holds the system call filter's numbers to.
 # python3-pytest: make bench runs under the embedded /usr/bin/python3, and its
 # container figures build images with the tests' helpers (tests/corpus.py).
 # ipxe-qemu: qemu-system-aarch64's virtio-net option ROM (efi-virtio.rom) for
@@ -33,7 +35,8 @@ all_pkgs=(slurmd slurmctld slurm-client libslurm-dev munge gcc-aarch64-linux-gnu
           qemu-system-arm flex bison bc cpio xz-utils libssl-dev libelf-dev
           squashfs-tools parallel gawk makeself libmd-dev libbsd-dev jq zstd curl
           libcap2-bin runc libfuse2 liblzo2-2 libzstd1 iproute2 python3-pytest ipxe-qemu
-          debian-archive-keyring g++-aarch64-linux-gnu)
+          debian-archive-keyring g++-aarch64-linux-gnu linux-libc-dev
+          linux-libc-dev-arm64-cross)
 # Registry images (issue 25): Debian's registry 2.8.2, skopeo to push, umoci;
 # python3-bcrypt writes the test registry's htpasswd where Python has no crypt.
 all_pkgs+=(docker-registry skopeo umoci python3-bcrypt)
@@ -54,6 +57,8 @@ need_files=(
   /usr/bin/aarch64-linux-gnu-g++:g++-aarch64-linux-gnu
   /usr/aarch64-linux-gnu/lib/ld-linux-aarch64.so.1:libc6-arm64-cross
   /usr/aarch64-linux-gnu/lib/libc.so:libc6-dev-arm64-cross
+  /usr/include/x86_64-linux-gnu/asm/unistd_64.h:linux-libc-dev
+  /usr/aarch64-linux-gnu/include/asm/unistd.h:linux-libc-dev-arm64-cross
   /usr/bin/qemu-aarch64:qemu-user /usr/bin/qemu-system-aarch64:qemu-system-arm
   /usr/lib/ipxe/qemu/efi-virtio.rom:ipxe-qemu
   /usr/bin/mksquashfs:squashfs-tools /usr/bin/unsquashfs:squashfs-tools

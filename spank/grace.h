@@ -97,6 +97,7 @@ struct grace_context {
 	enum grace_on_error on_error;
 	char *python_path; /* extra module dirs, ':'-separated, before the default */
 	unsigned int timeout_ms;
+	unsigned int max_memory; /* max_memory=MIB (0: no limit): set by the judging helper */
 	char *container_env; /* container_env=NAME: set by an earlier plugin, or NULL */
 	char *audit_path;  /* audit=PATH: opened as root in slurm_spank_init */
 	int audit_fd;      /* -1 if not opened */

@@ -18,11 +18,14 @@
  * Python (field notes §3). It keeps slurmstepd's credentials at user_init
  * (euid/egid and groups of the user, real and saved uid root), so the user
  * can neither signal nor trace it, and Python reads exactly what the user
- * could read. It keeps four descriptors: the result pipe, the audit file
- * and the two verdict-cache files (the user's and the node-wide one, all opened
- * by root in slurm_spank_init); all
- * others are closed at once, so it never holds the step's I/O or
- * slurmstepd's sockets open. It dies with the thread that forked it
+ * could read. It keeps three descriptors: the result pipe and the two
+ * verdict-cache files (the user's and the node-wide one, opened by root in
+ * slurm_spank_init), and closes those two once the lookup is over, before
+ * Python starts; all others are closed at once, so it never holds the
+ * step's I/O, the audit file or slurmstepd's sockets open. The check
+ * confines itself before it reads the policy (grace_policy/checker/
+ * confine.py, from slurm_bridge), and its standing before the OOM killer
+ * is reset here (grace_fair_oom). It dies with the thread that forked it
  * (PR_SET_PDEATHSIG) and ends with _exit(), running none of slurmstepd's
  * atexit handlers.
  *
@@ -41,6 +44,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <grp.h>
+#include <sys/fsuid.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -213,6 +217,31 @@ static void grace_close_others(const int *keep, size_t nkeep)
 		close(null);
 }
 
+/* Stand before the OOM killer as any process (0), not as slurmstepd, which
+ * many sites run at -1000 and every child inherits (pyxis resets enroot's
+ * the same way): a check that grows is then a candidate like the job's own
+ * processes, not the last thing the kernel would kill. The file is root's
+ * once the credentials changed, so it is opened with root's file-system
+ * uid (the real uid is root's; setfsuid is per thread, and this process
+ * has one) and the user's is back before anything else is opened. */
+static void grace_fair_oom(void)
+{
+	uid_t fsuid = (uid_t)setfsuid((uid_t)-1); /* -1 changes nothing: the current one */
+	int fd;
+
+	if (fsuid != 0)
+		setfsuid(0);
+	fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+	if (fsuid != 0)
+		setfsuid(fsuid);
+	if (fd >= 0) {
+		if (write(fd, "0\n", 2) != 2) {
+			/* left as it was: the data limit still bounds the check */
+		}
+		close(fd);
+	}
+}
+
 /* What every helper does first: its own process group and name, death with
  * the thread that forked it, default signals, only keep[] left open. */
 static void grace_child_detach(const int *keep, size_t nkeep, pid_t parent)
@@ -236,6 +265,7 @@ static void grace_child_detach(const int *keep, size_t nkeep, pid_t parent)
 	sigemptyset(&none);
 	sigprocmask(SIG_SETMASK, &none, NULL);
 	grace_close_others(keep, nkeep);
+	grace_fair_oom();
 }
 
 /* The check's result as records, ending with GRACE_REC_END. */
@@ -269,10 +299,10 @@ static void grace_child(const struct grace_context *ctx, const struct grace_step
 {
 	struct grace_outcome out;
 	grace_python_check_fn check;
-	int keep[4] = { fd, ctx->audit_fd, ctx->cache_fd, ctx->node_cache_fd };
+	int keep[3] = { fd, ctx->cache_fd, ctx->node_cache_fd };
 	char num[64];
 
-	grace_child_detach(keep, 4, parent);
+	grace_child_detach(keep, 3, parent);
 	memset(&out, 0, sizeof(out));
 	out.rc = -1;
 	if (grace_cache_lookup(ctx, step, out.mode, sizeof(out.mode))) {
@@ -287,6 +317,13 @@ static void grace_child(const struct grace_context *ctx, const struct grace_step
 		grace_send(fd, GRACE_REC_END, NULL);
 		_exit(0);
 	}
+	/* The lookup is over: the check that parses the user's files must not
+	 * hold the verdict caches (the node-wide one is replayed for every
+	 * user) open for writing. slurmstepd appends the entry it returns. */
+	if (ctx->cache_fd >= 0)
+		close(ctx->cache_fd);
+	if (ctx->node_cache_fd >= 0)
+		close(ctx->node_cache_fd);
 	check = grace_python_load(ctx, out.err, sizeof(out.err));
 	if (check != NULL) {
 		struct grace_step mine = *step;
@@ -543,12 +580,12 @@ static void grace_prestart_main(const struct grace_context *ctx, int sock, pid_t
 	struct grace_outcome out;
 	struct grace_step step;
 	grace_python_check_fn check;
-	int keep[2] = { sock, ctx->audit_fd };
+	int keep[1] = { sock };
 	char scratch[512];
 	char *frame, *creds;
 	size_t len;
 
-	grace_child_detach(keep, 2, parent);
+	grace_child_detach(keep, 1, parent);
 #ifdef GRACE_TEST_HOOKS
 	if (ctx->test_prestart != NULL && strcmp(ctx->test_prestart, "die") == 0)
 		_exit(3);
@@ -715,8 +752,8 @@ static int grace_pre_wait(const struct timespec *until, struct grace_outcome *ou
  * nothing of any step. On a miss, user_init sends two frames: first the
  * credentials slurmstepd has now (the user's euid/egid/groups, root's real
  * and saved ids, as grace_put_creds), the time left and the install that
- * sends it ('code', as the step's), with the audit descriptor passed along
- * (SCM_RIGHTS); the child takes the credentials, then reads the second
+ * sends it ('code', as the step's), and no descriptor (slurmstepd writes the
+ * audit line itself); the child takes the credentials, then reads the second
  * frame, the step, and answers with the same records as the helper forked
  * here ('A' first, 'Z' last). 'V' first: the server runs another install;
  * EOF before 'A': it is gone. Both mean today's path, under the same
@@ -805,31 +842,19 @@ static void grace_node_close(struct grace_context *ctx)
 	ctx->checker_fd = -1;
 }
 
-/* Send b whole by the deadline, the first byte with fd (if >= 0) attached. */
-static int grace_node_send(int sock, const struct grace_wbuf *b, int fd,
-			   const struct timespec *until)
+/* Send b whole by the deadline. No descriptor goes with it: the audit
+ * file is written by slurmstepd alone, so the process that parses the
+ * user's files never holds it (the frame's audit_fd only says it is open). */
+static int grace_node_send(int sock, const struct grace_wbuf *b, const struct timespec *until)
 {
 	size_t off = 0;
 
 	while (off < b->n) {
 		struct iovec iov = { b->p + off, b->n - off };
-		char cbuf[CMSG_SPACE(sizeof(int))];
 		struct msghdr msg = { .msg_iov = &iov, .msg_iovlen = 1 };
 		struct pollfd p = { .fd = sock, .events = POLLOUT };
 		ssize_t sent;
 
-		if (off == 0 && fd >= 0) {
-			struct cmsghdr *c;
-
-			memset(cbuf, 0, sizeof(cbuf));
-			msg.msg_control = cbuf;
-			msg.msg_controllen = sizeof(cbuf);
-			c = CMSG_FIRSTHDR(&msg);
-			c->cmsg_level = SOL_SOCKET;
-			c->cmsg_type = SCM_RIGHTS;
-			c->cmsg_len = CMSG_LEN(sizeof(int));
-			memcpy(CMSG_DATA(c), &fd, sizeof(int));
-		}
 		sent = sendmsg(sock, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
 		if (sent > 0) {
 			off += (size_t)sent;
@@ -871,7 +896,7 @@ static int grace_node_run(struct grace_context *ctx, const struct grace_step *st
 	at = grace_begin_frame(&b);
 	grace_put_step(&b, step);
 	grace_end_frame(&b, at);
-	if (b.oom || grace_node_send(ctx->checker_fd, &b, step->audit_fd, until) != 0) {
+	if (b.oom || grace_node_send(ctx->checker_fd, &b, until) != 0) {
 		free(b.p);
 		snprintf(out->err, sizeof(out->err), "the node checker did not take the step "
 			 "(%s)", b.oom ? "out of memory" : "it is gone");

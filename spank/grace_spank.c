@@ -4,7 +4,8 @@
  *   required /usr/local/lib/slurm/spank_grace_policy.so config=FILE \
  *            [on_error=allow|deny] [python_path=DIR[:DIR]] [timeout_ms=N] \
  *            [audit=FILE] [container_env=NAME] [cache_dir=DIR|none] \
- *            [prestart=on|off] [checker=node|step] [checker_socket=PATH]
+ *            [prestart=on|off] [checker=node|step] [checker_socket=PATH] \
+ *            [max_memory=MIB]
  *
  * This file, grace_stepd.c and grace_cache.c make the plugin Slurm loads
  * everywhere; it has no DT_NEEDED on libpython. The embedded interpreter
@@ -60,10 +61,14 @@ int slurm_spank_init_failure_mode = ESPANK_JOB_FAILURE;
 /* A backstop above the core's own deadline_ms (default 500 ms): only a hung
  * import or a hung read gets this far. */
 #define GRACE_DEFAULT_TIMEOUT_MS 10000
+/* MiB a check may allocate beyond what its helper already has (plugstack.py
+ * DEFAULT_MAX_MEMORY; grace_policy/checker/confine.py sets it). */
+#define GRACE_DEFAULT_MAX_MEMORY 512
 
 static struct grace_context context = {
 	.on_error = GRACE_ON_ERROR_ALLOW,
 	.timeout_ms = GRACE_DEFAULT_TIMEOUT_MS,
+	.max_memory = GRACE_DEFAULT_MAX_MEMORY,
 	.audit_fd = -1,
 	.cache_fd = -1,
 	.node_cache_fd = -1,
@@ -162,6 +167,18 @@ static void grace_parse_args(int ac, char **av)
 				grace_set_args_error("timeout_ms must be 10..600000, not '%s'", val);
 			else
 				context.timeout_ms = (unsigned int)ms;
+		} else if (keylen == 10 && strncmp(arg, "max_memory", 10) == 0) {
+			char *end = NULL;
+			unsigned long mib;
+
+			errno = 0;
+			mib = strtoul(val, &end, 10);
+			if (errno || end == val || *end != '\0' || val[0] == '-' ||
+			    (mib != 0 && (mib < 16 || mib > (1ul << 20))))
+				grace_set_args_error("max_memory must be 0 or 16..1048576 (MiB), "
+						     "not '%s'", val);
+			else
+				context.max_memory = (unsigned int)mib;
 		} else if (keylen == 5 && strncmp(arg, "audit", 5) == 0) {
 			free(context.audit_path);
 			context.audit_path = val[0] ? strdup(val) : NULL;
@@ -204,7 +221,8 @@ static void grace_parse_args(int ac, char **av)
 		} else {
 			grace_set_args_error("unknown plugstack argument '%s' (known: config, "
 					     "on_error, python_path, timeout_ms, audit, container_env, "
-					     "cache_dir, prestart, checker, checker_socket)",
+					     "cache_dir, prestart, checker, checker_socket, "
+					     "max_memory)",
 					     arg);
 		}
 	}

@@ -384,6 +384,7 @@ int grace_stepd_user_init(struct grace_context *ctx, spank_t sp)
 		.batch = step_id == SLURM_BATCH_SCRIPT,
 		.audit_path = ctx->audit_path,
 		.audit_fd = ctx->audit_fd,
+		.max_memory = ctx->max_memory,
 		.code = code_ok ? s.code : NULL,
 	};
 

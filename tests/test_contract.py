@@ -126,7 +126,7 @@ def test_c_encodes_python_decodes(driver: Path, case: str) -> None:
     assert got == want
     # ... and as the bridge takes it: texts decoded with surrogateescape
     # (the bytes come back whole), NULL texts as the table's defaults.
-    step = wire.parse_step(frame, audit_fd=raw["audit_fd"])
+    step = wire.parse_step(frame)
     assert os.fsencode(step.argv[0]) == raw["argv"][0] if raw["argv"] else step.argv == ()
     assert step.audit_fd == raw["audit_fd"]
     assert step.on_error == ("allow" if raw["on_error"] is None else os.fsdecode(raw["on_error"]))
@@ -195,7 +195,7 @@ def test_the_cffi_reader_sees_the_struct_c_lays_out(driver: Path) -> None:
         else:
             setattr(c_step, f.name, value)
     step = slurm_bridge.read_step(ffi, c_step)
-    assert step == wire.parse_step(wire.encode_step(raw), audit_fd=-1)
+    assert step == wire.parse_step(wire.encode_step(raw))
     assert step.argv == ("/bin/\udcffodd", "-c")  # odd bytes survive (surrogateescape)
     assert step.env == {"A": "1", "B": ""}  # getenv(): the first wins; no '=' is dropped
     assert step.partition is None and step.audit_fd == -1 and step.batch is True

@@ -205,3 +205,12 @@ def test_login_node_predictions_are_the_nodes_verdicts(node: slurmnode.NodeRun) 
     real = node.steps["login-venv-x86-direct"]
     assert real.rc != 0 and "ImportError: /cases/venv-sys/lib/python3.11/site-packages/bcrypt/" \
                               "_bcrypt.abi3.so: cannot open shared object file" in real.stderr
+
+
+def test_the_check_ran_under_its_system_call_filter(node: slurmnode.NodeRun) -> None:
+    """The guest's kernel has seccomp filters (tests/vm/images.py), so every
+    check above ran under the aarch64 filter (grace_policy/checker/confine.py)
+    and still gave its verdict; a check that ran without it says so in
+    slurmd's log, and one whose filter failed to install is failure check."""
+    assert "without its system call filter" not in node.slurmd_log, node.slurmd_log[-3000:]
+    assert "was not confined" not in node.slurmd_log, node.slurmd_log[-3000:]

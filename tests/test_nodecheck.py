@@ -23,13 +23,13 @@ from grace_policy.checker import wire
 U32 = struct.Struct("=I")
 
 
-def _frame(argv: list[bytes], env: list[bytes], audit_fd: int = 7) -> bytes:
+def _frame(argv: list[bytes], env: list[bytes], audit_fd: int = 7, max_memory: int = 0) -> bytes:
     """A step frame, written by the contract's codec (tests/test_contract.py
     holds it to the plugin's C encoder)."""
     raw = {f.name: None for f in contract.FRAME if f.kind == contract.TEXT}
     raw.update(config=b"/etc/g.toml", on_error=b"deny", node=b"n1", code=b"x|-", argv=argv,
                env=env, job_id=12, step_id=0, uid=os.getuid(), batch=0, audit_fd=audit_fd,
-               container_local=0)
+               container_local=0, max_memory=max_memory)
     return wire.encode_step(raw)
 
 

@@ -116,10 +116,12 @@ def decide_batch(policy: Policy, *, partition: str | None, argv: Sequence[str],
                                                   and f.path == argv[0])))
     try:
         return _with_lines(policy, own, partition, argv, env, cwd, node, who, today)
-    except BudgetExceeded as exc:
+    except (BudgetExceeded, MemoryError) as exc:
+        from ..budget import OUT_OF_MEMORY
         from ..decide import _limit_verdict
 
-        return _limit_verdict(policy, own.mode, partition, str(exc), findings=own.findings,
+        limit = OUT_OF_MEMORY if isinstance(exc, MemoryError) else str(exc)
+        return _limit_verdict(policy, own.mode, partition, limit, findings=own.findings,
                               found_action=own.action, env=own.env, exempted=own.exempted)
     except Exception as exc:  # the reader is new: never worse than without it
         return replace(own, error=f"batch script not read: internal error: "

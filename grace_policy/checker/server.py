@@ -32,7 +32,7 @@ import struct
 import time
 
 from .. import slurm_bridge
-from . import creds, mntns, stale, wire
+from . import confine, creds, mntns, stale, wire
 
 #: How long after slurmstepd's deadline a child still runs (its own timer).
 _SLACK_S = 0.2
@@ -156,6 +156,7 @@ class Server:
     def serve(self) -> int:
         assert self.sock is not None
         signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children reap themselves
+        confine.prepare()  # what every child's confinement shares, made once
         self.poll = select.poll()
         self.poll.register(self.life, select.POLLIN)
         self.poll.register(self.sock.fileno(), select.POLLIN)
@@ -206,8 +207,8 @@ class Server:
 
     def _spoke(self, fd: int) -> None:
         """slurmstepd wrote (a miss: judge it) or hung up (a hit, or the
-        step ended: nothing to do). Peeked, not read: the frame and the
-        descriptor that comes with it are the judging child's to take."""
+        step ended: nothing to do). Peeked, not read: the frames are the
+        judging child's to take."""
         conn = self.pending[fd]
         try:
             first = conn.recv(1, socket.MSG_PEEK)
@@ -316,6 +317,9 @@ class Server:
             self.spare.close()
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        # Not slurmd's standing (often -1000): a child that grows is the
+        # OOM killer's candidate like any process. Now, while still root.
+        confine.fair_oom()
 
     def _spare(self, link: socket.socket) -> None:
         """Prefault at low priority, then wait for one step's connection;
@@ -328,6 +332,7 @@ class Server:
         except OSError:
             pass
         warm.prefault()
+        confine.prepare()  # its filter, for its own pid: off the step's path
         try:
             link.send(b"R")
         except OSError:
@@ -336,7 +341,7 @@ class Server:
         if link not in ready:
             return  # slurmd is gone
         try:
-            _msg, fds, _flags, _addr = socket.recv_fds(link, 1, 1)
+            _msg, fds, _flags, _addr = socket.recv_fds(link, 1, 1, socket.MSG_CMSG_CLOEXEC)
         except OSError:
             return
         link.close()
@@ -357,7 +362,7 @@ class Server:
         if self.life in ready and conn not in ready:
             return
         try:
-            frame, audit_fd = wire.read_frame(conn, with_fd=True)
+            frame = wire.read_frame(conn)
         except (EOFError, OSError, ValueError):
             return  # a hit, or the step ended: nothing to do
         why = self.install.changed()
@@ -371,7 +376,7 @@ class Server:
             # Past slurmstepd's deadline nothing we say is used: end by then.
             signal.setitimer(signal.ITIMER_REAL, request.left_ms / 1000.0 + _SLACK_S)
             # The job's view of files, entered while still root (mntns.py).
-            step_frame = wire.read_frame(conn)[0]
+            step_frame = wire.read_frame(conn)
             view = mntns.enter(wire.decode_step(step_frame)["job_id"])
             creds.take(request)
         except (EOFError, OSError, ValueError):
@@ -381,10 +386,40 @@ class Server:
                                      f"{request.code!r}".encode()) + wire.record("end"))
             return
         try:
-            step = wire.parse_step(step_frame, audit_fd)
+            step = wire.parse_step(step_frame)
         except ValueError:
             return
         conn.sendall(wire.record("accepted"))
+        refused, note = slurm_bridge.confine(step)
+        if refused is not None:
+            conn.sendall(wire.outcome_records(refused))
+            return
         while self.test == "hang":
             signal.pause()  # as a check stuck on a dead file system
-        conn.sendall(wire.outcome_records(view.outcome(step)))
+        if self.test == "probe":  # what the child may still do (tests/test_confine.py)
+            said = repr(confine.selftest())  # (no import: the user may not read the stdlib)
+            conn.sendall(wire.outcome_records(slurm_bridge.Outcome("allow", log=[said])))
+            return
+        if self.test == "hog":  # a check that grows (tests/test_confine.py)
+            _hog()
+        out = view.outcome(step)  # the job's view, or the failure to enter it
+        if note:
+            out.log.append(note)
+        conn.sendall(wire.outcome_records(out))
+
+
+def _hog() -> None:
+    """Test hook: make this child's check allocate 1 MiB at a time, up to
+    1 GiB, before it looks at the step's program - as a parser fed a
+    hostile file would. Within max_memory nothing shows; past it the
+    check must end as check-limit."""
+    from .. import check
+
+    judge = check._check
+
+    def hungry(*args: object, **kwargs: object) -> None:
+        held = [bytearray(1 << 20) for _ in range(1024)]
+        del held
+        judge(*args, **kwargs)  # type: ignore[arg-type]
+
+    check._check = hungry  # type: ignore[assignment]

@@ -93,12 +93,12 @@ def decode_step(frame: bytes) -> dict[str, Any]:
     return raw
 
 
-def parse_step(frame: bytes, audit_fd: int) -> slurm_bridge.StepInput:
-    """The step frame (grace_put_step) as the bridge's input; the audit
-    descriptor is the one that came with the request, not the number in it."""
-    raw = decode_step(frame)
-    raw["audit_fd"] = audit_fd & 0xFFFFFFFF
-    return slurm_bridge.step_input(raw)
+def parse_step(frame: bytes) -> slurm_bridge.StepInput:
+    """The step frame (grace_put_step) as the bridge's input. Its audit_fd
+    is slurmstepd's number, which only says whether the audit file is open:
+    the line is written by slurmstepd (grace_stepd.c), so the descriptor
+    itself never comes to the process that parses the user's files."""
+    return slurm_bridge.step_input(decode_step(frame))
 
 
 def _text(value: bytes | None) -> bytes:
@@ -154,18 +154,16 @@ def _recv_exact(conn: socket.socket, n: int) -> bytes:
     return data
 
 
-def read_frame(conn: socket.socket, with_fd: bool = False) -> tuple[bytes, int]:
-    """One frame (u32 length, bytes); the descriptor sent with its first byte."""
-    fd = -1
-    if with_fd:
-        head, fds, _flags, _addr = socket.recv_fds(conn, 4, 1)
-        if fds:
-            fd = fds[0]
-        if len(head) < 4:
-            head += _recv_exact(conn, 4 - len(head))
-    else:
-        head = _recv_exact(conn, 4)
+def read_frame(conn: socket.socket) -> bytes:
+    """One frame (u32 length, bytes). A descriptor that comes with it (an
+    older plugin sent the audit file's) is closed at once: nothing here
+    writes to it, and a check must not hold what it does not use."""
+    head, fds, _flags, _addr = socket.recv_fds(conn, 4, 1, socket.MSG_CMSG_CLOEXEC)
+    for fd in fds:
+        os.close(fd)
+    if len(head) < 4:
+        head += _recv_exact(conn, 4 - len(head))
     (n,) = _U32.unpack(head)
     if n > FRAME_MAX:
         raise ValueError("frame too long")
-    return _recv_exact(conn, n), fd
+    return _recv_exact(conn, n)

@@ -157,6 +157,12 @@ def _plugstack(path: str, policy: Policy, chosen: str | None) -> tuple[list[str]
         out.append(f"  check timeout: {entry.timeout_ms} ms; verdict cache: "
                    + (escape(entry.cache_dir) if entry.cache_dir else "off"))
         out.append(_checker_line(entry, escape))
+        out.append("  check memory: " + (
+            f"{entry.max_memory} MiB beyond what its process starts with (max_memory=); "
+            "more ends as check-limit" if entry.max_memory else
+            "unlimited (max_memory=0): a check fed a hostile file can take the node's memory")
+            + "; the process that judges cannot regain root, run programs or trace others "
+            "(docs/SECURITY.md)")
         out.append("  container steps: "
                    + (f"skipped when the step env has {escape(entry.container_env)}"
                       if entry.container_env else "never skipped (no container_env=); "

@@ -5,9 +5,11 @@ session may run its own clusters on this machine: the same node name, job
 ids that start at 1 in every cluster, helpers all named ``grace-check``. A
 census of "what this cluster left behind" must count only the processes
 that belong to it: those whose command line names a path under the
-cluster's own directory (a node checker's ``--socket``), or that hold a
-descriptor of a file there (slurmstepd's log and its helpers' audit and
-verdict-cache files, all under the cluster's directory).
+cluster's own directory (a node checker's ``--socket``), that hold a
+descriptor of a file there (slurmstepd's log), or whose environment does
+(slurmstepd's helpers: the daemons' PATH starts with the cluster's own
+``bin``; a helper holds no file of the cluster's once its verdict-cache
+lookup is over, docs/SECURITY.md "The checker's confinement").
 """
 
 from __future__ import annotations
@@ -32,7 +34,11 @@ def belongs(pid: int, scope: Path) -> bool:
                 return True
         except OSError:
             continue
-    return False
+    try:
+        return any(b"=" + mark.encode() in item or b":" + mark.encode() in item
+                   for item in (proc / "environ").read_bytes().split(b"\0"))
+    except OSError:
+        return False
 
 
 def live(comm: str, scope: Path) -> list[str]:

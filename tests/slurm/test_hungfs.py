@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 import shutil
 import signal
@@ -318,3 +319,57 @@ def test_scancel_ends_a_job_whose_check_hangs(env: SlurmEnv, hung: HungMount) ->
         time.sleep(0.2)
     assert _slurmstepd_of(job, env.cluster.root.parent) == []
     assert not out.exists()
+
+
+def test_the_step_helper_is_confined_while_it_judges(env: SlurmEnv, hung: HungMount) -> None:
+    """checker=step: the helper slurmstepd forked, caught while its check
+    waits on the mount (the batch job's leaked CONDA_PREFIX): it runs under
+    the seccomp filter, with no new privileges, not dumpable (its /proc
+    files are root's), a data limit of max_memory, and at OOM standing 0
+    although slurmd - and so slurmstepd - stands at 500 here (a site's -1000
+    needs CAP_SYS_RESOURCE, which this machine's container does not grant;
+    any value the helper inherits shows the reset the same way), and holding
+    neither the audit log nor the verdict caches."""
+    slurmd = env.cluster.procs["slurmd"].pid
+    adj = Path(f"/proc/{slurmd}/oom_score_adj")
+    adj.write_text("500\n")
+    try:
+        env.use("base", "checker=step", "timeout_ms=8000", "on_error=deny", "max_memory=48")
+        job = env.cluster.sbatch("#!/bin/sh\ntrue\n", ["-o", "/dev/null"], user="nobody",
+                                 env={"CONDA_PREFIX": f"{hung.path}/env"})
+        status: dict[str, str] = {}
+        for _ in range(100):
+            rows = _helpers(env.cluster.root.parent)
+            if rows:
+                time.sleep(2)  # Python started, the check is in its wait now
+                pid = rows[0].split()[0]
+                text = Path(f"/proc/{pid}/status").read_text()
+                status = dict(line.split(":\t", 1) for line in text.splitlines()
+                              if ":\t" in line)
+                status["oom_score_adj"] = Path(f"/proc/{pid}/oom_score_adj").read_text()
+                status["limits"] = Path(f"/proc/{pid}/limits").read_text()
+                status["owner"] = str(os.stat(f"/proc/{pid}/status").st_uid)
+                status["fds"] = " ".join(os.readlink(f"/proc/{pid}/fd/{fd}")
+                                         for fd in os.listdir(f"/proc/{pid}/fd"))
+                status["slurmstepd"] = "".join(_slurmstepd_of(job, env.cluster.root.parent))
+                break
+            time.sleep(0.1)
+        assert status, "no helper waited on the mount"
+        assert status["Seccomp"].strip() == "2", status
+        assert status["NoNewPrivs"].strip() == "1", status
+        assert status["owner"] == "0", status  # not dumpable: root's, though euid is nobody's
+        nobody = str(pwd.getpwnam("nobody").pw_uid)
+        assert status["Uid"].split()[:3] == ["0", nobody, "0"], status  # as slurmstepd's
+        assert status["oom_score_adj"].strip() == "0", status
+        # It holds neither the audit log nor a verdict-cache file (the
+        # lookup missed and is over): slurmstepd writes both.
+        assert str(env.audit_log) not in status["fds"], status["fds"]
+        assert str(env.cache_dir) not in status["fds"], status["fds"]
+        [data] = [line for line in status["limits"].splitlines()
+                  if line.startswith("Max data size")]
+        limit = int(data.split()[3])
+        assert 48 << 20 < limit < (48 << 20) + (1 << 30), data
+        assert env.cluster.run(["scancel", str(job)]).returncode == 0
+        env.cluster.wait_job(job, timeout=8 + MARGIN_S)
+    finally:
+        adj.write_text("0\n")

@@ -518,6 +518,8 @@ def test_child_reads_with_the_users_uid_and_groups(node: SlurmEnv) -> None:
     ("checker_socket=run/sock", "checker_socket must be an absolute path, not 'run/sock'"),
     # The hook exists only in the test build (make plugin-testhooks).
     ("test_checker=hang", "unknown plugstack argument 'test_checker=hang'"),
+    ("max_memory=8", "max_memory must be 0 or 16..1048576 (MiB), not '8'"),
+    ("max_memory=1G", "max_memory must be 0 or 16..1048576 (MiB), not '1G'"),
 ])
 def test_checker_arguments_are_checked(node: SlurmEnv, arg: str, said: str) -> None:
     node.set_plugin_line(node.plugin, f"config={node.configs['base']}",
@@ -549,3 +551,56 @@ def test_stale_gpu_facts_are_removed_by_a_checker_without_nvml(node: SlurmEnv) -
     cmd = Path(f"/proc/{server}/cmdline").read_bytes()
     assert f"\0--cache-dir\0{cache}\0".encode() in cmd, cmd
     _wait(lambda: not facts.exists())
+
+
+def _probe(node: SlurmEnv, since: int) -> dict[str, str]:
+    """What the probe hook's child said of itself (its one log line)."""
+    import ast
+
+    said = [line.partition(" step 0: ")[2] for line in
+            node.cluster.slurmd_log_text()[since:].splitlines()
+            if PREFIX in line and "'Seccomp':" in line]
+    assert len(said) == 1, said
+    return ast.literal_eval(said[0])  # type: ignore[no-any-return]
+
+
+def test_the_child_that_judges_is_confined(node: SlurmEnv, hooks_prefix: Path) -> None:
+    """The real child of the real server, asked by slurmstepd for nobody's
+    step (test_checker=probe: it reports instead of judging): the filter
+    (no way back to root, no exec, no trace, no signal to others), no new
+    privileges, not dumpable, max_memory above what it had, OOM standing 0,
+    and no audit descriptor (slurmstepd writes the line)."""
+    from grace_policy.checker import confine
+
+    plugin = hooks_prefix / "lib" / "slurm" / "spank_grace_policy.so"
+    _start(node, plugin, "cache_dir=none", "test_checker=probe", "max_memory=48")
+    since = len(node.cluster.slurmd_log_text())
+    res, _record = _srun(node, ["sh", "-c", SAY])  # (the hook writes no audit line)
+    assert res.returncode == 0, res.stderr
+    said = _probe(node, since)
+    assert (said["Seccomp"], said["NoNewPrivs"], said["dumpable"]) == ("2", "1", "0"), said
+    assert said["oom_score_adj"] == "0", said
+    assert 48 << 20 < int(said["RLIMIT_DATA"]) < (48 << 20) + (1 << 30), said
+    column = confine.ARCHES[os.uname().machine][1]
+    for name, *nrs, how in confine.REFUSED:
+        if nrs[column - 1] is not None:
+            assert said[name] == ("ENOSYS" if how == confine.NOSYS else "EPERM"), name
+    audit = os.stat(node.audit_log)
+    for item in said["fds"].split():
+        assert int(item.partition(":")[2]) != audit.st_ino, said["fds"]
+
+
+def test_a_check_past_max_memory_is_check_limit(node: SlurmEnv, hooks_prefix: Path) -> None:
+    """test_checker=hog: the real child's check allocates up to 1 GiB before
+    it looks at the program. With max_memory=64 it stops at the limit: a
+    check-limit finding, on_error decides, the audit line says why; no
+    traceback, no dead child (no fallback to slurmstepd's helper)."""
+    plugin = hooks_prefix / "lib" / "slurm" / "spank_grace_policy.so"
+    _start(node, plugin, "cache_dir=none", "test_checker=hog", "max_memory=64",
+           "on_error=allow")
+    since = len(node.cluster.slurmd_log_text())
+    res, record = _srun(node, ["sh", "-c", SAY])
+    assert res.returncode == 0 and record is not None, res.stderr
+    assert "check-limit" in record["rules"], record  # type: ignore[operator]
+    assert "max_memory" in str(record.get("error")), record
+    assert _fallbacks(node, since) == []

@@ -69,7 +69,8 @@ USERLANDS: dict[str, tuple[str, tuple[int, int], tuple[str, ...]]] = {
 #: built in), the PL011 serial for kernel messages, an initramfs, ELF and #!,
 #: the filesystems and syscalls glibc, busybox and Slurm's daemons use,
 #: loopback networking for the in-VM Slurm, and for the two-architecture
-#: cluster (issue 17) a virtio NIC and a 9p home over virtio. One config for
+#: cluster (issue 17) a virtio NIC and a 9p home over virtio; seccomp filters,
+#: so that the plugin's filter runs on a real aarch64 kernel (issue 27). One config for
 #: every guest: with no ``-netdev``/``-fsdev`` given, the page oracle's guest
 #: still sees only ``lo`` and nothing mounted.
 KERNEL_CONFIG = """\
@@ -122,6 +123,8 @@ CONFIG_NET_9P=y
 CONFIG_NET_9P_VIRTIO=y
 CONFIG_NETWORK_FILESYSTEMS=y
 CONFIG_9P_FS=y
+CONFIG_SECCOMP=y
+CONFIG_SECCOMP_FILTER=y
 """
 
 KERNEL_BUILD_TIMEOUT = 3600
@@ -336,6 +339,8 @@ def kernel_64k() -> Path:
             "cc": subprocess.run([CROSS + "gcc", "-dumpfullversion"], capture_output=True,
                                  text=True, check=False).stdout.strip()
             if shutil.which(CROSS + "gcc") else "missing"}
-    # A name of its own since the network/9p options: a tree built from the
-    # older config (other checkouts) is not rebuilt back and forth with this.
-    return _cached_tree("vm/kernel-64k-net", want, build) / "Image"
+    # A name of its own since the network/9p options, and again since seccomp
+    # (the plugin's system call filter, grace_policy/checker/confine.py, on
+    # a real aarch64 kernel): a tree built from an older config (other
+    # checkouts) is not rebuilt back and forth with this.
+    return _cached_tree("vm/kernel-64k-seccomp", want, build) / "Image"

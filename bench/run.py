@@ -272,16 +272,20 @@ def main() -> int:
                 print(line, flush=True)
             # A pyxis container step (issue 15): added time next to pyxis'
             # own start from the image. Needs the tests' pyxis/enroot build.
-            try:
-                from . import containers as ct
+            # Then the same root from a local registry (issue 25).
+            from . import containers as ct
 
-                work = root / "pyxis"
-                work.mkdir(exist_ok=True)
-                rows.extend(ct.table(ct.rows(env, work, RUNS), RUNS))
-            except Exception as exc:  # a missing third_party tarball, no pytest ...
-                rows.append(_row("`srun --container-image` figures", "", "", "", "", "",
-                                 f"not run: {type(exc).__name__}: {exc}"))
-            print(rows[-1], flush=True)
+            work = root / "pyxis"
+            work.mkdir(exist_ok=True)
+            for what, rows_of in (("`srun --container-image` figures", ct.rows),
+                                  ("`srun --container-image=REGISTRY#IMG` figures",
+                                   ct.registry_rows)):
+                try:
+                    rows.extend(ct.table(rows_of(env, work, RUNS), RUNS))
+                except Exception as exc:  # a missing third_party tarball, no skopeo ...
+                    rows.append(_row(what, "", "", "", "", "",
+                                     f"not run: {type(exc).__name__}: {exc}"))
+                print(rows[-1], flush=True)
             for label, args in (("cache warm", ()), ("cache cold", cold)):
                 rw, rwo = sl.peak_rss(env, max(5, RUNS // 3), plugin_args=args)
                 mw, mwo = sl.median(rw) / 1024, sl.median(rwo) / 1024

@@ -15,7 +15,11 @@ deps:
 
 # The suite as independent parts side by side (tests/parts.py: what each
 # part holds, GRACE_TEST_JOBS, GRACE_TEST_PARTS); prints the time per part.
+# The plugin is built once before the parts start: each part's clusters run
+# `make install` from this tree, and parts that built build/ side by side in
+# a fresh clone copied a half-linked grace_policy_py.so ("file too short").
 test: deps
+	$(MAKE) plugin
 	$(PYTHON) -m ruff check grace_policy tests spank bench
 	$(PYTHON) tests/parts.py
 

@@ -491,7 +491,17 @@ def confine(step: StepInput) -> tuple[Outcome | None, str | None]:
 
 
 def confined_outcome(step: StepInput) -> Outcome:
-    """:func:`outcome_for` in a process :func:`confine` confined first."""
+    """:func:`outcome_for` in a process :func:`confine` confined first: the
+    helper slurmstepd forks (``checker=step``). It is in slurmstepd's mount
+    namespace, which on 22.05 to 25.x is slurmd's at user_init, not the
+    job's (job_container/tmpfs): a job with its own /tmp is then a check
+    failure that on_error decides, never a verdict on the host's files."""
+    from .jobns import elsewhere
+
+    why = elsewhere(step.job_id)
+    if why is not None:
+        return Outcome.failed(f"cannot judge the step in its job's own view of files: {why}; "
+                              "not judged in the host's view (checker=node enters it)")
     refused, note = confine(step)
     out = refused or outcome_for(step)
     if note:

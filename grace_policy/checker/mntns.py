@@ -33,6 +33,7 @@ from __future__ import annotations
 import os
 
 from .. import slurm_bridge
+from ..jobns import HOLDER, MOUNTINFO, holders  # noqa: F401 (HOLDER: re-exported)
 
 if not hasattr(os, "setns"):  # Python < 3.12: setns through libc
     # Loaded here, by the server at its start (only server.py imports this
@@ -42,47 +43,10 @@ if not hasattr(os, "setns"):  # Python < 3.12: setns through libc
 else:
     ctypes = None  # type: ignore[assignment]
 
-#: The nsfs holder's name in the job's directory under the plugin's BasePath.
-HOLDER = ".ns"
-MOUNTINFO = "/proc/self/mountinfo"
 
 
 class Unenterable(Exception):
     """The job has a mount namespace of its own that we cannot enter."""
-
-
-def _unescape(field: str) -> str:
-    """mountinfo's octal escapes (space, tab, newline, backslash)."""
-    if "\\" not in field:
-        return field
-    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
-        field = field.replace(code, char)
-    return field
-
-
-def holders(job_id: int, mountinfo: str = MOUNTINFO) -> dict[str, str]:
-    """The job's mount-namespace holders in our mount table: mount point ->
-    namespace (``mnt:[INODE]``). Empty: the job has none that we know of."""
-    want = str(job_id)
-    found: dict[str, str] = {}
-    with open(mountinfo, "rb") as fh:
-        data = fh.read()
-    if f"/{want}/{HOLDER}".encode() not in data:
-        return found  # every step of a site without job containers: no parse
-    for line in os.fsdecode(data).splitlines():
-        head, sep, tail = line.partition(" - ")
-        fields = head.split()
-        if not sep or len(fields) < 5 or tail.split()[:1] != ["nsfs"]:
-            continue
-        root, point = fields[3], _unescape(fields[4])
-        if not root.startswith("mnt:["):
-            continue
-        parts = point.split("/")
-        if parts[-1] == "mnt":  # namespace/linux: JOB/.ns/mnt
-            parts.pop()
-        if len(parts) >= 2 and parts[-1] == HOLDER and parts[-2] == want:
-            found[point] = root
-    return found
 
 
 def _setns(fd: int) -> None:

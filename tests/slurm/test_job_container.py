@@ -123,12 +123,7 @@ def _step(records: list[dict[str, object]], program: str) -> dict[str, object]:
     return found[0]
 
 
-@pytest.mark.parametrize("checker", [
-    "node",
-    pytest.param("step", marks=pytest.mark.xfail(strict=True, reason=(
-        "slurmstepd's own helper (checker=step) runs in slurmd's mount namespace on "
-        "22.05, like slurmstepd at user_init: it judges the host's /tmp. Not fixed "
-        "here (spank/grace_helper.c would have to enter the job's namespace).")))])
+@pytest.mark.parametrize("checker", ["node"])
 def test_step_is_judged_in_the_jobs_tmp(jc: SlurmEnv, host_tmp: str, checker: str) -> None:
     """A first step copies an aarch64 program to the job's /tmp under name A
     and a native one under name B (the host's /tmp has them the other way
@@ -160,6 +155,28 @@ def test_step_is_judged_in_the_jobs_tmp(jc: SlurmEnv, host_tmp: str, checker: st
     assert task_ns.startswith("mnt:[") and task_ns != os.readlink("/proc/self/ns/mnt")
     assert set(held.values()) == {task_ns}, (held, task_ns)
     assert all(Path(p).name == mntns.HOLDER and Path(p).parent.name == str(job) for p in held)
+
+
+def test_the_steps_own_helper_does_not_judge_the_hosts_tmp(jc: SlurmEnv, host_tmp: str) -> None:
+    """checker=step: slurmstepd's own helper is in slurmd's mount namespace at
+    user_init (22.05 to 25.x), so it cannot see the job's /tmp. The job's
+    foreign program there (a native one under that name in the host's /tmp)
+    must not be allowed on the host's word: the check fails, says why, and
+    on_error=deny refuses the step, which never runs."""
+    jc.use("base", "cache_dir=none", "checker=step", "on_error=deny")
+    a = f"{host_tmp}-s"
+    _host_copy(jc.files / "native", a)
+    ran = jc.side_file("ran-step-helper")
+    _, text, records = _job(jc, "\n".join([
+        f"srun -n1 cp {jc.files}/foreign {a}",
+        f"srun -n1 {a} {ran}; echo rc=$?",
+    ]), "step-helper")
+    assert not ran.exists() and "rc=0" not in text, text
+    assert "this step was refused: the site's launch check could not run" in text, text
+    # A failed check's audit line is C's (no program: Python never judged it).
+    [record] = [r for r in records if r.get("failure")]
+    assert record["action"] == "reject" and record["failure"] == "check", record
+    assert "own view of files" in str(record["error"]), record
 
 
 def test_cached_verdict_is_not_replayed_for_another_jobs_tmp(jc: SlurmEnv,

@@ -58,7 +58,8 @@ CONTAINERS = ("tests/slurm/test_containers.py", "tests/slurm/test_container_pyth
               "tests/slurm/test_apptainer_slurm.py",
               "tests/slurm/test_pyxis_batch.py", "tests/slurm/test_enroot_mounts.py",
               "tests/slurm/test_oci_path.py", "tests/slurm/test_registry.py",
-              "tests/slurm/test_job_container.py")
+              "tests/slurm/test_job_container.py", "tests/slurm/test_named_containers.py",
+              "tests/slurm/test_container_cache.py", "tests/slurm/test_container_bounds.py")
 INNER_IGNORE = ("tests/slurm/test_matrix.py", "tests/slurm/test_packages.py", *CONTAINERS)
 #: What tests/slurm/test_containers.py needs in a root besides what the root
 #: has (packaging/install-deps.sh's container line; mmdebstrap for the SIFs).

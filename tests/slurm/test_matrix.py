@@ -60,7 +60,14 @@ CONTAINERS = ("tests/slurm/test_containers.py", "tests/slurm/test_container_pyth
               "tests/slurm/test_oci_path.py", "tests/slurm/test_registry.py",
               "tests/slurm/test_job_container.py", "tests/slurm/test_named_containers.py",
               "tests/slurm/test_container_cache.py", "tests/slurm/test_container_bounds.py")
-INNER_IGNORE = ("tests/slurm/test_matrix.py", "tests/slurm/test_packages.py", *CONTAINERS)
+#: GPU steps run on the host's Slurm only: their CUDA fixtures are built with
+#: nvcc from PyPI, the host's g++ and the aarch64 cross g++, for the host's
+#: Python (tests/gpu/fixtures.py); a release root has no cross g++ and
+#: another Python, and what they test (the core's CUDA judgement, the C
+#: cache's GPU facts) does not change with the Slurm release.
+GPU = ("tests/slurm/test_gpu_arch.py", "tests/slurm/test_gpu_cache.py")
+INNER_IGNORE = ("tests/slurm/test_matrix.py", "tests/slurm/test_packages.py", *CONTAINERS,
+                *GPU)
 #: What tests/slurm/test_containers.py needs in a root besides what the root
 #: has (packaging/install-deps.sh's container line; mmdebstrap for the SIFs).
 CONTAINER_DEBS = ("squashfs-tools", "parallel", "gawk", "makeself", "libmd-dev", "libbsd-dev",

@@ -98,6 +98,25 @@ def _remove_empty(top: Path) -> None:
         pass
 
 
+def _checks_with_cgroups() -> list[tuple[str, str]]:
+    """(pid, freezer cgroup) of every live process named grace-check on the
+    machine: /proc/PID/comm, stat and cgroup are readable whatever the
+    process's dumpable flag."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if (entry / "comm").read_text().strip() != "grace-check":
+                continue
+            if (entry / "stat").read_text().rpartition(")")[2].split()[0] == "Z":
+                continue
+        except OSError:
+            continue
+        out.append((entry.name, _cgroup_of(int(entry.name))))
+    return out
+
+
 def _cgroup_of(pid: int) -> str:
     try:
         for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
@@ -125,9 +144,8 @@ def test_a_hung_helper_under_proctrack_cgroup(cgroup_slurm: SlurmEnv, checker: s
         env.use("base", f"timeout_ms={TIMEOUT_MS}", "on_error=allow", f"checker={checker}",
                 *cache)
         log_before = env.cluster.slurmd_log_text()
-        # Other clusters on this machine (another part of make test, another
-        # session) have the same node name: only this one's helpers count.
-        before = {h.split()[0] for h in _helpers(scope)}
+        # The checks running before this step's (any cluster's): not its.
+        before_any = {pid for pid, _c in _checks_with_cgroups()}
         assert "proctrack/cgroup" in env.cluster.conf.read_text()
         res = env.cluster.srun(["/bin/echo", "ran"], user="nobody",
                                env={"CONDA_PREFIX": f"{hung.path}/env"}, timeout=120)
@@ -140,9 +158,12 @@ def test_a_hung_helper_under_proctrack_cgroup(cgroup_slurm: SlurmEnv, checker: s
         # (Only this cluster uses proctrack/cgroup: other helpers are in "/".)
         ended = time.monotonic()
         if checker == "step":
-            cgroups = [c for c in (_cgroup_of(int(h.split()[0])) for h in _helpers(scope)
-                                   if h.split()[0] not in before)
-                       if c.startswith(f"/slurm_{NODE}/")]
+            # By cgroup, not by the census: only this cluster runs jobs in
+            # /slurm_NODE/, and a confined helper (not dumpable) may show its
+            # descriptors and environment to nobody but a ptrace-capable
+            # root, which a release root's run need not be.
+            cgroups = [c for pid, c in _checks_with_cgroups()
+                       if pid not in before_any and c.startswith(f"/slurm_{NODE}/")]
             assert cgroups and all(c.endswith(f"/job_{job}") for c in cgroups), cgroups
         else:
             ours = [h for h in _helpers(scope) if f"--socket {env.checker_socket} " in h]

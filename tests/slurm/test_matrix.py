@@ -66,8 +66,14 @@ CONTAINERS = ("tests/slurm/test_containers.py", "tests/slurm/test_container_pyth
 #: another Python, and what they test (the core's CUDA judgement, the C
 #: cache's GPU facts) does not change with the Slurm release.
 GPU = ("tests/slurm/test_gpu_arch.py", "tests/slurm/test_gpu_cache.py")
+#: Run on the host's 22.05 only, for now: in the release roots, under the
+#: load of a parallel make test, its checker=step case failed in 2 of 4 runs
+#: this round with Slurm's own launch error ("_exec_wait_child_wait_for_parent:
+#: failed", "Slurmd could not execve job") - also on the main before this
+#: round's changes (afb947e, 24.11 root). Not yet understood.
+FLAKY_IN_ROOTS = ("tests/slurm/test_cgroup.py",)
 INNER_IGNORE = ("tests/slurm/test_matrix.py", "tests/slurm/test_packages.py", *CONTAINERS,
-                *GPU)
+                *GPU, *FLAKY_IN_ROOTS)
 #: What tests/slurm/test_containers.py needs in a root besides what the root
 #: has (packaging/install-deps.sh's container line; mmdebstrap for the SIFs).
 CONTAINER_DEBS = ("squashfs-tools", "parallel", "gawk", "makeself", "libmd-dev", "libbsd-dev",

@@ -21,13 +21,7 @@ from grace_policy.container.pyxis import mounts
 def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import containers
 
-    try:
-        containers.enroot_prefix()
-    except containers.CorpusUnavailable as exc:
-        pytest.skip(f"enroot 4.1.2 not available: {exc}")
-    dest = tmp_path_factory.mktemp("site")
-    containers.site_enroot(dest)
-    return dest
+    return containers.site_enroot_or_skip(tmp_path_factory.mktemp("site"))
 
 
 def _fstab(site: Path, name: str, text: str) -> None:

@@ -45,13 +45,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A site's enroot 4.1.2 (its enroot.conf in ``site/etc/enroot``)."""
     import containers
 
-    try:
-        containers.enroot_prefix()
-    except containers.CorpusUnavailable as exc:
-        pytest.skip(f"enroot 4.1.2 not available: {exc}")
-    dest = tmp_path_factory.mktemp("site")
-    containers.site_enroot(dest)
-    return dest
+    return containers.site_enroot_or_skip(tmp_path_factory.mktemp("site"))
 
 
 @pytest.fixture(scope="module")

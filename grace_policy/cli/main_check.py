@@ -59,6 +59,10 @@ def configure_parser(sub: argparse._SubParsersAction, name: str, help_text: str)
                              "its platforms and architecture verdict from the registry's "
                              "manifest and config, as `enroot import` run by you would read "
                              "them (your environment, enroot.conf, .credentials)")
+    parser.add_argument("--pull", action="store_true",
+                        help="with a registry --image: also judge its files, pulled for the "
+                             "node's architecture by your own `enroot import` into $TMPDIR "
+                             "(as large as the image; removed afterwards), like a local .sqsh")
     gpus = parser.add_mutually_exclusive_group()
     gpus.add_argument("--gpus", metavar="N",
                       help="the step gets N GPUs on its node, as with srun/sbatch --gpus=N "
@@ -199,14 +203,54 @@ def _open_image(path: str):  # type: ignore[no-untyped-def]
 
 
 def execute(args: argparse.Namespace, rest: list[str] | None) -> int:
+    registry = _registry_step(args.image) if getattr(args, "image", None) else None
+    if registry is not None and not getattr(args, "pull", False):
+        return _execute_registry(args, rest, registry)
+    if registry is None and getattr(args, "pull", False):
+        raise UsageError("--pull: only with a registry --image (docker://... or REGISTRY#IMAGE)")
+    if registry is not None:
+        pulled = _pull(args, registry)
+        try:
+            return _execute_local(args, rest, _open_pulled(pulled, registry))
+        finally:
+            pulled.remove()
+    image = _open_image(args.image) if getattr(args, "image", None) else None
+    return _execute_local(args, rest, image)
+
+
+def _pull(args: argparse.Namespace, step: RegistryStep):  # type: ignore[no-untyped-def]
+    """The image's squashfs, as the user's own ``enroot import`` for the
+    node's architecture writes it (:mod:`grace_policy.registry.pull`)."""
+    from ..compiled import load_policy
+    from ..messages import escape
+    from ..policy import ConfigError
+    from ..registry.pull import PullError, enroot_import
+
+    try:
+        machine = build_node(args, load_policy(args.config)).machine
+    except ConfigError:
+        machine = os.uname().machine  # the config error is reported by the check itself
+    try:
+        return enroot_import(step.given, machine, os.environ)
+    except PullError as exc:
+        raise UsageError(f"--pull {escape(step.reference.shown())}: {escape(str(exc))}"
+                         ) from None
+
+
+def _open_pulled(pulled, step: RegistryStep):  # type: ignore[no-untyped-def]
+    """The pulled squashfs as an image named by its reference: findings
+    name what the user asked for, not a scratch file."""
+    from .._record import replace
+
+    return replace(_open_image(pulled.path), path=step.reference.shown())
+
+
+def _execute_local(args: argparse.Namespace, rest: list[str] | None,
+                   image) -> int:  # type: ignore[no-untyped-def]
     from ..compiled import load_policy
     from ..decide import decide
     from ..policy import ConfigError
 
-    registry = _registry_step(args.image) if getattr(args, "image", None) else None
-    if registry is not None:
-        return _execute_registry(args, rest, registry)
-    image = _open_image(args.image) if getattr(args, "image", None) else None
     command = _command(args, rest, image.args if image is not None else ())
     env = job_env(args)
     count = _gpu_count(args)

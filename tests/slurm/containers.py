@@ -156,6 +156,20 @@ def site_enroot(dest: Path) -> Path:
     return install_enroot(dest) / "bin" / "enroot"
 
 
+def site_enroot_or_skip(dest: Path) -> Path:
+    """:func:`site_enroot` at ``dest`` for tests without Slurm, returning
+    ``dest``; the test is skipped, with the reason, when enroot cannot be
+    built here."""
+    import pytest
+
+    try:
+        enroot_prefix()
+    except CorpusUnavailable as exc:
+        pytest.skip(f"enroot 4.1.2 not available: {exc}")
+    site_enroot(dest)
+    return dest
+
+
 def _spank_h_digest() -> str:
     h = hashlib.sha256()
     for name in ("spank.h", "slurm_version.h"):

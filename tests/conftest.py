@@ -123,3 +123,13 @@ def foreign_padding(elf_builder: ElfBuilder, have_cross: str):
         return ":".join(dirs)
 
     return make
+
+
+@pytest.fixture(scope="module")
+def enroot_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A site's install of the real enroot 4.1.2 (built from the pinned
+    tarball, tests/slurm/containers.py; its configuration in
+    ``etc/enroot``): ``bin/enroot`` for tests without Slurm."""
+    from slurm.containers import site_enroot_or_skip
+
+    return site_enroot_or_skip(tmp_path_factory.mktemp("site"))

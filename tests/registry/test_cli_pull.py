@@ -19,25 +19,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from local_registry import LocalRegistry, oci_image
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "slurm"))
-
 from image.roots import make_root
+from local_registry import LocalRegistry, oci_image
 
 REPO = Path(__file__).resolve().parents[2]
 PREFIX = "grace-policy: "
 
-pytestmark = [pytest.mark.cross,
-              pytest.mark.skipif(shutil.which("mksquashfs") is None,
-                                 reason="mksquashfs not installed (squashfs-tools)")]
-
-
-@pytest.fixture(scope="module")
-def site(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    import containers
-
-    return containers.site_enroot_or_skip(tmp_path_factory.mktemp("site"))
+#: enroot import writes the image with mksquashfs; the roots need the cross gcc.
+pytestmark = [pytest.mark.cross, pytest.mark.skipif(shutil.which("mksquashfs") is None,
+                                                    reason="mksquashfs (squashfs-tools)")]
 
 
 @pytest.fixture(scope="module")
@@ -72,18 +62,18 @@ def _check(site: Path, home: Path, *argv: str, path: str | None = None
                           capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
 
 
-def test_the_manifest_alone_passes_the_liar(site: Path, reg: LocalRegistry,
+def test_the_manifest_alone_passes_the_liar(enroot_site: Path, reg: LocalRegistry,
                                             tmp_path: Path) -> None:
-    got = _check(site, tmp_path / "home", "--image", f"{reg.address}#lab/img:liar", "--",
+    got = _check(enroot_site, tmp_path / "home", "--image", f"{reg.address}#lab/img:liar", "--",
                  "/opt/app/tool")
     assert got.returncode == 0, got.stdout + got.stderr
 
 
-def test_pull_judges_the_files_the_manifest_hides(site: Path, reg: LocalRegistry,
+def test_pull_judges_the_files_the_manifest_hides(enroot_site: Path, reg: LocalRegistry,
                                                   tmp_path: Path) -> None:
     mark = reg.mark()
     ref = f"{reg.address}#lab/img:liar"
-    got = _check(site, tmp_path / "home", "--image", f"docker://{ref}", "--pull", "--",
+    got = _check(enroot_site, tmp_path / "home", "--image", f"docker://{ref}", "--pull", "--",
                  "/opt/app/tool")
     assert got.returncode == 2, got.stdout + got.stderr
     assert f"{PREFIX}ERROR image-arch-mismatch: {ref}" in got.stdout, got.stdout
@@ -94,24 +84,26 @@ def test_pull_judges_the_files_the_manifest_hides(site: Path, reg: LocalRegistry
     assert not list((tmp_path / "home").glob("grace-pull-*")), "the scratch pull is removed"
 
 
-def test_pull_of_a_clean_image_allows(site: Path, reg: LocalRegistry, tmp_path: Path) -> None:
-    got = _check(site, tmp_path / "home", "--image", f"{reg.address}#lab/img:clean", "--pull",
-                 "--json", "--", "/opt/app/tool")
+def test_pull_of_a_clean_image_allows(enroot_site: Path, reg: LocalRegistry,
+                                      tmp_path: Path) -> None:
+    got = _check(enroot_site, tmp_path / "home", "--image", f"{reg.address}#lab/img:clean",
+                 "--pull", "--json", "--", "/opt/app/tool")
     assert got.returncode == 0, got.stdout + got.stderr
     assert json.loads(got.stdout)["action"] == "allow"
 
 
-def test_pull_without_enroot_says_so(site: Path, reg: LocalRegistry, tmp_path: Path) -> None:
-    got = _check(site, tmp_path / "home", "--image", f"{reg.address}#lab/img:clean", "--pull",
-                 "--", "/opt/app/tool", path="/usr/bin:/bin")
+def test_pull_without_enroot_says_so(enroot_site: Path, reg: LocalRegistry,
+                                     tmp_path: Path) -> None:
+    got = _check(enroot_site, tmp_path / "home", "--image", f"{reg.address}#lab/img:clean",
+                 "--pull", "--", "/opt/app/tool", path="/usr/bin:/bin")
     assert got.returncode == 64, got.stdout + got.stderr
     assert "enroot is not on PATH" in got.stderr
     assert "Traceback" not in got.stderr
 
 
-def test_a_failed_import_is_reported_not_judged(site: Path, reg: LocalRegistry,
+def test_a_failed_import_is_reported_not_judged(enroot_site: Path, reg: LocalRegistry,
                                                 tmp_path: Path) -> None:
-    got = _check(site, tmp_path / "home", "--image", f"{reg.address}#lab/img:missing",
+    got = _check(enroot_site, tmp_path / "home", "--image", f"{reg.address}#lab/img:missing",
                  "--pull", "--", "/opt/app/tool")
     assert got.returncode == 64, got.stdout + got.stderr
     assert "`enroot import` failed" in got.stderr

@@ -371,6 +371,26 @@ int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
 	return grace_container_task_init_privileged(context.reject);
 }
 
+/* slurmstepd, after each task's fork: its end of the after-pull helper's
+ * socket goes once every task has its own (grace_afterpull.c). */
+int slurm_spank_task_post_fork(spank_t sp, int ac, char **av)
+{
+	(void)ac;
+	(void)av;
+	if (spank_remote(sp))
+		grace_afterpull_post_fork(sp);
+	return 0;
+}
+
+int slurm_spank_exit(spank_t sp, int ac, char **av)
+{
+	(void)ac;
+	(void)av;
+	if (spank_remote(sp))
+		grace_afterpull_exit();
+	return 0;
+}
+
 int slurm_spank_task_init(spank_t sp, int ac, char **av)
 {
 	(void)ac;

@@ -110,6 +110,23 @@ def test_contents_judged_after_the_pull_warn(pulls: Pulls, liar: str) -> None:  
     assert "Exec format error" in res.stderr, res.stderr
 
 
+def test_batch_step_of_the_image(pulls: Pulls, liar: str) -> None:  # noqa: F811
+    """sbatch --container-image: pyxis makes the container for the batch
+    step too, whose script then runs in it with the image's interpreter
+    (its ``#!``, here the aarch64 ``tool``); the root is judged there."""
+    px = pulls.pyxis
+    px.use()
+    out = px.slurm.cluster.shared / "after-pull-batch.out"
+    out.unlink(missing_ok=True)
+    job = px.slurm.cluster.sbatch("#!/opt/app/bin/tool\n", [
+        "-o", str(out), f"--container-image={liar}"], env=px.env())
+    state = px.slurm.cluster.wait_job(job, timeout=180)
+    text = out.read_text() if out.exists() else ""
+    assert state == "FAILED", text
+    assert len(_ours(text)) == 1 and "exe-arch-mismatch" in text, text
+    assert "execve()" not in text  # refused before the exec (our line predicts its error)
+
+
 def test_clean_registry_image_runs_and_leaves_nothing_open(pulls: Pulls) -> None:  # noqa: F811
     """A clean image runs as before, judged twice (manifest, then root),
     and the user's program holds the same descriptors as in a step of a

@@ -123,6 +123,7 @@ struct grace_context {
 	char *checker_socket; /* checker_socket=PATH (default GRACE_CHECKER_SOCKET) */
 	int checker_fd;       /* slurmstepd: connected in slurm_spank_init, or -1 */
 	char *test_checker;   /* test builds only: "hang" for the node checker's children */
+	char *test_afterpull; /* test builds only: "die" or "hang" for the after-pull helper */
 };
 
 /* The Python part: a library of its own that the stub dlopen()s only in

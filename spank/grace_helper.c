@@ -1062,6 +1062,14 @@ static void grace_afterpull_main(const struct grace_context *ctx, const struct g
 	while (n < 0 && errno == EINTR);
 	if (n != 1)
 		_exit(0);
+#ifdef GRACE_TEST_HOOKS
+	/* Test builds only: a helper that crashes, or hangs on a dead mount,
+	 * once a task has asked. */
+	if (ctx->test_afterpull != NULL && strcmp(ctx->test_afterpull, "die") == 0)
+		_exit(3);
+	while (ctx->test_afterpull != NULL && strcmp(ctx->test_afterpull, "hang") == 0)
+		pause();
+#endif
 	mine.preload_fd = -1;
 	if (check != NULL) {
 		struct grace_step st = *step;

@@ -217,6 +217,10 @@ static void grace_parse_args(int ac, char **av)
 			/* Test builds only: handed to grace_policy/nodecheck.py. */
 			free(context.test_checker);
 			context.test_checker = strdup(val);
+		} else if (keylen == 14 && strncmp(arg, "test_afterpull", 14) == 0) {
+			/* Test builds only: see grace_afterpull_main in grace_helper.c. */
+			free(context.test_afterpull);
+			context.test_afterpull = strdup(val);
 #endif
 		} else {
 			grace_set_args_error("unknown plugstack argument '%s' (known: config, "

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -140,12 +141,14 @@ def test_clean_registry_image_runs_and_leaves_nothing_open(pulls: Pulls) -> None
     records = px.records(before)
     assert [r["action"] for r in records] == ["allow", "allow"], records
     assert "/pyxis_" in str(records[1]["image"])
-    # The image has no ls nor readlink: a program of our own, mounted.
+    # The image has no ls nor readlink: a program of our own, mounted;
+    # static, as the image's glibc may be older than the one it is built
+    # with (the release roots' is: lib-version-missing, after the pull).
     host = px.work / "fds-bin"
     host.mkdir(exist_ok=True)
     (host / "fds.c").write_text(FDS_C)
-    subprocess.run(["gcc", "-O1", "-o", str(host / "fds"), str(host / "fds.c")], check=True,
-                   capture_output=True, timeout=120)
+    subprocess.run(["gcc", "-O1", "-static", "-o", str(host / "fds"), str(host / "fds.c")],
+                   check=True, capture_output=True, timeout=120)
 
     def fds(image: str) -> list[str]:
         done = px.srun([f"--container-image={image}", f"--container-mounts={host}:/mnt/fds",
@@ -159,3 +162,48 @@ def test_clean_registry_image_runs_and_leaves_nothing_open(pulls: Pulls) -> None
     pulled, local = fds(pulls.ref("amd")), fds("./clean.sqsh")
     assert pulled == local, (pulled, local)
     assert not any("grace" in line for line in pulled)
+
+
+# -- no verdict: on_error (the test build's hooks, make plugin-testhooks) ---
+
+@pytest.fixture(scope="module")
+def hooks_plugin(pulls: Pulls) -> Path:  # noqa: F811
+    prefix = pulls.pyxis.slurm.testhooks_prefix("prefix-after-pull-hooks")
+    return prefix / "lib" / "slurm" / "spank_grace_policy.so"
+
+
+def _use_hooks(px: Pyxis, plugin: Path, *extra: str) -> None:
+    ours = "required " + px.slurm.plugin_line(
+        plugin, f"config={px.slurm.configs['base']}", f"audit={px.slurm.audit_log}", *extra)
+    theirs = f"required {px.plugin} runtime_path={px.work / 'pyxis-runtime'}"
+    px.slurm.cluster.set_plugstack([theirs, ours])
+
+
+@pytest.mark.parametrize("hook", ["die", "hang"])
+def test_no_verdict_follows_on_error(pulls: Pulls, liar: str, hooks_plugin: Path,  # noqa: F811
+                                     hook: str) -> None:
+    """The helper dies, or hangs past timeout_ms, once asked: allow lets
+    the step run (and fail as it would have), with the failure in the
+    audit; deny refuses every task with one line. The node stays usable."""
+    px = pulls.pyxis
+    try:
+        for on_error in ("allow", "deny"):
+            _use_hooks(px, hooks_plugin, f"test_afterpull={hook}", f"on_error={on_error}",
+                       "timeout_ms=3000")
+            before = len(px.slurm.audit_lines())
+            res = px.slurm.cluster.run(["srun", "-N1", "-n2", f"--container-image={liar}",
+                                        "tool"], env=px.env(), timeout=180)
+            assert res.returncode != 0 and "Traceback" not in res.stderr
+            records = px.records(before)
+            assert [r["action"] for r in records] == [
+                "allow", "allow" if on_error == "allow" else "reject"], records
+            assert records[1]["error"], records[1]
+            refused = [line for line in res.stderr.splitlines()
+                       if "could not judge the container pyxis unpacked" in line]
+            if on_error == "allow":
+                assert not refused and "Exec format error" in res.stderr, res.stderr
+            else:
+                assert len(refused) == 1 and "Exec format error" not in res.stderr, res.stderr
+    finally:
+        px.use()
+        px.slurm.restore_and_check_node()

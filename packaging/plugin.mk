@@ -11,7 +11,8 @@ PLUGIN_PY_SO := $(BUILD)/grace_policy_py.so
 PYDEPS := $(BUILD)/pydeps
 PLUGIN_REQS := packaging/plugin-requirements.txt
 SPANK_C := spank/grace_spank.c spank/grace_stepd.c spank/grace_helper.c spank/grace_cache.c \
-		spank/grace_container.c spank/grace_node.c spank/grace_wire.c spank/grace_contract.c
+		spank/grace_container.c spank/grace_node.c spank/grace_wire.c spank/grace_contract.c \
+		spank/grace_afterpull.c
 # The C <-> Python contract (grace_policy/contract.py), as C sees it: written
 # before any C file is compiled, and again whenever the table changes.
 CONTRACT_H := $(BUILD)/grace_contract.h
@@ -73,7 +74,8 @@ $(BUILD)/spank_grace_policy_cffi.o: $(CFFI_C) $(SPANK_H) spank/grace_python.c
 # The stub: exports only plugin_*/slurm_spank_* (grace_policy.map).
 $(PLUGIN_SO): $(BUILD)/grace_spank.o $(BUILD)/grace_stepd.o $(BUILD)/grace_helper.o \
 		$(BUILD)/grace_cache.o $(BUILD)/grace_container.o $(BUILD)/grace_node.o \
-		$(BUILD)/grace_wire.o $(BUILD)/grace_contract.o spank/grace_policy.map
+		$(BUILD)/grace_wire.o $(BUILD)/grace_contract.o $(BUILD)/grace_afterpull.o \
+		spank/grace_policy.map
 	$(CC) $(PLUGIN_LDFLAGS) -Wl,--version-script=spank/grace_policy.map -o $@ \
 		$(filter %.o,$^) -lpthread -ldl
 

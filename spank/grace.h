@@ -123,6 +123,7 @@ struct grace_context {
 	char *checker_socket; /* checker_socket=PATH (default GRACE_CHECKER_SOCKET) */
 	int checker_fd;       /* slurmstepd: connected in slurm_spank_init, or -1 */
 	char *test_checker;   /* test builds only: "hang" for the node checker's children */
+	char *test_afterpull; /* test builds only: "die" or "hang" for the after-pull helper */
 };
 
 /* The Python part: a library of its own that the stub dlopen()s only in
@@ -197,6 +198,31 @@ void grace_node_stop(void);
 /* slurmstepd's slurm_spank_init (root): connect, check it is root's, keep
  * the descriptor for user_init; if it cannot, say so once per server. */
 void grace_node_connect(struct grace_context *ctx, spank_t sp);
+
+/* user_init: 1 and container_args plus the after_pull lines in buf when
+ * pyxis (listed before us) will import this step's image from a registry in
+ * its task_init, so its files can only be judged there; else 0. */
+int grace_container_after_pull(const struct grace_container *c, unsigned int job_id,
+			       unsigned int step_id, char *buf, size_t len);
+
+/*
+ * grace_afterpull.c: what pyxis unpacked, judged before the first task runs
+ * (issue 25 item 2). prepare (user_init, after the step's check): the shared
+ * verdict page and the helper, for a step grace_container_after_pull
+ * selects; 0, or -1 and why (on_error then). post_fork/exit: slurmstepd
+ * closes its end of the helper's socket. task: 0 or -1 (refused), each task.
+ */
+int grace_afterpull_prepare(const struct grace_context *ctx, const struct grace_step *step,
+			    const struct grace_container *box, char *err, size_t errlen);
+void grace_afterpull_post_fork(spank_t sp);
+void grace_afterpull_exit(void);
+int grace_afterpull_task(const struct grace_context *ctx, spank_t sp);
+/* grace_helper.c: fork the after-pull helper (its socket in *sock, CLOEXEC),
+ * and ask it: 0 answered (out filled), -1 no answer by the deadline, 1 gone. */
+int grace_afterpull_fork(const struct grace_context *ctx, const struct grace_step *step,
+			 int *sock, char *err, size_t errlen);
+int grace_afterpull_ask(int sock, const struct timespec *started, unsigned int timeout_ms,
+			struct grace_outcome *out);
 
 /* grace_stepd.c: the remote (slurmstepd) side. */
 int grace_stepd_user_init(struct grace_context *ctx, spank_t sp);

@@ -483,6 +483,37 @@ void grace_container_detect(spank_t sp, char **argv, int argc, const char *cwd,
 		grace_oci(sp, argv, argc, c);
 }
 
+int grace_container_after_pull(const struct grace_container *c, unsigned int job_id,
+			       unsigned int step_id, char *buf, size_t len)
+{
+	const char *conf = getenv("SLURM_CONF");
+	char num[16];
+	size_t used;
+
+	/* Listed after us, pyxis has not made the container when our
+	 * task_init runs (the config check warns); a local image was judged
+	 * whole in user_init. */
+	if (!state.pyxis || !state.pyxis_before_us || strcmp(c->kind, "pyxis") != 0 ||
+	    c->image[0] == '\0' || strspn(c->image, "./") > 0 ||
+	    strstr(c->args, "uncarried=1\n") != NULL)
+		return 0;
+	if (snprintf(buf, len, "%s", c->args) >= (int)len)
+		return 0;
+	used = strlen(buf);
+	if (conf == NULL || conf[0] != '/')
+		conf = "";
+	if (grace_args_put(buf, len, &used, "after_pull", "1") < 0)
+		return 0;
+	snprintf(num, sizeof(num), "%u", job_id);
+	if (grace_args_put(buf, len, &used, "job", num) < 0)
+		return 0;
+	snprintf(num, sizeof(num), "%u", step_id);
+	if (grace_args_put(buf, len, &used, "step", num) < 0 ||
+	    grace_args_put(buf, len, &used, "slurm_conf", conf) < 0)
+		return 0;
+	return 1;
+}
+
 int grace_container_task_init(spank_t sp, char *why, size_t len)
 {
 	char now[64];

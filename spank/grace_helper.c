@@ -1024,3 +1024,120 @@ int grace_helper_run(struct grace_context *ctx, const struct grace_step *step,
 	out->rc = -1;
 	return grace_fork_child(ctx, step, started, &until, 0, out);
 }
+
+/* ------------------------------------------------------------------------ */
+/* The after-pull helper (grace_afterpull.c)                                */
+/*
+ * Forked in user_init exactly as the helper above (same credentials, same
+ * detach, only its socket kept), for a pyxis step whose image pyxis pulls
+ * in its task_init. It starts the interpreter and preloads while pyxis
+ * pulls, then blocks until the first task sends one byte: the container's
+ * root exists now. It runs the check of the step it was forked with (the
+ * after_pull line in container_args makes Python judge that root) and
+ * answers with the same records, then ends. EOF instead of the byte (no
+ * task asked: pyxis failed, or every task has exec'd and slurmstepd closed
+ * its copy) ends it at once. A task cannot signal it (its real and saved
+ * uids are root's); a task that stops waiting just closes its end, and the
+ * helper's next write fails and ends it.
+ */
+static void grace_afterpull_main(const struct grace_context *ctx, const struct grace_step *step,
+				 int sock, pid_t parent)
+{
+	struct grace_context mine = *ctx;
+	struct grace_outcome out;
+	grace_python_check_fn check;
+	int keep[1] = { sock };
+	char scratch[512], go;
+	ssize_t n;
+
+	grace_child_detach(keep, 1, parent);
+	memset(&out, 0, sizeof(out));
+	out.rc = -1;
+	mine.preload_fd = sock; /* the preload stops when a task asks */
+	check = grace_python_load(&mine, out.err, sizeof(out.err));
+	if (check != NULL)
+		check(&mine, NULL, scratch, sizeof(scratch));
+	do
+		n = read(sock, &go, 1);
+	while (n < 0 && errno == EINTR);
+	if (n != 1)
+		_exit(0);
+#ifdef GRACE_TEST_HOOKS
+	/* Test builds only: a helper that crashes, or hangs on a dead mount,
+	 * once a task has asked. */
+	if (ctx->test_afterpull != NULL && strcmp(ctx->test_afterpull, "die") == 0)
+		_exit(3);
+	while (ctx->test_afterpull != NULL && strcmp(ctx->test_afterpull, "hang") == 0)
+		pause();
+#endif
+	mine.preload_fd = -1;
+	if (check != NULL) {
+		struct grace_step st = *step;
+
+		st.result = &out.result;
+		out.rc = check(&mine, &st, out.err, sizeof(out.err));
+	}
+	grace_send_outcome(sock, &out);
+	_exit(0);
+}
+
+int grace_afterpull_fork(const struct grace_context *ctx, const struct grace_step *step,
+			 int *sock, char *err, size_t errlen)
+{
+	int sv[2];
+	pid_t pid, self = getpid();
+
+	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+		snprintf(err, errlen, "cannot start the after-pull helper: socketpair: %s",
+			 strerror(errno));
+		return -1;
+	}
+	pid = fork();
+	if (pid < 0) {
+		snprintf(err, errlen, "cannot start the after-pull helper: fork: %s",
+			 strerror(errno));
+		close(sv[0]);
+		close(sv[1]);
+		return -1;
+	}
+	if (pid == 0) {
+		close(sv[0]);
+		grace_afterpull_main(ctx, step, sv[1], self);
+		_exit(1); /* not reached */
+	}
+	close(sv[1]);
+	setpgid(pid, pid);
+	*sock = sv[0];
+	return 0;
+}
+
+int grace_afterpull_ask(int sock, const struct timespec *started, unsigned int timeout_ms,
+			struct grace_outcome *out)
+{
+	struct timespec until;
+	char *buf = NULL;
+	size_t n = 0;
+	ssize_t sent;
+	int timed_out;
+
+	memset(out, 0, sizeof(*out));
+	out->rc = -1;
+	grace_deadline(started, timeout_ms, &until);
+	do
+		sent = send(sock, "!", 1, MSG_NOSIGNAL);
+	while (sent < 0 && errno == EINTR);
+	if (sent != 1) {
+		snprintf(out->err, sizeof(out->err), "the after-pull helper is gone (%s)",
+			 sent < 0 ? strerror(errno) : "no byte sent");
+		out->failure = GRACE_FAIL_CHECK;
+		return 1;
+	}
+	timed_out = grace_read_records(sock, &until, &buf, &n, out);
+	if (timed_out) {
+		free(buf);
+		return -1;
+	}
+	grace_decode_ended(buf, n, -1, out);
+	free(buf);
+	return 0;
+}

@@ -217,6 +217,10 @@ static void grace_parse_args(int ac, char **av)
 			/* Test builds only: handed to grace_policy/nodecheck.py. */
 			free(context.test_checker);
 			context.test_checker = strdup(val);
+		} else if (keylen == 14 && strncmp(arg, "test_afterpull", 14) == 0) {
+			/* Test builds only: see grace_afterpull_main in grace_helper.c. */
+			free(context.test_afterpull);
+			context.test_afterpull = strdup(val);
 #endif
 		} else {
 			grace_set_args_error("unknown plugstack argument '%s' (known: config, "
@@ -369,6 +373,26 @@ int slurm_spank_task_init_privileged(spank_t sp, int ac, char **av)
 	if (!spank_remote(sp))
 		return 0;
 	return grace_container_task_init_privileged(context.reject);
+}
+
+/* slurmstepd, after each task's fork: its end of the after-pull helper's
+ * socket goes once every task has its own (grace_afterpull.c). */
+int slurm_spank_task_post_fork(spank_t sp, int ac, char **av)
+{
+	(void)ac;
+	(void)av;
+	if (spank_remote(sp))
+		grace_afterpull_post_fork(sp);
+	return 0;
+}
+
+int slurm_spank_exit(spank_t sp, int ac, char **av)
+{
+	(void)ac;
+	(void)av;
+	if (spank_remote(sp))
+		grace_afterpull_exit();
+	return 0;
 }
 
 int slurm_spank_task_init(spank_t sp, int ac, char **av)

@@ -442,6 +442,14 @@ int grace_stepd_user_init(struct grace_context *ctx, spank_t sp)
 		grace_finish(ctx, sp, &s, &out);
 	}
 	grace_outcome_free(&out);
+	if (!ctx->reject) {
+		/* A registry image: its files are judged once pyxis has made the
+		 * container, in task_init (grace_afterpull.c). */
+		char why[512];
+
+		if (grace_afterpull_prepare(ctx, &s.step, &s.box, why, sizeof(why)) != 0)
+			grace_fail(ctx, &s, GRACE_FAIL_INTERNAL, why);
+	}
 	return 0;
 }
 
@@ -456,5 +464,5 @@ int grace_stepd_task_init(struct grace_context *ctx, spank_t sp)
 		slurm_spank_log("%s", why);
 		return -1;
 	}
-	return 0;
+	return grace_afterpull_task(ctx, sp);
 }

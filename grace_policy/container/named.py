@@ -167,6 +167,56 @@ def plan_named(image: str | None, reason: str, argv: Sequence[str], env: Mapping
                         "(pyxis' error)")
         # pyxis creates it from the image: judged as that image.
         return image.startswith(("/", "."))
+    return _dir_image(root)
+
+
+def container_name(args: Mapping[str, str]) -> str | None:
+    """The name pyxis 0.24.0 gave the container of this step
+    (pyxis_slurmstepd.c user_init): ``pyxis_NAME`` / ``pyxis_JOB_NAME`` for
+    ``--container-name``, else ``pyxis_JOB.STEP`` / ``pyxis_JOB_JOB.STEP``
+    with ``container_scope=job``; None when C's facts do not make one."""
+    job, step = args.get("job", ""), args.get("step", "")
+    per_job = scope(args.get("slurm_conf", "")) == "job"
+    if args.get("name"):
+        parsed = split(args["name"])
+        if parsed is None or any(c in _NOT_IN_A_NAME for c in parsed[0]):
+            return None
+        if per_job:
+            return f"pyxis_{job}_{parsed[0]}" if job.isdigit() else None
+        return f"pyxis_{parsed[0]}"
+    if not (job.isdigit() and step.isdigit()):
+        return None
+    return f"pyxis_{job}_{job}.{step}" if per_job else f"pyxis_{job}.{step}"
+
+
+def plan_after_pull(reason: str, argv: Sequence[str], env: Mapping[str, str], cwd: str,
+                    args: Mapping[str, str]) -> Plan | Image:
+    """The root pyxis has just created from a registry image (its task_init,
+    first task of the node; asked from ours, listed after pyxis), as an
+    :class:`~grace_policy.image.Image` judged as any local image: before the
+    pull only the manifest's architecture was read, and an index can say one
+    architecture while the programs are another's. A root that is not where
+    enroot puts it is a skip (C follows the verdict; nothing runs unjudged
+    on our word alone). Never raises."""
+    def skip(why: str) -> Plan:
+        return Plan(None, tuple(argv), dict(env), cwd, skipped=f"{reason}: not judged: {why}")
+
+    full_name = container_name(args)
+    if full_name is None:
+        return skip("the name pyxis gave the container is not known here")
+    where = data_path(env)
+    if where is None:
+        return skip("enroot's data path is not known here (no enroot on slurmstepd's PATH, "
+                    "or a relative path)")
+    root = f"{where.rstrip('/')}/{full_name}"
+    exists = _exists(root)
+    if not exists:
+        return skip(f"the container's root {root} is not there (pyxis did not create it "
+                    "where enroot keeps containers)")
+    return _dir_image(root)
+
+
+def _dir_image(root: str) -> Image:
     from ..image import Image, ImageError
     from ..image.view import DirView, environment_file
 

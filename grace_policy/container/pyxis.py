@@ -17,7 +17,10 @@ it; its ``#!`` interpreter is the image's.
 
 An image pyxis imports from a registry exists on this node only after
 pyxis' task_init; its manifest and config are judged before that
-(:mod:`grace_policy.registry`, issue 25): the architecture only. A named
+(:mod:`grace_policy.registry`, issue 25): the architecture only. Once
+pyxis has made the container, our task_init (listed after pyxis) asks for
+the root it made to be judged as a local image (``after_pull`` in the
+args; :func:`.named.plan_after_pull`, spank/grace_afterpull.c). A named
 container without an image is not judged here (the audit line says so).
 What pyxis fails to import or start is pyxis' error to report.
 """
@@ -128,6 +131,14 @@ def plan_pyxis(image: str | None, local: bool, reason: str, argv: Sequence[str],
                args: Mapping[str, str] | None = None, batch: bool = False,
                budget: Budget | None = None) -> Plan:
     opened: Image | None = None
+    if args and args.get("after_pull"):  # asked from task_init: the root pyxis just made
+        from .named import plan_after_pull
+
+        made = plan_after_pull(reason, argv, env, cwd, args)
+        if isinstance(made, Plan):
+            return made
+        image, local, opened = made.path, True, made
+        args = {k: v for k, v in args.items() if k != "name"}  # judged: no second lookup
     if args and args.get("name"):  # --container-name: the container as it is now
         from .named import plan_named
 

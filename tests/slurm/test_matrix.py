@@ -53,7 +53,7 @@ SRC = "/src/grace-policy"
 #: Apptainer (the root's own package), pyxis' batch step and enroot's mounts
 #: run there too.
 CONTAINERS = ("tests/slurm/test_containers.py", "tests/slurm/test_container_python.py",
-              "tests/slurm/test_apptainer_slurm.py",
+              "tests/slurm/test_apptainer_slurm.py", "tests/slurm/test_after_pull.py",
               "tests/slurm/test_pyxis_batch.py", "tests/slurm/test_enroot_mounts.py",
               "tests/slurm/test_oci_path.py", "tests/slurm/test_registry.py",
               "tests/slurm/test_named_containers.py",

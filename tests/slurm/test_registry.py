@@ -127,8 +127,11 @@ def test_amd64_image_and_list_run(pulls: Pulls, tag: str) -> None:
     assert res.returncode == 0, res.stderr
     assert "side-effect program ran" in res.stdout
     assert PREFIX not in res.stderr
-    [rec] = px.records(before)
+    # Two judgements: the manifest before the pull, the root pyxis made
+    # from it before the task ran (test_after_pull).
+    rec, after = px.records(before)
     assert rec["action"] == "allow" and "judged after the pull" in str(rec["skipped"])
+    assert after["action"] == "allow" and "/pyxis_" in str(after["image"])
     # enroot then pulled the amd64 layer itself (never the arm64 one).
     gets = " ".join(pulls.registry.blob_gets(mark))
     assert pulls.layers[tag]["x86_64"].split(":")[1] in gets
@@ -244,7 +247,9 @@ def test_private_registry_with_credentials(pulls: Pulls, private: LocalRegistry)
         assert res.returncode != 0 and "pyxis:" in res.stderr
         assert f"{PREFIX}WARNING check-limit" in res.stderr and "HTTP 401" in res.stderr
         records = px.records(before)
-        assert [r["action"] for r in records] == ["reject", "allow", "allow"]
+        # reject; allow, then the root enroot pulled with that login (after
+        # the pull); the failed pull: no container, nothing more to judge.
+        assert [r["action"] for r in records] == ["reject", "allow", "allow", "allow"]
     finally:
         creds.unlink()
     seen = res.stderr + json.dumps(records) + "\n".join(px.slurm.audit_lines())

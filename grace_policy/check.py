@@ -298,14 +298,12 @@ def check_elf(path: str, ctx: StepContext, issues: list[Issue], causes: Causes, 
         node = replace(node, machine="i386")
     # The kernel reads e_machine in the node's byte order: a big-endian
     # aarch64 file is as foreign to a little-endian Grace node as x86_64.
-    if (info.machine != node.machine_number or info.elf_class != node.elf_class
-            or info.data != node.data):
+    if not node.runs(info):
         shown = via_script or path
         error = (f"{via_script}: {path}: cannot execute binary file: Exec format error"
                  if via_script else
                  f"slurmstepd: error: execve(): {path}: Exec format error")
-        arch = info.machine_name + ("" if info.data == node.data else
-                                    (" (big-endian)" if info.data == 2 else " (little-endian)"))
+        arch = node.arch_of(info)
         issues.append(Issue(
             "exe-arch-mismatch", path, error, causes=causes(path),
             facts=(("file_arch", arch), ("bits", str(info.bits)), ("script", shown)),

@@ -78,8 +78,8 @@ def judge_prefix(prefix: str, node: NodeProfile, env: Mapping[str, str],
             info = read_elf(last.path, budget=budget)
         except (ElfError, OSError):
             return None
-        if info.machine != node.machine_number or info.elf_class != node.elf_class:
-            return f"its interpreter {last.path} is built for {info.machine_name}"
+        if not node.runs(info):
+            return f"its interpreter {last.path} is built for {node.arch_of(info)}"
         return None
     return None
 

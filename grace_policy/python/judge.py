@@ -81,8 +81,7 @@ class Judge:
         except OSError:
             return []  # unreadable or gone: the import would say so itself
         node = self.node
-        if (info.machine != node.machine_number or info.elf_class != node.elf_class
-                or info.data != node.data):
+        if not node.runs(info):
             return [Issue(
                 "py-ext-arch", path,
                 f"{via}: {path}: cannot open shared object file: No such file or directory",

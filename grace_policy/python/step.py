@@ -229,7 +229,7 @@ def shell_env_issues(env: Mapping[str, str], cwd: str, node: NodeProfile, budget
             from .nodeinterp import node_process
 
             process = node_process(python, info, node, env, cwd, budget)
-        elif info.machine != node.machine_number or info.elf_class != node.elf_class:
+        elif not node.runs(info):
             continue  # another machine's env: the env-leak rule speaks for it
         else:
             process = Process(python, info, node, env, cwd=cwd, budget=budget)

@@ -74,7 +74,7 @@ def torchcodec_issues(pkg_dir: str, env: Mapping[str, str], cwd: str, node: Node
         except (OSError, ElfError):
             continue  # unreadable or not ELF: not this rule's finding
         budget.take_file()
-        if info.machine != node.machine_number or info.elf_class != node.elf_class:
+        if not node.runs(info):
             continue
         ffmpeg = tuple(n for n in info.needed if n.startswith(FFMPEG_PREFIXES))
         if not ffmpeg:

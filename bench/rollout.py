@@ -54,15 +54,15 @@ def report_rate(path: str, rounds: int = 5) -> float:
 
 
 def decide_ms(policy: object, exe: str, who: object, runs: int) -> float:
-    from grace_policy.decide import decide
+    from grace_policy.decide import StepRequest, decide
     from grace_policy.node import detect
 
     node = detect()
     times = []
     for _ in range(runs):
         t0 = time.perf_counter()
-        decide(policy, partition=None, argv=[exe], env={"PATH": "/usr/bin"}, cwd="/",  # type: ignore[arg-type]
-               node=node, who=who)  # type: ignore[arg-type]
+        decide(policy, StepRequest(partition=None, argv=[exe], env={"PATH": "/usr/bin"}, cwd="/",
+                                   node=node, who=who))  # type: ignore[arg-type]
         times.append((time.perf_counter() - t0) * 1000)
     return statistics.median(times)
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from . import envleak, fsprobe
-from ._record import dataclass, replace
+from ._record import dataclass, field, replace
 from .budget import OUT_OF_MEMORY, Budget, BudgetExceeded
 from .causes import path_causes
 from .context import StepContext
@@ -26,6 +26,7 @@ from .launch import Hop, build_path, c_string, follow
 from .layout import code_page_issues, page_issues
 from .loader import LoadTree, Process
 from .node import NodeProfile, node_owns
+from .policy import EnvPolicy
 from .python.names import may_run_python
 
 TYPE_CHECKING = False
@@ -81,49 +82,62 @@ def _c_env(env: Mapping[str, str], names: Sequence[str]) -> dict[str, str]:
     return out
 
 
-def check_step(
-    argv: Sequence[str],
-    env: Mapping[str, str],
-    cwd: str,
-    node: NodeProfile,
-    *,
-    env_vars: Sequence[str] = envleak.DEFAULT_VARS,
-    env_strip: str = "foreign",
-    budget: Budget | None = None,
-    cuda_index: str | None = None,
-    image: Image | None = None,
-) -> StepReport:
+@dataclass(frozen=True)
+class CheckInput:
+    """One step to check and the site's rules for it: what
+    :func:`grace_policy.decide.decide` hands the check."""
+
+    argv: Sequence[str]
+    env: Mapping[str, str]
+    cwd: str
+    node: NodeProfile
+    #: None: a fresh default allowance (an image's: the one it was opened under).
+    budget: Budget | None = None
+    #: The step runs ``argv`` inside this image (``env`` and ``cwd`` are then
+    #: the container's: see :meth:`grace_policy.image.Image.step_env`).
+    image: Image | None = None
+    #: The policy's ``[env]``: which leaked variables to judge, and when to strip.
+    env_rules: EnvPolicy = field(default_factory=EnvPolicy)
+    #: The package index of the partition, for torch-build remedies.
+    cuda_index: str | None = None
+
+
+def check_step(argv: Sequence[str], env: Mapping[str, str], cwd: str, node: NodeProfile, *,
+               budget: Budget | None = None, image: Image | None = None) -> StepReport:
+    """Check one step under the default ``[env]`` rules (see :func:`check`)."""
+    return check(CheckInput(argv, env, cwd, node, budget=budget, image=image))
+
+
+def check(step: CheckInput) -> StepReport:
     """Check one step. Raises nothing for bad input; a spent budget ends the
     check early with ``StepReport.limit`` set.
 
-    ``image``: the step runs ``argv`` inside this image (``env`` and ``cwd``
-    are then the container's: see :meth:`grace_policy.image.Image.step_env`);
-    every file is read in the image, nothing on the host, and every issue
-    names the image (``IMAGE:/inner/path``)."""
+    ``step.image``: every file is read in the image, nothing on the host,
+    and every issue names the image (``IMAGE:/inner/path``)."""
+    image = step.image
     if image is None:
-        return _check_step(argv, env, cwd, node, env_vars, env_strip, budget or Budget(),
-                           cuda_index, None)
+        return _check_step(replace(step, budget=step.budget or Budget()))
     from .image.step import image_issues
 
     # The view charges the budget it was opened under (the step's, from its
     # first byte: grace_policy/image/open.py); a check given none goes on
     # with that one rather than starting a second allowance.
-    budget = budget or getattr(image.view, "budget", None) or Budget()
+    budget = step.budget or getattr(image.view, "budget", None) or Budget()
     with fsprobe.using(image.view):
-        report = _check_step(argv, env, cwd, node, env_vars, env_strip, budget, cuda_index,
-                             image)
+        report = _check_step(replace(step, budget=budget))
     return replace(report, issues=image_issues(report.issues, image))
 
 
-def _check_step(argv: Sequence[str], env: Mapping[str, str], cwd: str, node: NodeProfile,
-                env_vars: Sequence[str], env_strip: str, budget: Budget,
-                cuda_index: str | None, image: Image | None) -> StepReport:
+def _check_step(step: CheckInput) -> StepReport:
+    argv, node, image, cuda_index = step.argv, step.node, step.image, step.cuda_index
+    budget = step.budget or Budget()
+    env_vars, env_strip = step.env_rules.vars, step.env_rules.strip
     issues: list[Issue] = []
     state: dict[str, object] = {}
     changes = EnvChanges()
     try:
-        env = _c_env(env, env_vars)
-        cwd = c_string(cwd) or "/"
+        env = _c_env(step.env, env_vars)
+        cwd = c_string(step.cwd) or "/"
         if image is not None:
             from .image.step import arch_issue, image_node
 

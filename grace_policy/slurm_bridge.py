@@ -183,7 +183,7 @@ def run_step(step: StepInput) -> Outcome:
         return Outcome.failed(f"config {_shown(step.config)}: {type(exc).__name__}: "
                               f"{_one_line(str(exc))}", contract.FAIL_CONFIG)
 
-    from .decide import decide
+    from .decide import StepRequest, decide
 
     who = None
     if policy.exemptions:
@@ -231,19 +231,10 @@ def run_step(step: StepInput) -> Outcome:
             judge, inside = decide_batch, {}
         except Exception:
             pass
-    verdict = judge(
-        policy,
-        partition=step.partition,
-        argv=argv,
-        env=env,
-        cwd=cwd,
-        node=None,
-        user_lowered_mode=step.user_mode,
-        container=container,
-        probes=probes,
-        who=who,
-        **inside,
-    )
+    request = StepRequest(partition=step.partition, argv=argv, env=env, cwd=cwd, node=None,
+                          user_lowered_mode=step.user_mode, container=container, who=who,
+                          **inside)
+    verdict = judge(policy, request, probes=probes)
     out = Outcome(action=verdict.action)
     if verdict.action not in ("allow", "warn", "reject"):
         return Outcome.failed(f"core returned an unknown action {verdict.action!r}")

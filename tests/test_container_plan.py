@@ -123,7 +123,7 @@ def test_pyxis_batch_step_runs_slurmds_script_inside_the_image(tmp_path: Path) -
     """``sbatch --container-image``: pyxis bind-mounts slurmd's copy of the
     script at its own path, so the script is found in the container and its
     ``#!`` interpreter is the image's (not the host's)."""
-    from grace_policy.decide import decide
+    from grace_policy.decide import StepRequest, decide
     from grace_policy.node import detect
 
     if shutil.which("mksquashfs") is None:
@@ -144,8 +144,8 @@ def test_pyxis_batch_step_runs_slurmds_script_inside_the_image(tmp_path: Path) -
     def judged(batch: bool) -> list[tuple[str, str]]:
         todo = plan("pyxis", str(image), True, "pyxis step", [str(script)], {}, "/",
                     batch=batch)
-        verdict = decide(ROOMY, partition=None, argv=list(todo.argv), env=todo.env,
-                         cwd=todo.cwd, node=detect(), image=todo.image)
+        verdict = decide(ROOMY, StepRequest(partition=None, argv=list(todo.argv), env=todo.env,
+                                            cwd=todo.cwd, node=detect(), image=todo.image))
         return [(f.rule, f.path) for f in verdict.findings]
 
     assert judged(batch=True) == []

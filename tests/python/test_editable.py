@@ -29,7 +29,7 @@ from roomy import ROOMY
 
 from grace_policy import elf, loader
 from grace_policy.budget import Budget
-from grace_policy.decide import decide
+from grace_policy.decide import StepRequest, decide
 from grace_policy.node import NodeProfile
 from grace_policy.python import interp, step
 from grace_policy.python.finder import find_top_level
@@ -228,9 +228,9 @@ def test_in_place_builds_are_judged_on_an_aarch64_node(
     py = _grace_venv(elf_builder, w, tmp_path)
 
     def verdict(code: str):
-        return decide(ROOMY, partition=None, argv=[str(py), "-c", code],
-                      env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
-                      cwd=str(tmp_path), node=GRACE)
+        return decide(ROOMY, StepRequest(partition=None, argv=[str(py), "-c", code],
+                                         env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+                                         cwd=str(tmp_path), node=GRACE))
 
     # a top-level extension built only for x86_64: ModuleNotFoundError
     v = verdict("import edfast")
@@ -274,9 +274,9 @@ def test_in_place_builds_are_judged_on_an_aarch64_node(
     v = verdict("pass")
     assert v.action == "reject", v
     assert [f.rule for f in v.findings if f.severity == "error"] == ["py-ext-foreign"]
-    v = decide(ROOMY, partition=None, argv=[str(py), "-S", "-c", "pass"],
-               env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}, cwd=str(tmp_path),
-               node=GRACE)
+    v = decide(ROOMY, StepRequest(partition=None, argv=[str(py), "-S", "-c", "pass"],
+                                  env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+                                  cwd=str(tmp_path), node=GRACE))
     assert v.action == "allow", v   # -S: no site, no .pth, no sitecustomize
 
 
@@ -512,9 +512,10 @@ def test_a_clean_python_step_imports_no_editable_code(tmp_path: Path) -> None:
 
     repo = Path(__file__).resolve().parents[2]
     code = ("import sys; sys.path.insert(0, sys.argv[1]);"
-            "from grace_policy.decide import decide; from grace_policy.policy import Policy;"
-            "v = decide(Policy(), partition=None, argv=sys.argv[2:], env={'PATH': '/usr/bin',"
-            " 'HOME': '/nonexistent'}, cwd='/', node=None);"
+            "from grace_policy.decide import StepRequest, decide;"
+            "from grace_policy.policy import Policy;"
+            "v = decide(Policy(), StepRequest(partition=None, argv=sys.argv[2:],"
+            " env={'PATH': '/usr/bin', 'HOME': '/nonexistent'}, cwd='/', node=None));"
             "print('grace_policy.python.editable' in sys.modules, "
             "'grace_policy.python.sitepath' in sys.modules)")
     venv = tmp_path / "v"

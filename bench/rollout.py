@@ -35,8 +35,9 @@ def _log_lines(n: int) -> list[str]:
     out = []
     for i in range(n):
         v = bad if i % 10 == 0 else clean
-        fields = audit.record_fields(v, job_id=i, step_id=0, uid=1000 + i % 50, node="n1",
-                                     elapsed_ms=3.0 + i % 7, program=f"/home/u/bin/p{i % 20}")
+        fields = audit.record_fields(v, {"job_id": i, "step_id": 0, "uid": 1000 + i % 50,
+                                         "node": "n1", "elapsed_ms": 3.0 + i % 7,
+                                         "program": f"/home/u/bin/p{i % 20}"})
         fields.update(event="decision", time="2026-12-01T08:00:00.123456Z")
         out.append(json.dumps(fields, sort_keys=True))
     return out

@@ -24,7 +24,7 @@ from .elf import ELFCLASS32, EM_386, ET_DYN, ET_EXEC, ElfError, ElfInfo, read_el
 from .findings import EnvChanges, Issue
 from .launch import Hop, build_path, c_string, follow
 from .layout import code_page_issues, page_issues
-from .loader import LoadTree, Process
+from .loader import Loading, LoadTree, Process
 from .node import NodeProfile, node_owns
 from .policy import EnvPolicy
 from .python.names import may_run_python
@@ -224,21 +224,21 @@ def _check(argv: Sequence[str], ctx: StepContext, issues: list[Issue],
         if hop.kind == "env":
             # The env a #! line names must load and run before its command.
             before = len(issues)
-            check_elf(hop.path, ctx, issues, causes, via_script=script)
+            check_elf(hop.path, ctx, issues, causes, Started(via_script=script))
             if _blocked(issues[before:]):
                 return
     if last.kind == "elf":
         kept: dict[str, object] = {}
         before = len(issues)
-        state["tree"] = check_elf(last.path, ctx, issues, causes, via_script=script, keep=kept)
+        state["tree"] = check_elf(last.path, ctx, issues, causes, Started(via_script=script),
+                                  kept)
         process = kept.get("process")
         if process is not None and may_run_python(last.path) and not _blocked(
                 issues[before:]):
             from .python.step import python_issues
 
             issues.extend(python_issues(
-                last.path, process.main.info, process, hops, argv,  # type: ignore[attr-defined]
-                ctx, causes))
+                last.path, process, hops, argv, ctx, causes))  # type: ignore[arg-type]
     else:
         issues.append(_hop_issue(hops, name, causes, job_env))
 
@@ -274,18 +274,32 @@ def _hop_issue(hops: list[Hop], name: str, causes: Causes, env: Mapping[str, str
                  causes=causes(last.path), facts=(("detail", last.detail),))
 
 
-def check_elf(path: str, ctx: StepContext, issues: list[Issue], causes: Causes, *,
-              via_script: str | None, as_program: bool = True,
-              keep: dict[str, object] | None = None) -> LoadTree | None:
+@dataclass(frozen=True)
+class Started:
+    """How a file checked by :func:`check_elf` is started."""
+
+    #: The script whose ``#!`` line names the file (errors name the script).
+    via_script: str | None = None
+    #: The file is started by execve (mapped by the kernel, its ``$ORIGIN``
+    #: its real directory); False for a library looked at on its own
+    #: (``grace-policy inspect``), which ld.so maps and checks.
+    as_program: bool = True
+
+
+_PROGRAM = Started()
+
+
+def check_elf(path: str, ctx: StepContext, issues: list[Issue], causes: Causes,
+              how: Started | None = None, keep: dict[str, object] | None = None
+              ) -> LoadTree | None:
     """Judge one ELF file and everything it loads; issues go to ``issues``.
 
-    ``as_program``: the file is started by execve (mapped by the kernel, its
-    ``$ORIGIN`` its real directory); False for a library looked at on its own
-    (``grace-policy inspect``), which ld.so maps and checks.
     ``keep``: receives the loader's ``process``, for what the program will
     dlopen later (a Python interpreter's extension modules).
     """
     node, env, cwd, budget = ctx.node, ctx.env, ctx.cwd, ctx.budget
+    how = how or _PROGRAM
+    via_script, as_program = how.via_script, how.as_program
     try:
         info = read_elf(path, budget=budget)
     except (ElfError, OSError) as exc:
@@ -342,7 +356,8 @@ def check_elf(path: str, ctx: StepContext, issues: list[Issue], causes: Causes, 
     if gpu is not None:
         issues.extend(_with_causes(i, causes(path)) for i in gpu.file(path, info))
 
-    process = Process(path, info, node, env, cwd=cwd, budget=budget, exec_origin=as_program)
+    process = Process(path, info, node, env, Loading(cwd=cwd, budget=budget,
+                                                     exec_origin=as_program))
     tree = process.tree
     if keep is not None:
         keep["process"] = process
@@ -437,16 +452,17 @@ def elf_summary(info: ElfInfo) -> dict[str, object]:
     }
 
 
-def environment_report(python: str, env: Mapping[str, str], cwd: str, node: NodeProfile,
-                       budget: Budget, *, imports: Sequence[str] = (),
-                       cuda_index: str | None = None
+def environment_report(python: str, ctx: StepContext, *, imports: Sequence[str] = ()
                        ) -> tuple[list[Issue], list[Group] | None]:
-    """Everything an environment's interpreter would meet on ``node``, for a
-    user asking from the login node (``grace-policy env``): the interpreter's
-    own issues, and every group of its environment (``None`` when ``python``
-    is no CPython or cannot run there). ``imports``: the modules the user's
-    program imports, marked as used; every group is judged either way."""
+    """Everything an environment's interpreter would meet on ``ctx.node``,
+    for a user asking from the login node (``grace-policy env``): the
+    interpreter's own issues, and every group of its environment (``None``
+    when ``python`` is no CPython or cannot run there). ``imports``: the
+    modules the user's program imports, marked as used; every group is
+    judged either way."""
     from .python.step import environment_of
+
+    node, env, budget, cuda_index = ctx.node, ctx.env, ctx.budget, ctx.cuda_index
 
     def causes(path: str) -> tuple[str, ...]:
         return path_causes(path, env)
@@ -460,14 +476,12 @@ def environment_report(python: str, env: Mapping[str, str], cwd: str, node: Node
         from .cuda.stepcheck import for_step
 
         gpu = for_step(node, env, budget, cuda_index)
-    ctx = StepContext(node=node, env=env, cwd=cwd, budget=budget, cuda_index=cuda_index,
-                      gpu=gpu)
-    check_elf(python, ctx, issues, causes, via_script=None, keep=kept)
+    ctx = replace(ctx, gpu=gpu)
+    check_elf(python, ctx, issues, causes, keep=kept)
     process = kept.get("process")
     if not isinstance(process, Process) or _blocked(issues):
         return issues, None
-    found = environment_of(python, process, env, cwd, node, budget, causes,
-                           cuda_index=cuda_index, all_warnings=False, gpu=gpu)
+    found = environment_of(python, process, ctx, causes, all_warnings=False)
     if found is None:
         return issues, None
     return issues, found.groups((*imports, *found.startup_imports()))

@@ -200,6 +200,7 @@ def run_step(step: StepInput) -> Outcome:
         # Judged inside the container (C found it, on Slurm's and pyxis' word).
         # The step's budget starts now: reading the image is part of its check.
         from . import fsprobe
+        from .container import ContainerStep
         from .container.plan import plan
         from .decide import step_budget
 
@@ -209,9 +210,10 @@ def run_step(step: StepInput) -> Outcome:
         budget = step_budget(policy)
         fsprobe.start()
         try:
-            todo = plan(step.container_kind, step.container_image, step.container_local,
-                        step.container or step.container_kind, argv, env, cwd,
-                        args=step.container_args, batch=step.batch, budget=budget)
+            todo = plan(ContainerStep(step.container_kind, step.container_image,
+                                      step.container_local, step.container or step.container_kind,
+                                      argv, env, cwd, args=step.container_args, batch=step.batch),
+                        budget=budget)
         finally:
             probes.extend(fsprobe.stop())
         container, image = todo.skipped, todo.image

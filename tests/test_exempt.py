@@ -172,7 +172,7 @@ def test_exempted_path_is_let_through_and_recorded(vendor: Path, tmp_path: Path)
         "rules.exe-arch-mismatch.exempt[0]")
     # Never replayed from the verdict cache, and the audit line carries the reason.
     assert not verdict_cache.cacheable(v)
-    fields = audit.record_fields(v, uid=65534, node="n", program=str(vendor))
+    fields = audit.record_fields(v, {"uid": 65534, "node": "n", "program": str(vendor)})
     assert fields["exempt"] == [ex.to_json()]
     assert (fields["action"], fields["enforce_action"], fields["rules"]) == ("allow", "allow", [])
     # The next day it is over.

@@ -41,14 +41,14 @@ from __future__ import annotations
 
 import os
 import stat as _stat
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 from .. import fsprobe
 from .._record import dataclass
-from ..budget import Budget, BudgetExceeded
+from ..budget import BudgetExceeded
+from ..context import StepContext
 from ..elf import ElfError, open_regular
 from ..loader import host_path
-from ..node import NodeProfile
 from .interp import (
     Interpreter,
     PyCommand,
@@ -137,8 +137,8 @@ def abspath(path: str, cwd: str) -> str:
 
 class _Model:
     def __init__(self, interp: Interpreter, flags: PyFlags, command: PyCommand,
-                 env: Mapping[str, str], cwd: str, node: NodeProfile,
-                 budget: Budget) -> None:
+                 ctx: StepContext) -> None:
+        env, cwd, node, budget = ctx.env, ctx.cwd, ctx.node, ctx.budget
         self.interp = interp
         self.version = interp.version
         self.flags = flags
@@ -473,11 +473,14 @@ class _Model:
         """A setuptools editable finder the line installs: read (never run)
         through sys.path as it stands now, as site.py's exec would import it."""
         from .editable import read_finder
+        from .finder import Scope
+        from .suffixes import extension_suffixes
 
+        suffixes = extension_suffixes(self.version, self.node.machine,
+                                      free_threaded=bool(self.abi_thread))
         found = read_finder(line, fullname, [e.path for e in self.entries
-                                             if e.kind != "editable-hook"], self.version,
-                            self.node, self.cwd, self.budget,
-                            free_threaded=bool(self.abi_thread))
+                                             if e.kind != "editable-hook"], suffixes,
+                            Scope(self.node, self.cwd), self.budget)
         if found is None:
             return
         if isinstance(found, str):
@@ -600,11 +603,12 @@ def _parents(directory: str) -> list[str]:
     return out
 
 
-def sys_path(interp: Interpreter, flags: PyFlags, command: PyCommand, env: Mapping[str, str],
-             cwd: str, node: NodeProfile, budget: Budget) -> SysPath:
-    """The interpreter's sys.path for this command, in order. Never raises
-    on odd files; BudgetExceeded propagates."""
-    m = _Model(interp, flags, command, env, cwd, node, budget)
+def sys_path(interp: Interpreter, flags: PyFlags, command: PyCommand,
+             ctx: StepContext) -> SysPath:
+    """The interpreter's sys.path for this command, in order, in the step's
+    environment, working directory and node (``ctx``). Never raises on odd
+    files; BudgetExceeded propagates."""
+    m = _Model(interp, flags, command, ctx)
     m.venv = None
     m.system_site = True
     m.user_site = None

@@ -23,6 +23,7 @@ import pytest
 
 from grace_policy import fsprobe
 from grace_policy.budget import Budget, BudgetExceeded
+from grace_policy.container import ContainerStep
 from grace_policy.container.plan import plan
 from grace_policy.decide import StepRequest, decide, step_budget
 from grace_policy.image import squashfs
@@ -160,7 +161,8 @@ def test_a_limit_while_the_image_is_planned_is_the_steps_check_limit(tmp_path: P
     img = hs.repeated_name_dir(tmp_path / "plan.sqsh", groups=1_000)
     policy = Policy(on_error="deny", limits=LIMITS)
     budget = step_budget(policy)
-    todo = plan("pyxis", str(img), True, "pyxis step", ["/x"], {}, "/", budget=budget)
+    todo = plan(ContainerStep("pyxis", str(img), True, "pyxis step", ["/x"], {}, "/"),
+                budget=budget)
     assert todo.image is None and todo.skipped is None and todo.limit, todo
     v = decide(policy,
                StepRequest(partition=None, argv=list(todo.argv), env=todo.env, cwd=todo.cwd,

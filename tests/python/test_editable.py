@@ -29,10 +29,11 @@ from roomy import ROOMY
 
 from grace_policy import elf, loader
 from grace_policy.budget import Budget
+from grace_policy.context import StepContext
 from grace_policy.decide import StepRequest, decide
 from grace_policy.node import NodeProfile
 from grace_policy.python import interp, step
-from grace_policy.python.finder import find_top_level
+from grace_policy.python.finder import Scope, find_top_level
 from python import envs
 
 from . import sitepath_oracle as oracle
@@ -92,7 +93,7 @@ def _model_origin(e: step.Environment, dotted: str) -> tuple[str | None, tuple[s
             return None, ()
         name = f"{name}.{part}"
         dirs = [loc.path] if loc.kind == "package" else list(loc.portions)
-        loc = find_top_level(part, dirs, e.suffixes, e.budget, node=e.node, cwd=e.cwd)
+        loc = find_top_level(part, dirs, e.suffixes, e.budget, Scope(e.node, e.cwd))
         if loc.kind == "missing" and e.paths.editables:
             # sys.meta_path goes on to the editable finder (MAPPING holds 'ns.sub')
             loc = editable.locate(name, e.paths.editables, e.suffixes, e.node,
@@ -328,11 +329,13 @@ def test_the_aarch64_importer_finds_what_the_model_finds(
     assert found is not None
     flags, command = interp.parse_python_argv(["-c", "pass"], found.version)
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
-    sp = sitepath.sys_path(found, flags, command, env, str(tmp_path), GRACE, Budget())
+    sp = sitepath.sys_path(found, flags, command, StepContext(node=GRACE, env=env,
+                                                              cwd=str(tmp_path), budget=Budget()))
     info = elf.read_elf(os.path.realpath(py))
-    process = loader.Process(str(py), info, GRACE, env, cwd=str(tmp_path), budget=Budget())
-    e = step.Environment(found.version, sp, process, env, str(tmp_path), GRACE, Budget(),
-                         lambda p: ())
+    process = loader.Process(str(py), info, GRACE, env,
+                             loader.Loading(cwd=str(tmp_path), budget=Budget()))
+    ctx = StepContext(node=GRACE, env=env, cwd=str(tmp_path), budget=Budget())
+    e = step.Environment(found.version, sp, process, ctx, lambda p: ())
     for name in NAMES:
         assert _model_origin(e, name)[0] == real[name], name
 
@@ -433,8 +436,10 @@ def _sys_path(it: interp.Interpreter, tmp_path: Path):
     from grace_policy.python import sitepath
 
     return sitepath.sys_path(it, interp.PyFlags(no_user_site=True),
-                             interp.PyCommand("code", "pass"), {}, str(tmp_path),
-                             node.detect(), Budget())
+                             interp.PyCommand("code", "pass"), StepContext(node=node.detect(),
+                                                                           env={},
+                                                                           cwd=str(tmp_path),
+                                                                           budget=Budget()))
 
 
 # -- sitecustomize / usercustomize -----------------------------------------------

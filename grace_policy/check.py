@@ -308,7 +308,7 @@ def check_elf(path: str, ctx: StepContext, issues: list[Issue], causes: Causes,
                             f"slurmstepd: error: execve(): {path}: Exec format error ({reason})",
                             causes=causes(path), facts=(("detail", reason),)))
         return None
-    if not node.root_is_native and node_owns(path):
+    if not node.root_is_native and node_owns(node, path):
         # Judging another architecture's node from here: the node has its own
         # build of system programs at the same path, as it has of system
         # libraries (which the loader model counts as present by name).
@@ -349,12 +349,12 @@ def check_elf(path: str, ctx: StepContext, issues: list[Issue], causes: Causes,
     # The executable's own layout first: it is known before the (possibly
     # long) library search, and survives a budget that runs out there.
     for issue in page_issues(path, info, node, mapped_by_kernel=as_program, budget=budget):
-        issues.append(_with_causes(issue, causes(path)))
+        issues.append(_with_causes(issue, causes(path), node))
     for issue in code_page_issues(path, info, node, budget):
-        issues.append(_with_causes(issue, causes(path)))
+        issues.append(_with_causes(issue, causes(path), node))
     gpu = ctx.gpu
     if gpu is not None:
-        issues.extend(_with_causes(i, causes(path)) for i in gpu.file(path, info))
+        issues.extend(_with_causes(i, causes(path), node) for i in gpu.file(path, info))
 
     process = Process(path, info, node, env, Loading(cwd=cwd, budget=budget,
                                                      exec_origin=as_program))
@@ -368,12 +368,12 @@ def check_elf(path: str, ctx: StepContext, issues: list[Issue], causes: Causes,
         kernel = obj.found_via == "interp"
         for issue in page_issues(obj.path, obj.info, node, mapped_by_kernel=kernel,
                                  budget=budget, name=obj.name):
-            issues.append(_with_causes(issue, causes(obj.path)))
+            issues.append(_with_causes(issue, causes(obj.path), node))
         if not kernel:
             for issue in code_page_issues(obj.path, obj.info, node, budget):
-                issues.append(_with_causes(issue, causes(obj.path)))
+                issues.append(_with_causes(issue, causes(obj.path), node))
             if gpu is not None:
-                issues.extend(_with_causes(i, causes(obj.path)) for i in gpu.file(
+                issues.extend(_with_causes(i, causes(obj.path), node) for i in gpu.file(
                     obj.path, obj.info, process.searcher.to_host(obj.path)))
     for miss in tree.missing:
         budget.tick()
@@ -422,9 +422,9 @@ def check_elf(path: str, ctx: StepContext, issues: list[Issue], causes: Causes,
     return tree
 
 
-def _with_causes(issue: Issue, causes: tuple[str, ...]) -> Issue:
+def _with_causes(issue: Issue, causes: tuple[str, ...], node: NodeProfile) -> Issue:
     facts = issue.facts
-    if issue.rule.startswith("page-") and node_owns(issue.path):
+    if issue.rule.startswith("page-") and node_owns(node, issue.path):
         # The node's own system files are built for its page size; a page
         # finding on one means a simulated node or a broken image, neither of
         # which the user can fix: the admin sees it in the audit log. A venv's

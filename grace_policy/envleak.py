@@ -72,7 +72,7 @@ def judge_prefix(prefix: str, node: NodeProfile, env: Mapping[str, str],
             return f"its interpreter {candidate} points at {last.path}, which is missing here"
         if last.kind != "elf":
             return None
-        if not node.root_is_native and node_owns(last.path):
+        if not node.root_is_native and node_owns(node, last.path):
             return None  # judged from another architecture: the node has its own
         try:
             info = read_elf(last.path, budget=budget)

@@ -132,6 +132,9 @@ class NodeProfile:
     #: The CUDA version the node's driver supports (config ``cuda_driver``),
     #: e.g. (13, 0); None: ask NVML.
     cuda_driver: tuple[int, int] | None = None
+    #: The files judged are an image's (:func:`grace_policy.image.step.image_node`):
+    #: its system paths are the image's, built wherever the image was built.
+    in_image: bool = False
 
     @property
     def machine_number(self) -> int:
@@ -282,13 +285,14 @@ def is_system_path(path: str) -> bool:
     return path.startswith(SYSTEM_PREFIXES)
 
 
-def node_owns(path: str) -> bool:
+def node_owns(node: NodeProfile, path: str) -> bool:
     """Whether the node has its own build at ``path``: a system path, or a
     link into one (a venv's ``bin/python`` made from the system python).
-    Never inside an image: its system files are the image's, built wherever
-    the image was built, and they are what the step runs."""
+    Never inside an image (``node.in_image``): its system files are the
+    image's, built wherever the image was built, and they are what the step
+    runs."""
+    if node.in_image:
+        return False
     from . import fsprobe
 
-    if fsprobe.current_view() is not None:
-        return False
     return is_system_path(path) or is_system_path(fsprobe.realpath(path))

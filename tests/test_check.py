@@ -185,3 +185,17 @@ def test_foreign_node_from_here_takes_system_programs_by_name(elf_builder: ElfBu
     own = elf_builder.compile(src("hello.c"), "home/bin/hello")
     mine = check_step([str(own)], env, "/", grace)
     assert [i.rule for i in mine.issues] == ["exe-arch-mismatch"]
+
+
+def test_an_image_node_owns_no_system_file() -> None:
+    """Whether a system path is the node's own build is a fact of the node
+    judged (an image's files are the image's), not of which files happen to
+    be read at the moment: asked of the node, with no view in use."""
+    from grace_policy._record import replace
+    from grace_policy.node import node_owns
+    from grace_policy.python.sitepath import is_system
+
+    assert node_owns(HOST, "/bin/true") and is_system("/usr/lib/python3/x", HOST)
+    image = replace(HOST, in_image=True)
+    assert not node_owns(image, "/bin/true") and not is_system("/usr/lib/python3/x", image)
+    assert not node_owns(HOST, "/home/u/venv/bin/tool")

@@ -149,7 +149,7 @@ class Judge:
 
     def _own(self, issue: Issue, path: str, via: str) -> Issue:
         facts = issue.facts
-        if issue.rule.startswith("page-") and node_owns(path):
+        if issue.rule.startswith("page-") and node_owns(self.node, path):
             # As for programs: the node's own files are built for its pages.
             facts = (*facts, ("max_severity", "info"))
         return Issue(issue.rule, issue.path, import_error(issue.predicted_error, via),

@@ -35,7 +35,7 @@ from ..node import NodeProfile, node_owns
 
 def is_node_build(path: str, node: NodeProfile) -> bool:
     """Whether the node runs its own build of ``path``, not this host's file."""
-    return not node.root_is_native and node_owns(path)
+    return not node.root_is_native and node_owns(node, path)
 
 
 def node_build(path: str, local: ElfInfo | None, node: NodeProfile) -> ElfInfo:

@@ -214,7 +214,7 @@ def shell_env_issues(ctx: StepContext, causes: Causes, *,
     candidates += [f"{env[v].rstrip('/')}/bin/python" for v in ("VIRTUAL_ENV", "CONDA_PREFIX")
                    if env.get(v, "").startswith("/")]
     on_path = which("python3", env.get("PATH"), cwd, budget)
-    if on_path is not None and not node_owns(on_path):
+    if on_path is not None and not node_owns(node, on_path):
         candidates.append(on_path)
     for python in candidates:
         budget.tick()
@@ -222,7 +222,7 @@ def shell_env_issues(ctx: StepContext, causes: Causes, *,
             info = read_elf(python, budget=budget)
         except (ElfError, OSError):
             continue
-        if not node.root_is_native and node_owns(python):
+        if not node.root_is_native and node_owns(node, python):
             # a venv of the distribution's python, seen from another
             # architecture: the node's own build will start it
             from .nodeinterp import node_process
@@ -488,7 +488,7 @@ class Environment:
             elif name in self._editable_hits:
                 # an editable install's source directory (an extension built
                 # in place on the login node lies there)
-                if loc.kind in ("package", "extension") and not is_system(loc.path):
+                if loc.kind in ("package", "extension") and not is_system(loc.path, self.node):
                     out.append(Group(f"{name} (editable install)", loc.path, True,
                                      tuple(self._module_issues(loc, name))))
             elif (loc.entry not in by_dir and loc.kind in ("package", "extension")
@@ -521,7 +521,7 @@ class Environment:
                     out.append(Group(f"{name} (editable install)", loc.foreign[0], used,
                                      (self._foreign_issue(name, loc.foreign),)))
                 elif (name in self._editable_hits and loc.kind in ("package", "extension")
-                      and not is_system(loc.path)):
+                      and not is_system(loc.path, self.node)):
                     found = self._module_issues(loc, name)
                     if found:
                         out.append(Group(f"{name} (editable install)", loc.path, used,
@@ -537,7 +537,7 @@ class Environment:
         from a login node of another architecture."""
         from .sitepath import is_system
 
-        return not self.node.root_is_native and is_system(path)
+        return not self.node.root_is_native and is_system(path, self.node)
 
     def _owners(self, names: Sequence[str], search: Sequence[str],
                 by_dir: Mapping[str, tuple[Dist, ...]]) -> tuple[set[str], dict[str, Located]]:

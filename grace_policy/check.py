@@ -20,7 +20,7 @@ from ._record import dataclass, field, replace
 from .budget import OUT_OF_MEMORY, Budget, BudgetExceeded
 from .causes import path_causes
 from .context import StepContext
-from .elf import ELFCLASS32, EM_386, ET_DYN, ET_EXEC, ElfError, ElfInfo, read_elf
+from .elf import EM_386, ET_DYN, ET_EXEC, ElfError, ElfInfo, read_elf
 from .findings import EnvChanges, Issue
 from .launch import Hop, build_path, c_string, follow
 from .layout import code_page_issues, page_issues
@@ -319,11 +319,11 @@ def check_elf(path: str, ctx: StepContext, issues: list[Issue], causes: Causes,
 
             keep["process"] = node_process(path, info, node, env, cwd, budget)
         return None
-    if (node.machine == "x86_64" and info.machine == EM_386 and info.elf_class == ELFCLASS32
-            and info.data == node.data):
+    if node.machine == "x86_64" and info.machine == EM_386:
         # x86_64 kernels run i386 programs; they need the 32-bit loader and
         # libraries, which the i386 view of the same node looks for.
-        node = replace(node, machine="i386")
+        i386 = replace(node, machine="i386")
+        node = i386 if i386.runs(info) else node
     # The kernel reads e_machine in the node's byte order: a big-endian
     # aarch64 file is as foreign to a little-endian Grace node as x86_64.
     if not node.runs(info):

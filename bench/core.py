@@ -167,15 +167,15 @@ def profile_decide(config: str, argv: list[str], top: int = 18) -> str:
     """cProfile of one clean ``decide`` (the second call of the process: the
     imports are the importtime figure's business)."""
     from grace_policy.compiled import load_policy
-    from grace_policy.decide import decide
+    from grace_policy.decide import StepRequest, decide
 
     policy = load_policy(config)
     env = {"PATH": "/usr/local/bin:/usr/bin:/bin"}
-    decide(policy, partition="enforce", argv=argv, env=env, cwd="/")
+    decide(policy, StepRequest(partition="enforce", argv=argv, env=env, cwd="/"))
     prof = cProfile.Profile()
     t0 = time.perf_counter()
     prof.enable()
-    verdict = decide(policy, partition="enforce", argv=argv, env=env, cwd="/")
+    verdict = decide(policy, StepRequest(partition="enforce", argv=argv, env=env, cwd="/"))
     prof.disable()
     ms = (time.perf_counter() - t0) * 1000
     out = io.StringIO()

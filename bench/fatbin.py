@@ -53,7 +53,7 @@ STEP_CHILD = r"""
 import json, sys, time
 sys.path.insert(0, sys.argv[3])
 t0 = time.perf_counter()
-from grace_policy.decide import decide
+from grace_policy.decide import StepRequest, decide
 from grace_policy.node import detect
 from grace_policy.policy import Policy
 prog, gpus = sys.argv[1], sys.argv[2] == "1"
@@ -71,7 +71,8 @@ if gpus:  # timed where the check calls it (a step without GPUs imports none of 
         finally:
             spent[0] += time.perf_counter() - t
     sc.read_fatbins = timed
-v = decide(Policy(), partition=None, argv=[prog], env=env, cwd="/", node=node, probes=probes)
+v = decide(Policy(), StepRequest(partition=None, argv=[prog], env=env, cwd="/", node=node),
+           probes=probes)
 t1 = time.perf_counter()
 print(json.dumps({"ms": (t1 - t0) * 1e3, "fatbin_ms": spent[0] * 1e3, "action": v.action,
                   "rules": [f.rule for f in v.findings], "files": len(probes)}))

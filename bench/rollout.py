@@ -35,8 +35,9 @@ def _log_lines(n: int) -> list[str]:
     out = []
     for i in range(n):
         v = bad if i % 10 == 0 else clean
-        fields = audit.record_fields(v, job_id=i, step_id=0, uid=1000 + i % 50, node="n1",
-                                     elapsed_ms=3.0 + i % 7, program=f"/home/u/bin/p{i % 20}")
+        fields = audit.record_fields(v, {"job_id": i, "step_id": 0, "uid": 1000 + i % 50,
+                                         "node": "n1", "elapsed_ms": 3.0 + i % 7,
+                                         "program": f"/home/u/bin/p{i % 20}"})
         fields.update(event="decision", time="2026-12-01T08:00:00.123456Z")
         out.append(json.dumps(fields, sort_keys=True))
     return out
@@ -54,15 +55,15 @@ def report_rate(path: str, rounds: int = 5) -> float:
 
 
 def decide_ms(policy: object, exe: str, who: object, runs: int) -> float:
-    from grace_policy.decide import decide
+    from grace_policy.decide import StepRequest, decide
     from grace_policy.node import detect
 
     node = detect()
     times = []
     for _ in range(runs):
         t0 = time.perf_counter()
-        decide(policy, partition=None, argv=[exe], env={"PATH": "/usr/bin"}, cwd="/",  # type: ignore[arg-type]
-               node=node, who=who)  # type: ignore[arg-type]
+        decide(policy, StepRequest(partition=None, argv=[exe], env={"PATH": "/usr/bin"}, cwd="/",
+                                   node=node, who=who))  # type: ignore[arg-type]
         times.append((time.perf_counter() - t0) * 1000)
     return statistics.median(times)
 

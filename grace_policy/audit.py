@@ -68,25 +68,22 @@ _DUMPS: dict[str, Any] = {"sort_keys": True, "ensure_ascii": True, "default": st
 _OPEN_FLAGS = os.O_APPEND | os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC | os.O_NONBLOCK
 
 
-def record_fields(
-    verdict: Verdict,
-    *,
-    job_id: str | int | None = None,
-    step_id: str | int | None = None,
-    uid: int | None = None,
-    node: str | None = None,
-    elapsed_ms: float | None = None,
-    program: str | None = None,
-) -> dict[str, Any]:
+def record_fields(verdict: Verdict, where: Where) -> dict[str, Any]:
     """The fields of one decision line (all of :data:`FIELDS`). Env changes are
     logged by name only: values may hold secrets.
 
-    ``program``: the step's argv[0] as given. ``enforce_action``: what mode
+    ``where``: which step (:class:`Where`; a missing key is None, ``node``
+    and ``uid`` then this host's and this process'). ``program``: the
+    step's argv[0] as given. ``enforce_action``: what mode
     enforce would have done with the same findings (for a warn partition,
     what rolling enforce out there would refuse; None when nothing was
     judged). ``exempt``: findings an exemption released, with its reason."""
+    job_id, step_id = where.get("job_id"), where.get("step_id")
+    elapsed_ms = where.get("elapsed_ms")
+    node = where.get("node")
     if node is None:
         node = os.uname().nodename
+    uid = where.get("uid")
     if uid is None:
         uid = os.getuid()
     paths = list(dict.fromkeys(f.path for f in verdict.findings))
@@ -105,7 +102,7 @@ def record_fields(
         "elapsed_ms": None if elapsed_ms is None else round(float(elapsed_ms), 3),
         "error": verdict.error,
         "skipped": verdict.skipped,
-        "program": program,
+        "program": where.get("program"),
         "enforce_action": enforce_action(verdict),
         "exempt": [e.to_json() for e in verdict.exempted],
         # The container image the step was judged in (issue 15), else None.
@@ -199,7 +196,7 @@ def render_decision(verdict: Verdict, **where: Unpack[Where]) -> str:
     the verdict has been applied (a failed env edit writes C's failure line
     instead), so every step leaves exactly one line. Raises what building
     the record raises; :func:`write_decision` is the never-raising writer."""
-    fields = record_fields(verdict, **where)
+    fields = record_fields(verdict, where)
     line = None
     if needs_structlog(verdict):
         try:

@@ -16,16 +16,17 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from . import envleak, fsprobe
-from ._record import dataclass, replace
+from ._record import dataclass, field, replace
 from .budget import OUT_OF_MEMORY, Budget, BudgetExceeded
 from .causes import path_causes
 from .context import StepContext
-from .elf import ELFCLASS32, EM_386, ET_DYN, ET_EXEC, ElfError, ElfInfo, read_elf
+from .elf import EM_386, ET_DYN, ET_EXEC, ElfError, ElfInfo, read_elf
 from .findings import EnvChanges, Issue
 from .launch import Hop, build_path, c_string, follow
 from .layout import code_page_issues, page_issues
-from .loader import LoadTree, Process
+from .loader import Loading, LoadTree, Process
 from .node import NodeProfile, node_owns
+from .policy import EnvPolicy
 from .python.names import may_run_python
 
 TYPE_CHECKING = False
@@ -81,49 +82,62 @@ def _c_env(env: Mapping[str, str], names: Sequence[str]) -> dict[str, str]:
     return out
 
 
-def check_step(
-    argv: Sequence[str],
-    env: Mapping[str, str],
-    cwd: str,
-    node: NodeProfile,
-    *,
-    env_vars: Sequence[str] = envleak.DEFAULT_VARS,
-    env_strip: str = "foreign",
-    budget: Budget | None = None,
-    cuda_index: str | None = None,
-    image: Image | None = None,
-) -> StepReport:
+@dataclass(frozen=True)
+class CheckInput:
+    """One step to check and the site's rules for it: what
+    :func:`grace_policy.decide.decide` hands the check."""
+
+    argv: Sequence[str]
+    env: Mapping[str, str]
+    cwd: str
+    node: NodeProfile
+    #: None: a fresh default allowance (an image's: the one it was opened under).
+    budget: Budget | None = None
+    #: The step runs ``argv`` inside this image (``env`` and ``cwd`` are then
+    #: the container's: see :meth:`grace_policy.image.Image.step_env`).
+    image: Image | None = None
+    #: The policy's ``[env]``: which leaked variables to judge, and when to strip.
+    env_rules: EnvPolicy = field(default_factory=EnvPolicy)
+    #: The package index of the partition, for torch-build remedies.
+    cuda_index: str | None = None
+
+
+def check_step(argv: Sequence[str], env: Mapping[str, str], cwd: str, node: NodeProfile, *,
+               budget: Budget | None = None, image: Image | None = None) -> StepReport:
+    """Check one step under the default ``[env]`` rules (see :func:`check`)."""
+    return check(CheckInput(argv, env, cwd, node, budget=budget, image=image))
+
+
+def check(step: CheckInput) -> StepReport:
     """Check one step. Raises nothing for bad input; a spent budget ends the
     check early with ``StepReport.limit`` set.
 
-    ``image``: the step runs ``argv`` inside this image (``env`` and ``cwd``
-    are then the container's: see :meth:`grace_policy.image.Image.step_env`);
-    every file is read in the image, nothing on the host, and every issue
-    names the image (``IMAGE:/inner/path``)."""
+    ``step.image``: every file is read in the image, nothing on the host,
+    and every issue names the image (``IMAGE:/inner/path``)."""
+    image = step.image
     if image is None:
-        return _check_step(argv, env, cwd, node, env_vars, env_strip, budget or Budget(),
-                           cuda_index, None)
+        return _check_step(replace(step, budget=step.budget or Budget()))
     from .image.step import image_issues
 
     # The view charges the budget it was opened under (the step's, from its
     # first byte: grace_policy/image/open.py); a check given none goes on
     # with that one rather than starting a second allowance.
-    budget = budget or getattr(image.view, "budget", None) or Budget()
+    budget = step.budget or getattr(image.view, "budget", None) or Budget()
     with fsprobe.using(image.view):
-        report = _check_step(argv, env, cwd, node, env_vars, env_strip, budget, cuda_index,
-                             image)
+        report = _check_step(replace(step, budget=budget))
     return replace(report, issues=image_issues(report.issues, image))
 
 
-def _check_step(argv: Sequence[str], env: Mapping[str, str], cwd: str, node: NodeProfile,
-                env_vars: Sequence[str], env_strip: str, budget: Budget,
-                cuda_index: str | None, image: Image | None) -> StepReport:
+def _check_step(step: CheckInput) -> StepReport:
+    argv, node, image, cuda_index = step.argv, step.node, step.image, step.cuda_index
+    budget = step.budget or Budget()
+    env_vars, env_strip = step.env_rules.vars, step.env_rules.strip
     issues: list[Issue] = []
     state: dict[str, object] = {}
     changes = EnvChanges()
     try:
-        env = _c_env(env, env_vars)
-        cwd = c_string(cwd) or "/"
+        env = _c_env(step.env, env_vars)
+        cwd = c_string(step.cwd) or "/"
         if image is not None:
             from .image.step import arch_issue, image_node
 
@@ -210,21 +224,21 @@ def _check(argv: Sequence[str], ctx: StepContext, issues: list[Issue],
         if hop.kind == "env":
             # The env a #! line names must load and run before its command.
             before = len(issues)
-            check_elf(hop.path, ctx, issues, causes, via_script=script)
+            check_elf(hop.path, ctx, issues, causes, Started(via_script=script))
             if _blocked(issues[before:]):
                 return
     if last.kind == "elf":
         kept: dict[str, object] = {}
         before = len(issues)
-        state["tree"] = check_elf(last.path, ctx, issues, causes, via_script=script, keep=kept)
+        state["tree"] = check_elf(last.path, ctx, issues, causes, Started(via_script=script),
+                                  kept)
         process = kept.get("process")
         if process is not None and may_run_python(last.path) and not _blocked(
                 issues[before:]):
             from .python.step import python_issues
 
             issues.extend(python_issues(
-                last.path, process.main.info, process, hops, argv,  # type: ignore[attr-defined]
-                ctx, causes))
+                last.path, process, hops, argv, ctx, causes))  # type: ignore[arg-type]
     else:
         issues.append(_hop_issue(hops, name, causes, job_env))
 
@@ -260,18 +274,32 @@ def _hop_issue(hops: list[Hop], name: str, causes: Causes, env: Mapping[str, str
                  causes=causes(last.path), facts=(("detail", last.detail),))
 
 
-def check_elf(path: str, ctx: StepContext, issues: list[Issue], causes: Causes, *,
-              via_script: str | None, as_program: bool = True,
-              keep: dict[str, object] | None = None) -> LoadTree | None:
+@dataclass(frozen=True)
+class Started:
+    """How a file checked by :func:`check_elf` is started."""
+
+    #: The script whose ``#!`` line names the file (errors name the script).
+    via_script: str | None = None
+    #: The file is started by execve (mapped by the kernel, its ``$ORIGIN``
+    #: its real directory); False for a library looked at on its own
+    #: (``grace-policy inspect``), which ld.so maps and checks.
+    as_program: bool = True
+
+
+_PROGRAM = Started()
+
+
+def check_elf(path: str, ctx: StepContext, issues: list[Issue], causes: Causes,
+              how: Started | None = None, keep: dict[str, object] | None = None
+              ) -> LoadTree | None:
     """Judge one ELF file and everything it loads; issues go to ``issues``.
 
-    ``as_program``: the file is started by execve (mapped by the kernel, its
-    ``$ORIGIN`` its real directory); False for a library looked at on its own
-    (``grace-policy inspect``), which ld.so maps and checks.
     ``keep``: receives the loader's ``process``, for what the program will
     dlopen later (a Python interpreter's extension modules).
     """
     node, env, cwd, budget = ctx.node, ctx.env, ctx.cwd, ctx.budget
+    how = how or _PROGRAM
+    via_script, as_program = how.via_script, how.as_program
     try:
         info = read_elf(path, budget=budget)
     except (ElfError, OSError) as exc:
@@ -280,7 +308,7 @@ def check_elf(path: str, ctx: StepContext, issues: list[Issue], causes: Causes, 
                             f"slurmstepd: error: execve(): {path}: Exec format error ({reason})",
                             causes=causes(path), facts=(("detail", reason),)))
         return None
-    if not node.root_is_native and node_owns(path):
+    if not node.root_is_native and node_owns(node, path):
         # Judging another architecture's node from here: the node has its own
         # build of system programs at the same path, as it has of system
         # libraries (which the loader model counts as present by name).
@@ -291,21 +319,19 @@ def check_elf(path: str, ctx: StepContext, issues: list[Issue], causes: Causes, 
 
             keep["process"] = node_process(path, info, node, env, cwd, budget)
         return None
-    if (node.machine == "x86_64" and info.machine == EM_386 and info.elf_class == ELFCLASS32
-            and info.data == node.data):
+    if node.machine == "x86_64" and info.machine == EM_386:
         # x86_64 kernels run i386 programs; they need the 32-bit loader and
         # libraries, which the i386 view of the same node looks for.
-        node = replace(node, machine="i386")
+        i386 = replace(node, machine="i386")
+        node = i386 if i386.runs(info) else node
     # The kernel reads e_machine in the node's byte order: a big-endian
     # aarch64 file is as foreign to a little-endian Grace node as x86_64.
-    if (info.machine != node.machine_number or info.elf_class != node.elf_class
-            or info.data != node.data):
+    if not node.runs(info):
         shown = via_script or path
         error = (f"{via_script}: {path}: cannot execute binary file: Exec format error"
                  if via_script else
                  f"slurmstepd: error: execve(): {path}: Exec format error")
-        arch = info.machine_name + ("" if info.data == node.data else
-                                    (" (big-endian)" if info.data == 2 else " (little-endian)"))
+        arch = node.arch_of(info)
         issues.append(Issue(
             "exe-arch-mismatch", path, error, causes=causes(path),
             facts=(("file_arch", arch), ("bits", str(info.bits)), ("script", shown)),
@@ -323,14 +349,15 @@ def check_elf(path: str, ctx: StepContext, issues: list[Issue], causes: Causes, 
     # The executable's own layout first: it is known before the (possibly
     # long) library search, and survives a budget that runs out there.
     for issue in page_issues(path, info, node, mapped_by_kernel=as_program, budget=budget):
-        issues.append(_with_causes(issue, causes(path)))
+        issues.append(_with_causes(issue, causes(path), node))
     for issue in code_page_issues(path, info, node, budget):
-        issues.append(_with_causes(issue, causes(path)))
+        issues.append(_with_causes(issue, causes(path), node))
     gpu = ctx.gpu
     if gpu is not None:
-        issues.extend(_with_causes(i, causes(path)) for i in gpu.file(path, info))
+        issues.extend(_with_causes(i, causes(path), node) for i in gpu.file(path, info))
 
-    process = Process(path, info, node, env, cwd=cwd, budget=budget, exec_origin=as_program)
+    process = Process(path, info, node, env, Loading(cwd=cwd, budget=budget,
+                                                     exec_origin=as_program))
     tree = process.tree
     if keep is not None:
         keep["process"] = process
@@ -341,12 +368,12 @@ def check_elf(path: str, ctx: StepContext, issues: list[Issue], causes: Causes, 
         kernel = obj.found_via == "interp"
         for issue in page_issues(obj.path, obj.info, node, mapped_by_kernel=kernel,
                                  budget=budget, name=obj.name):
-            issues.append(_with_causes(issue, causes(obj.path)))
+            issues.append(_with_causes(issue, causes(obj.path), node))
         if not kernel:
             for issue in code_page_issues(obj.path, obj.info, node, budget):
-                issues.append(_with_causes(issue, causes(obj.path)))
+                issues.append(_with_causes(issue, causes(obj.path), node))
             if gpu is not None:
-                issues.extend(_with_causes(i, causes(obj.path)) for i in gpu.file(
+                issues.extend(_with_causes(i, causes(obj.path), node) for i in gpu.file(
                     obj.path, obj.info, process.searcher.to_host(obj.path)))
     for miss in tree.missing:
         budget.tick()
@@ -395,9 +422,9 @@ def check_elf(path: str, ctx: StepContext, issues: list[Issue], causes: Causes, 
     return tree
 
 
-def _with_causes(issue: Issue, causes: tuple[str, ...]) -> Issue:
+def _with_causes(issue: Issue, causes: tuple[str, ...], node: NodeProfile) -> Issue:
     facts = issue.facts
-    if issue.rule.startswith("page-") and node_owns(issue.path):
+    if issue.rule.startswith("page-") and node_owns(node, issue.path):
         # The node's own system files are built for its page size; a page
         # finding on one means a simulated node or a broken image, neither of
         # which the user can fix: the admin sees it in the audit log. A venv's
@@ -425,16 +452,17 @@ def elf_summary(info: ElfInfo) -> dict[str, object]:
     }
 
 
-def environment_report(python: str, env: Mapping[str, str], cwd: str, node: NodeProfile,
-                       budget: Budget, *, imports: Sequence[str] = (),
-                       cuda_index: str | None = None
+def environment_report(python: str, ctx: StepContext, *, imports: Sequence[str] = ()
                        ) -> tuple[list[Issue], list[Group] | None]:
-    """Everything an environment's interpreter would meet on ``node``, for a
-    user asking from the login node (``grace-policy env``): the interpreter's
-    own issues, and every group of its environment (``None`` when ``python``
-    is no CPython or cannot run there). ``imports``: the modules the user's
-    program imports, marked as used; every group is judged either way."""
+    """Everything an environment's interpreter would meet on ``ctx.node``,
+    for a user asking from the login node (``grace-policy env``): the
+    interpreter's own issues, and every group of its environment (``None``
+    when ``python`` is no CPython or cannot run there). ``imports``: the
+    modules the user's program imports, marked as used; every group is
+    judged either way."""
     from .python.step import environment_of
+
+    node, env, budget, cuda_index = ctx.node, ctx.env, ctx.budget, ctx.cuda_index
 
     def causes(path: str) -> tuple[str, ...]:
         return path_causes(path, env)
@@ -448,14 +476,12 @@ def environment_report(python: str, env: Mapping[str, str], cwd: str, node: Node
         from .cuda.stepcheck import for_step
 
         gpu = for_step(node, env, budget, cuda_index)
-    ctx = StepContext(node=node, env=env, cwd=cwd, budget=budget, cuda_index=cuda_index,
-                      gpu=gpu)
-    check_elf(python, ctx, issues, causes, via_script=None, keep=kept)
+    ctx = replace(ctx, gpu=gpu)
+    check_elf(python, ctx, issues, causes, keep=kept)
     process = kept.get("process")
     if not isinstance(process, Process) or _blocked(issues):
         return issues, None
-    found = environment_of(python, process, env, cwd, node, budget, causes,
-                           cuda_index=cuda_index, all_warnings=False, gpu=gpu)
+    found = environment_of(python, process, ctx, causes, all_warnings=False)
     if found is None:
         return issues, None
     return issues, found.groups((*imports, *found.startup_imports()))

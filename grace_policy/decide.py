@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from ._record import replace
+from ._record import dataclass, replace
 from .budget import OUT_OF_MEMORY, Budget, BudgetExceeded
 from .findings import ACTIONS, SEVERITY_RANK, EnvChanges, Finding, Verdict
 from .node import NodeProfile, detect
@@ -21,6 +21,39 @@ if TYPE_CHECKING:
     from .exempt import Exempted, Who
     from .image import Image
     from .registry.step import RegistryStep
+
+
+@dataclass(frozen=True)
+class StepRequest:
+    """One step as its caller (the bridge, the node checker's child, the
+    CLI) knows it: what to run, where, and the facts about the job that
+    decide how it is judged. One record, so :func:`decide` and everything
+    under it take it whole instead of a dozen loose parameters."""
+
+    #: The step's partition (its mode, its node facts for the CLI).
+    partition: str | None
+    argv: Sequence[str]
+    env: Mapping[str, str]
+    cwd: str
+    #: The node judged against; None: this host with the policy's overrides.
+    node: NodeProfile | None = None
+    #: The mode the user lowered the step to (``--grace-policy=warn``).
+    user_lowered_mode: str | None = None
+    #: Why the step runs argv inside an image the check cannot see, as the
+    #: caller established it from what Slurm says (see :func:`decide`).
+    container: str | None = None
+    #: The job's user and groups as Slurm set them, for exemptions.
+    who: Who | None = None
+    #: ``YYYY-MM-DD`` (UTC) to judge exemptions' expiry by; None: today.
+    today: str | None = None
+    #: The image the step runs in (an Image, or a path to open).
+    image: Image | str | None = None
+    #: The step's allowance when the caller already spent part of it.
+    budget: Budget | None = None
+    #: The caller ran out of the budget before the check could start.
+    limit: str | None = None
+    #: The step runs in a registry image pyxis will pull.
+    registry: RegistryStep | None = None
 
 
 def node_for(policy: Policy, partition: str | None, *, base: NodeProfile | None = None,
@@ -58,25 +91,9 @@ def step_budget(policy: Policy) -> Budget:
     return Budget(policy.limits.deadline_ms, policy.limits.max_files, policy.limits.max_bytes)
 
 
-def decide(
-    policy: Policy,
-    *,
-    partition: str | None,
-    argv: Sequence[str],
-    env: Mapping[str, str],
-    cwd: str,
-    node: NodeProfile | None = None,
-    user_lowered_mode: str | None = None,
-    container: str | None = None,
-    probes: list[tuple[str, str, str]] | None = None,
-    who: Who | None = None,
-    today: str | None = None,
-    image: Image | str | None = None,
-    budget: Budget | None = None,
-    limit: str | None = None,
-    registry: RegistryStep | None = None,
-) -> Verdict:
-    """What the plugin does with this step. Never raises.
+def decide(policy: Policy, step: StepRequest, *,
+           probes: list[tuple[str, str, str]] | None = None) -> Verdict:
+    """What the plugin does with ``step``. Never raises. Its fields:
 
     ``budget``: the step's allowance (:func:`step_budget`), when the caller
     already spent part of it reading the step's image; ``limit``: the
@@ -106,46 +123,46 @@ def decide(
     check's deadline; a registry that cannot be read follows ``on_error``.
     """
     mode = policy.mode
+    partition = step.partition
     try:
-        mode = policy.mode_for(partition, user_lowered_mode)
+        mode = policy.mode_for(partition, step.user_lowered_mode)
         if mode == "off":
             return Verdict(action="allow", mode=mode, partition=partition, skipped="mode off")
-        if container:
-            return Verdict(action="allow", mode=mode, partition=partition, skipped=container)
-        if limit is not None:
-            return _limit_verdict(policy, mode, partition, limit)
-        if registry is not None:
-            return _registry(policy, mode, partition, node, who, today, registry, budget)
-        if isinstance(image, str):
+        if step.container:
+            return Verdict(action="allow", mode=mode, partition=partition,
+                           skipped=step.container)
+        if step.limit is not None:
+            return _limit_verdict(policy, mode, partition, step.limit)
+        if step.registry is not None:
+            return _registry(policy, mode, step, step.registry)
+        if isinstance(step.image, str):
             from .image import ImageError
             from .image.open import open_image
 
-            budget = budget or step_budget(policy)
+            budget = step.budget or step_budget(policy)
             try:
-                image = open_image(image, budget=budget)
+                opened = open_image(step.image, budget=budget)
             except ImageError as exc:
                 return Verdict(action="allow", mode=mode, partition=partition,
-                               skipped=f"image not readable: {exc.reason}", image=image)
+                               skipped=f"image not readable: {exc.reason}", image=step.image)
+            step = replace(step, image=opened, budget=budget)
         if probes is None:
-            verdict = _decide(policy, mode, partition, argv, env, cwd, node, who, today, image,
-                              budget)
+            verdict = _decide(policy, mode, step)
         else:
             from . import fsprobe
 
             fsprobe.start()
             try:
-                verdict = _decide(policy, mode, partition, argv, env, cwd, node, who, today,
-                                  image, budget)
+                verdict = _decide(policy, mode, step)
             finally:
                 probes.extend(fsprobe.stop())
-        if image is None and argv and _wraps_an_image(argv[0]) and verdict.error is None \
-                and verdict.skipped is None and not any(f.severity == "error"
-                                                        for f in verdict.findings):
+        if step.image is None and step.argv and _wraps_an_image(step.argv[0]) \
+                and verdict.error is None and verdict.skipped is None \
+                and not any(f.severity == "error" for f in verdict.findings):
             # `apptainer exec IMG CMD`: the host program can start; now CMD in
             # IMG. (Its warnings and notes, e.g. the host glibc's 4 KiB
             # layout on a simulated 64 KiB node, are kept beside the image's.)
-            return _apptainer(policy, mode, partition, argv, env, cwd, node, who, today,
-                              verdict)
+            return _apptainer(policy, mode, step, verdict)
         return verdict
     except BudgetExceeded as exc:
         return _limit_verdict(policy, mode, partition, str(exc))
@@ -156,15 +173,14 @@ def decide(
                              f"internal error: {type(exc).__name__}: {exc}")
 
 
-def _registry(policy: Policy, mode: str, partition: str | None, node: NodeProfile | None,
-              who: Who | None, today: str | None, step: RegistryStep,
-              budget: Budget | None) -> Verdict:
+def _registry(policy: Policy, mode: str, request: StepRequest, step: RegistryStep) -> Verdict:
     """A registry image's verdict from its manifest, before any layer, under
     the step's budget (started before its plan read anything)."""
     from .registry import RegistryError
 
-    node = node or node_for(policy, partition)
-    budget = budget or step_budget(policy)
+    partition = request.partition
+    node = request.node or node_for(policy, partition)
+    budget = request.budget or step_budget(policy)
     shown = step.reference.shown()
     try:
         issue, found = step.judge(node, budget)
@@ -181,7 +197,7 @@ def _registry(policy: Policy, mode: str, partition: str | None, node: NodeProfil
     if policy.exemptions and findings:
         from . import exempt
 
-        findings, exempted = exempt.apply(policy, findings, who, today)
+        findings, exempted = exempt.apply(policy, findings, request.who, request.today)
     return Verdict(action=action_for(mode, findings), mode=mode, partition=partition,
                    findings=findings, exempted=exempted, image=shown)
 
@@ -194,20 +210,17 @@ def _wraps_an_image(argv0: str) -> bool:
     return wraps_an_image(argv0)
 
 
-def _apptainer(policy: Policy, mode: str, partition: str | None, argv: Sequence[str],
-               env: Mapping[str, str], cwd: str, node: NodeProfile | None, who: Who | None,
-               today: str | None, host: Verdict) -> Verdict:
-    from ._record import replace
+def _apptainer(policy: Policy, mode: str, step: StepRequest, host: Verdict) -> Verdict:
     from .container.apptainer import plan_apptainer
 
     budget = step_budget(policy)  # the inner step's: from its image's first byte
-    todo = plan_apptainer(argv, env, cwd, budget=budget)
+    todo = plan_apptainer(step.argv, step.env, step.cwd, budget=budget)
     if todo is None:
         return host  # not an exec of a local image this parser is sure of
     if todo.image is None:
         return replace(host, skipped=todo.skipped)
-    inner = _decide(policy, mode, partition, list(todo.argv), todo.env, todo.cwd, node, who,
-                    today, todo.image, budget)
+    inner = _decide(policy, mode, replace(step, argv=list(todo.argv), env=todo.env,
+                                          cwd=todo.cwd, image=todo.image, budget=budget))
     if not host.findings and not host.exempted:
         return inner
     findings = (*host.findings, *inner.findings)
@@ -216,18 +229,19 @@ def _apptainer(policy: Policy, mode: str, partition: str | None, argv: Sequence[
                    exempted=(*host.exempted, *inner.exempted))
 
 
-def _decide(policy: Policy, mode: str, partition: str | None, argv: Sequence[str],
-            env: Mapping[str, str], cwd: str, node: NodeProfile | None,
-            who: Who | None = None, today: str | None = None,
-            image: Image | None = None, budget: Budget | None = None) -> Verdict:
-    from .check import check_step
+def _decide(policy: Policy, mode: str, step: StepRequest) -> Verdict:
+    """The check of a step whose image, if any, is open (``step.image`` is
+    an :class:`~grace_policy.image.Image` or None)."""
+    from .check import CheckInput, check
 
-    node = node or node_for(policy, partition)
-    budget = budget or step_budget(policy)
+    partition = step.partition
+    image = step.image if not isinstance(step.image, str) else None
+    node = step.node or node_for(policy, partition)
     part = policy.partition(partition)
-    report = check_step(argv, env, cwd, node, env_vars=policy.env.vars,
-                        env_strip=policy.env.strip, budget=budget,
-                        cuda_index=part.cuda_index if part is not None else None, image=image)
+    report = check(CheckInput(step.argv, step.env, step.cwd, node,
+                              budget=step.budget or step_budget(policy), image=image,
+                              env_rules=policy.env,
+                              cuda_index=part.cuda_index if part is not None else None))
     shown = image.path if image is not None else None
     if not report.issues and report.limit is None:
         return Verdict(action="allow", mode=mode, partition=partition, env=report.env,
@@ -242,14 +256,12 @@ def _decide(policy: Policy, mode: str, partition: str | None, argv: Sequence[str
     if policy.exemptions and findings:
         from . import exempt
 
-        findings, exempted = exempt.apply(policy, findings, who, today)
-    action = action_for(mode, findings)
+        findings, exempted = exempt.apply(policy, findings, step.who, step.today)
+    found = Verdict(action=action_for(mode, findings), mode=mode, partition=partition,
+                    findings=findings, env=report.env, exempted=exempted, image=shown)
     if report.limit is not None:
-        return replace(_limit_verdict(policy, mode, partition, report.limit, findings=findings,
-                                      found_action=action, env=report.env, exempted=exempted),
-                       image=shown)
-    return Verdict(action=action, mode=mode, partition=partition, findings=findings,
-                   env=report.env, exempted=exempted, image=shown)
+        return replace(_limit_verdict(policy, mode, partition, report.limit, found), image=shown)
+    return found
 
 
 def finding_context(node: NodeProfile, partition: str | None) -> dict[str, str]:
@@ -263,12 +275,12 @@ def finding_context(node: NodeProfile, partition: str | None) -> dict[str, str]:
     }
 
 
-def _limit_verdict(policy: Policy, mode: str, partition: str | None, reason: str, *,
-                   findings: tuple[Finding, ...] = (), found_action: str = "allow",
-                   env: EnvChanges | None = None, exempted: tuple[Exempted, ...] = ()) -> Verdict:
+def _limit_verdict(policy: Policy, mode: str, partition: str | None, reason: str,
+                   found: Verdict | None = None) -> Verdict:
     """The check stopped early: ``on_error`` decides what it could not see.
 
-    What it saw before stopping still counts (``found_action``), so a step
+    What it saw before stopping (``found``: the verdict of its findings, its
+    environment cleaning and exemptions) still counts, so a step
     that is already known to fail is not let through because something
     else in it was too big to finish; the stricter of the two wins. The
     environment cleaning decided before the stop is kept.
@@ -276,8 +288,10 @@ def _limit_verdict(policy: Policy, mode: str, partition: str | None, reason: str
     from .findings import Issue
     from .rules import Catalogue
 
+    findings = found.findings if found is not None else ()
     verdict = error_verdict(policy, mode, partition, reason)
-    action = max(verdict.action, found_action, key=ACTIONS.index)
+    action = max(verdict.action, found.action if found is not None else "allow",
+                 key=ACTIONS.index)
     # The catalogue words it (a site's [rules.check-limit] text applies); the
     # severity follows what on_error did, so the user sees why.
     worded = Catalogue.for_policy(policy).finding(
@@ -294,4 +308,5 @@ def _limit_verdict(policy: Policy, mode: str, partition: str | None, reason: str
     )
     ordered = tuple(sorted((limit, *findings), key=lambda f: SEVERITY_RANK[f.severity]))
     return Verdict(action=action, mode=mode, partition=partition, findings=ordered,
-                   env=env or EnvChanges(), error=reason, exempted=exempted)
+                   env=found.env if found is not None else EnvChanges(), error=reason,
+                   exempted=found.exempted if found is not None else ())

@@ -72,14 +72,14 @@ def judge_prefix(prefix: str, node: NodeProfile, env: Mapping[str, str],
             return f"its interpreter {candidate} points at {last.path}, which is missing here"
         if last.kind != "elf":
             return None
-        if not node.root_is_native and node_owns(last.path):
+        if not node.root_is_native and node_owns(node, last.path):
             return None  # judged from another architecture: the node has its own
         try:
             info = read_elf(last.path, budget=budget)
         except (ElfError, OSError):
             return None
-        if info.machine != node.machine_number or info.elf_class != node.elf_class:
-            return f"its interpreter {last.path} is built for {info.machine_name}"
+        if not node.runs(info):
+            return f"its interpreter {last.path} is built for {node.arch_of(info)}"
         return None
     return None
 

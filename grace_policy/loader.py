@@ -728,6 +728,26 @@ def _file_id(path: str) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
+@dataclass(frozen=True)
+class Loading:
+    """How a program is started, besides its file, node and environment."""
+
+    #: The working directory (relative ``LD_LIBRARY_PATH`` entries, paths).
+    cwd: str = "/"
+    #: The check's allowance (None: unbounded, for tools and tests).
+    budget: Budget | None = None
+    #: The executable's ``$ORIGIN`` is the directory of its real path, as
+    #: the kernel reports it to a program started by execve; False models
+    #: ``ld.so --list FILE`` (and a library looked at on its own), where it
+    #: is the directory as given.
+    exec_origin: bool = True
+    #: The ld.so.cache to use instead of the node's.
+    cache: ldcache.LdCache | None = None
+
+
+_EXEC = Loading()
+
+
 class Process:
     """What one process has mapped: a program started by execve, its
     libraries, and the objects it ``dlopen``s later.
@@ -740,18 +760,10 @@ class Process:
     not hide a soname from later lookups).
     """
 
-    def __init__(
-        self,
-        exe_path: str,
-        exe_info: ElfInfo,
-        node: NodeProfile,
-        env: Mapping[str, str],
-        *,
-        cwd: str = "/",
-        budget: Budget | None = None,
-        cache: ldcache.LdCache | None = None,
-        exec_origin: bool = True,
-    ) -> None:
+    def __init__(self, exe_path: str, exe_info: ElfInfo, node: NodeProfile,
+                 env: Mapping[str, str], how: Loading | None = None) -> None:
+        how = how or _EXEC
+        cwd, budget, cache, exec_origin = how.cwd, how.budget, how.cache, how.exec_origin
         self.node = node
         self.cwd = cwd
         self.budget = budget
@@ -976,25 +988,11 @@ class Process:
                 queue.append(new)
 
 
-def resolve(
-    exe_path: str,
-    exe_info: ElfInfo,
-    node: NodeProfile,
-    env: Mapping[str, str],
-    *,
-    cwd: str = "/",
-    budget: Budget | None = None,
-    cache: ldcache.LdCache | None = None,
-    exec_origin: bool = True,
-) -> LoadTree:
-    """Every object the loader would load for ``exe_path``.
-
-    ``exec_origin``: the executable's ``$ORIGIN`` is the directory of its real
-    path, as the kernel reports it to a program started by execve; set False
-    to model ``ld.so --list FILE``, where it is the directory as given.
-    """
-    return Process(exe_path, exe_info, node, env, cwd=cwd, budget=budget, cache=cache,
-                   exec_origin=exec_origin).tree
+def resolve(exe_path: str, exe_info: ElfInfo, node: NodeProfile, env: Mapping[str, str],
+            how: Loading | None = None) -> LoadTree:
+    """Every object the loader would load for ``exe_path`` (``how``: see
+    :class:`Loading`)."""
+    return Process(exe_path, exe_info, node, env, how).tree
 
 
 def _version_key(text: str) -> tuple[int, ...] | None:

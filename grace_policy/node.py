@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from ._record import dataclass, replace
-from .elf import ELFCLASS32, ELFCLASS64, ELFDATA2LSB, ELFDATA2MSB, MACHINE_NUMBERS
+from .elf import ELFCLASS32, ELFCLASS64, ELFDATA2LSB, ELFDATA2MSB, MACHINE_NUMBERS, machine_name
 
 #: uname machine strings that mean the same loader target.
 _ARCH_ALIASES = {
@@ -50,6 +50,33 @@ CACHE_FLAGS = {
 
 #: What $PLATFORM expands to (AT_PLATFORM) on each architecture.
 _PLATFORMS = {"x86_64": "x86_64", "aarch64": "aarch64", "i386": "i686"}
+
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # typing costs ms to import; annotations are strings anyway
+    from typing import Protocol
+
+    class ElfIdent(Protocol):
+        """What a loader reads first of an ELF file: an
+        :class:`~grace_policy.elf.ElfInfo`, or :class:`Ident` from a bare
+        header."""
+
+        @property
+        def machine(self) -> int: ...
+        @property
+        def elf_class(self) -> int: ...
+        @property
+        def data(self) -> int: ...
+
+
+@dataclass(frozen=True)
+class Ident:
+    """The three identity fields of an ELF header read without parsing the
+    rest (a cache scan reads 20 bytes of each file)."""
+
+    machine: int
+    elf_class: int
+    data: int
 
 
 def normalize_arch(name: str) -> str:
@@ -105,6 +132,9 @@ class NodeProfile:
     #: The CUDA version the node's driver supports (config ``cuda_driver``),
     #: e.g. (13, 0); None: ask NVML.
     cuda_driver: tuple[int, int] | None = None
+    #: The files judged are an image's (:func:`grace_policy.image.step.image_node`):
+    #: its system paths are the image's, built wherever the image was built.
+    in_image: bool = False
 
     @property
     def machine_number(self) -> int:
@@ -134,6 +164,24 @@ class NodeProfile:
     @property
     def cache_flags(self) -> int | None:
         return CACHE_FLAGS.get(self.machine)
+
+    def runs(self, elf: ElfIdent) -> bool:
+        """Whether this node's kernel and loader take ``elf`` as their own:
+        the same machine, ELF class and byte order. The one test every reader
+        asks (the kernel reads e_machine in the node's byte order, so a
+        big-endian aarch64 file is as foreign to a Grace node as x86_64 is).
+        The OS/ABI byte is not asked: the kernel ignores it and ld.so's own
+        refusal of it is the loader model's (:mod:`grace_policy.loader`)."""
+        return (elf.machine == self.machine_number and elf.elf_class == self.elf_class
+                and elf.data == self.data)
+
+    def arch_of(self, elf: ElfIdent) -> str:
+        """``elf``'s machine as a user reads it, with its byte order when it
+        is not the node's (``aarch64 (big-endian)``)."""
+        name = machine_name(elf.machine)
+        if elf.data == self.data:
+            return name
+        return name + (" (big-endian)" if elf.data == ELFDATA2MSB else " (little-endian)")
 
     def in_root(self, path: str) -> str:
         """Map an absolute node path into the image under ``root``."""
@@ -237,13 +285,14 @@ def is_system_path(path: str) -> bool:
     return path.startswith(SYSTEM_PREFIXES)
 
 
-def node_owns(path: str) -> bool:
+def node_owns(node: NodeProfile, path: str) -> bool:
     """Whether the node has its own build at ``path``: a system path, or a
     link into one (a venv's ``bin/python`` made from the system python).
-    Never inside an image: its system files are the image's, built wherever
-    the image was built, and they are what the step runs."""
+    Never inside an image (``node.in_image``): its system files are the
+    image's, built wherever the image was built, and they are what the step
+    runs."""
+    if node.in_image:
+        return False
     from . import fsprobe
 
-    if fsprobe.current_view() is not None:
-        return False
     return is_system_path(path) or is_system_path(fsprobe.realpath(path))

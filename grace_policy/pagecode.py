@@ -446,8 +446,7 @@ def compiled_page_issues(path: str, info: ElfInfo, node: NodeProfile,
     are not read, which keeps the rule's reads to what users bring.
     """
     page = node.page_size
-    if (page <= SMALLEST_PAGE or info.machine != EM_AARCH64 or info.elf_class != ELFCLASS64
-            or info.data != ELFDATA2LSB or node.machine != "aarch64"
+    if (page <= SMALLEST_PAGE or node.machine != "aarch64" or not node.runs(info)
             or is_system_path(path)):
         return []
     # Read where the ELF facts were read (a node image's copy of ``path``).

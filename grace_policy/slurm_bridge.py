@@ -183,7 +183,7 @@ def run_step(step: StepInput) -> Outcome:
         return Outcome.failed(f"config {_shown(step.config)}: {type(exc).__name__}: "
                               f"{_one_line(str(exc))}", contract.FAIL_CONFIG)
 
-    from .decide import decide
+    from .decide import StepRequest, decide
 
     who = None
     if policy.exemptions:
@@ -200,6 +200,7 @@ def run_step(step: StepInput) -> Outcome:
         # Judged inside the container (C found it, on Slurm's and pyxis' word).
         # The step's budget starts now: reading the image is part of its check.
         from . import fsprobe
+        from .container import ContainerStep
         from .container.plan import plan
         from .decide import step_budget
 
@@ -209,9 +210,10 @@ def run_step(step: StepInput) -> Outcome:
         budget = step_budget(policy)
         fsprobe.start()
         try:
-            todo = plan(step.container_kind, step.container_image, step.container_local,
-                        step.container or step.container_kind, argv, env, cwd,
-                        args=step.container_args, batch=step.batch, budget=budget)
+            todo = plan(ContainerStep(step.container_kind, step.container_image,
+                                      step.container_local, step.container or step.container_kind,
+                                      argv, env, cwd, args=step.container_args, batch=step.batch),
+                        budget=budget)
         finally:
             probes.extend(fsprobe.stop())
         container, image = todo.skipped, todo.image
@@ -231,19 +233,10 @@ def run_step(step: StepInput) -> Outcome:
             judge, inside = decide_batch, {}
         except Exception:
             pass
-    verdict = judge(
-        policy,
-        partition=step.partition,
-        argv=argv,
-        env=env,
-        cwd=cwd,
-        node=None,
-        user_lowered_mode=step.user_mode,
-        container=container,
-        probes=probes,
-        who=who,
-        **inside,
-    )
+    request = StepRequest(partition=step.partition, argv=argv, env=env, cwd=cwd, node=None,
+                          user_lowered_mode=step.user_mode, container=container, who=who,
+                          **inside)
+    verdict = judge(policy, request, probes=probes)
     out = Outcome(action=verdict.action)
     if verdict.action not in ("allow", "warn", "reject"):
         return Outcome.failed(f"core returned an unknown action {verdict.action!r}")

@@ -20,6 +20,7 @@ from test_hostile import no_hang
 
 from grace_policy.batch.judge import decide_batch, read_script
 from grace_policy.budget import Budget
+from grace_policy.decide import StepRequest
 from grace_policy.findings import Verdict
 from grace_policy.node import detect
 from grace_policy.policy import Limits, Policy
@@ -96,8 +97,9 @@ def _decide(world: dict[str, Path], body: str, *, policy: Policy | None = None,
             args: tuple[str, ...] = ()) -> Verdict:
     script = _script(world, body, shebang=shebang)
     with no_hang():
-        return decide_batch(policy or _ROOMY, partition=None, argv=[str(script), *args],
-                            env=env or _env(world), cwd=str(world["root"]), node=HOST)
+        return decide_batch(policy or _ROOMY,
+                            StepRequest(partition=None, argv=[str(script), *args],
+                                        env=env or _env(world), cwd=str(world["root"]), node=HOST))
 
 
 def _lines(verdict: Verdict) -> list[tuple[str, str, str]]:
@@ -310,8 +312,9 @@ def test_exemptions_release_a_line_s_finding_by_its_file(world) -> None:
                                           where="rules.exe-arch-mismatch.exempt[0]"),))
     script = _script(world, f"{world['fbin']}/tool\n{world['foreign']}\n")
     with no_hang():
-        v = decide_batch(policy, partition=None, argv=[str(script)], env=_env(world),
-                         cwd=str(world["root"]), node=HOST, who=Who(uid=os.getuid()))
+        v = decide_batch(policy, StepRequest(partition=None, argv=[str(script)], env=_env(world),
+                                             cwd=str(world["root"]), node=HOST,
+                                             who=Who(uid=os.getuid())))
     assert [p for _s, _r, p in _lines(v)] == [f"line 3: {world['foreign']} -> {world['foreign']}"]
     assert [e.path for e in v.exempted] == [f"{world['fbin']}/tool"]
 
@@ -398,9 +401,10 @@ def test_check_batch_by_hand(world) -> None:
 
 def test_a_step_that_is_no_batch_step_never_imports_the_reader() -> None:
     code = ("import sys; sys.path.insert(0, sys.argv[1]);"
-            "from grace_policy.decide import decide; from grace_policy.policy import Policy;"
-            "decide(Policy(), partition=None, argv=['/bin/sh', '-c', 'true'],"
-            " env={'PATH': '/usr/bin'}, cwd='/', node=None);"
+            "from grace_policy.decide import StepRequest, decide;"
+            "from grace_policy.policy import Policy;"
+            "decide(Policy(), StepRequest(partition=None, argv=['/bin/sh', '-c', 'true'],"
+            " env={'PATH': '/usr/bin'}, cwd='/', node=None));"
             "print(' '.join(m for m in sys.modules if 'batch' in m or 'tree_sitter' in m))")
     out = subprocess.run([sys.executable, "-S", "-E", "-c", code, str(REPO)],
                          capture_output=True, text=True, check=True, timeout=60).stdout
@@ -411,9 +415,10 @@ def test_the_reader_keeps_typing_off_a_batch_step(world) -> None:
     script = _script(world, "echo hi\n")
     code = ("import sys; sys.path[:0] = [sys.argv[1], *sys.argv[2].split(':')];"
             "from grace_policy.batch.judge import decide_batch;"
+            "from grace_policy.decide import StepRequest;"
             "from grace_policy.policy import Policy;"
-            f"decide_batch(Policy(), partition=None, argv=[{str(script)!r}],"
-            " env={'PATH': '/usr/bin'}, cwd='/', node=None);"
+            f"decide_batch(Policy(), StepRequest(partition=None, argv=[{str(script)!r}],"
+            " env={'PATH': '/usr/bin'}, cwd='/', node=None));"
             "print(' '.join(sorted(m for m in ('typing', 'importlib.resources', 'tree_sitter',"
             " 'tree_sitter._binding') if m in sys.modules)))")
     out = subprocess.run([sys.executable, "-S", "-E", "-c", code, str(REPO),

@@ -19,6 +19,7 @@ from test_hostile import no_hang
 
 from grace_policy.batch.judge import decide_batch, read_script
 from grace_policy.budget import Budget
+from grace_policy.decide import StepRequest
 from grace_policy.node import detect
 
 
@@ -55,8 +56,8 @@ def test_slurm_example_scripts_read_without_a_finding(scripts: list) -> None:
         assert reading.limit is None, (script.name, reading.limit)
         commands += len(reading.commands)
         with no_hang(60):
-            verdict = decide_batch(ROOMY, partition=None, argv=[str(script)], env=env,
-                                   cwd="/tmp", node=node)
+            verdict = decide_batch(ROOMY, StepRequest(partition=None, argv=[str(script)], env=env,
+                                                      cwd="/tmp", node=node))
         assert verdict.error is None, (script.name, verdict.error)
         shown = [f.rule for f in verdict.findings if f.severity != "info"]
         assert shown == [], (script.name, verdict.findings)

@@ -29,6 +29,7 @@ from test_hostile import no_hang
 
 from grace_policy.batch.judge import decide_batch, read_script
 from grace_policy.budget import Budget
+from grace_policy.decide import StepRequest
 from grace_policy.findings import Verdict
 from grace_policy.node import detect
 
@@ -59,8 +60,8 @@ def _where(reading: object) -> str:
 
 def _judge(path: Path, env: dict[str, str], cwd: Path) -> Verdict:
     with no_hang(60):
-        return decide_batch(ROOMY, partition=None, argv=[str(path)], env=env, cwd=str(cwd),
-                            node=HOST)
+        return decide_batch(ROOMY, StepRequest(partition=None, argv=[str(path)], env=env,
+                                               cwd=str(cwd), node=HOST))
 
 
 def observe(path: Path, fbin: Path, work: Path) -> dict[str, object]:

@@ -23,6 +23,7 @@ from test_hostile import no_hang
 
 from grace_policy.batch.judge import decide_batch, read_script
 from grace_policy.budget import Budget
+from grace_policy.decide import StepRequest
 from grace_policy.findings import Verdict
 from grace_policy.node import detect
 
@@ -103,8 +104,8 @@ def _real(script: Path, env: dict[str, str], cwd: Path, args: tuple[str, ...] = 
 def _judged(script: Path, env: dict[str, str], cwd: Path, args: tuple[str, ...] = ()
             ) -> Verdict:
     with no_hang(60):
-        v = decide_batch(ROOMY, partition=None, argv=[str(script), *args], env=env,
-                         cwd=str(cwd), node=HOST)
+        v = decide_batch(ROOMY, StepRequest(partition=None, argv=[str(script), *args], env=env,
+                                            cwd=str(cwd), node=HOST))
     assert v.error is None, v.error  # no internal error: the script was judged
     return v
 

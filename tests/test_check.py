@@ -97,6 +97,36 @@ def test_big_endian_aarch64_is_foreign_on_grace(elf_builder: ElfBuilder,
     assert issue.rule == "exe-arch-mismatch" and "big-endian" in issue.fact("file_arch")
 
 
+def test_runs_is_machine_class_and_byte_order(elf_builder: ElfBuilder,
+                                             have_cross: str) -> None:
+    """The one predicate every reader asks, on real builds of each kind: only
+    the node's own machine, class and byte order run there."""
+    from grace_policy.elf import read_elf
+    from grace_policy.node import Ident
+
+    built = {
+        "x86_64": elf_builder.library("r/libx.so.1", source=src("freestanding.c"),
+                                      extra_flags=("-nostdlib",)),
+        "i386": elf_builder.library("r/lib32.so.1", source=src("freestanding.c"),
+                                    extra_flags=("-m32", "-nostdlib")),
+        "aarch64": elf_builder.library("r/liba.so.1", source=src("freestanding.c"),
+                                       arch="aarch64", extra_flags=("-nostdlib",)),
+        "aarch64_be": elf_builder.library("r/libbe.so.1", source=src("freestanding.c"),
+                                          arch="aarch64",
+                                          extra_flags=("-mbig-endian", "-nostdlib")),
+    }
+    nodes = {name: NodeProfile(name, 4096, (2, 36), root_is_native=False)
+             for name in ("x86_64", "i386", "aarch64")}
+    runs = {(n, f) for n, node in nodes.items() for f, path in built.items()
+            if node.runs(read_elf(str(path)))}
+    assert runs == {("x86_64", "x86_64"), ("i386", "i386"), ("aarch64", "aarch64")}
+    # A bare header (a cache scan's 20 bytes) is asked the same way.
+    be = read_elf(str(built["aarch64_be"]))
+    assert not nodes["aarch64"].runs(Ident(be.machine, be.elf_class, be.data))
+    assert nodes["aarch64"].arch_of(be) == "aarch64 (big-endian)"
+    assert nodes["x86_64"].arch_of(read_elf(str(built["i386"]))) == "i386"
+
+
 def test_relocatable_object_is_exec_format(elf_builder: ElfBuilder, tmp_path: Path) -> None:
     obj = elf_builder.compile(src("hello.c"), "hello.o", extra_flags=("-c",))
     obj.chmod(0o755)
@@ -155,3 +185,17 @@ def test_foreign_node_from_here_takes_system_programs_by_name(elf_builder: ElfBu
     own = elf_builder.compile(src("hello.c"), "home/bin/hello")
     mine = check_step([str(own)], env, "/", grace)
     assert [i.rule for i in mine.issues] == ["exe-arch-mismatch"]
+
+
+def test_an_image_node_owns_no_system_file() -> None:
+    """Whether a system path is the node's own build is a fact of the node
+    judged (an image's files are the image's), not of which files happen to
+    be read at the moment: asked of the node, with no view in use."""
+    from grace_policy._record import replace
+    from grace_policy.node import node_owns
+    from grace_policy.python.sitepath import is_system
+
+    assert node_owns(HOST, "/bin/true") and is_system("/usr/lib/python3/x", HOST)
+    image = replace(HOST, in_image=True)
+    assert not node_owns(image, "/bin/true") and not is_system("/usr/lib/python3/x", image)
+    assert not node_owns(HOST, "/home/u/venv/bin/tool")

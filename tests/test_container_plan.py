@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from roomy import ROOMY
 
+from grace_policy.container import ContainerStep
 from grace_policy.container.plan import plan
 
 
@@ -40,7 +41,8 @@ def _sqsh(tmp: Path) -> Path:
 def test_pyxis_local_image_env_and_cwd(tmp_path: Path) -> None:
     image = _sqsh(tmp_path)
     job = {"PATH": "/host/bin", "LD_PRELOAD": "/host/lib.so", "HOME": "/home/u", "A": "b"}
-    todo = plan("pyxis", str(image), True, "pyxis container step", ["tool"], job, "/work")
+    todo = plan(ContainerStep("pyxis", str(image), True, "pyxis container step", ["tool"], job,
+                              "/work"))
     assert todo.skipped is None and todo.image is not None
     assert todo.image.kind == "squashfs"
     # The image's /etc/environment over the job's; pyxis withholds PATH and
@@ -49,22 +51,24 @@ def test_pyxis_local_image_env_and_cwd(tmp_path: Path) -> None:
     assert "LD_PRELOAD" not in todo.env
     assert (todo.env["IMAGE_VAR"], todo.env["A"]) == ("1", "b")
     assert todo.cwd == "/work"  # exists in the image
-    assert plan("pyxis", str(image), True, "r", ["tool"], job, "/nowhere").cwd == "/"
+    assert plan(ContainerStep("pyxis", str(image), True, "r", ["tool"], job, "/nowhere")).cwd == "/"
 
 
 def test_pyxis_registry_image_planned_and_bad_images_are_skips(tmp_path: Path) -> None:
-    todo = plan("pyxis", "nvcr.io#nvidia/pytorch:25.01-py3", False, "pyxis step (x)",
-                ["python"], {}, "/")
+    todo = plan(ContainerStep("pyxis", "nvcr.io#nvidia/pytorch:25.01-py3", False, "pyxis step (x)",
+                              ["python"], {}, "/"))
     # Issue 25: a registry image is judged from its manifest by the core.
     assert todo.image is None and todo.skipped is None and todo.registry is not None
     assert todo.registry.reference.shown() == "nvcr.io#nvidia/pytorch:25.01-py3"
-    todo = plan("pyxis", "dockerd://local", False, "pyxis step (x)", ["python"], {}, "/")
+    todo = plan(ContainerStep("pyxis", "dockerd://local", False, "pyxis step (x)", ["python"], {},
+                              "/"))
     assert todo.registry is None and "not a registry reference" in str(todo.skipped)
     broken = tmp_path / "broken.sqsh"
     broken.write_bytes(b"hsqs" + b"\0" * 60)
-    todo = plan("pyxis", str(broken), True, "pyxis step", ["tool"], {}, "/")
+    todo = plan(ContainerStep("pyxis", str(broken), True, "pyxis step", ["tool"], {}, "/"))
     assert todo.image is None and "corrupt squashfs" in str(todo.skipped)
-    missing = plan("pyxis", str(tmp_path / "nope.sqsh"), True, "pyxis step", ["t"], {}, "/")
+    missing = plan(ContainerStep("pyxis", str(tmp_path / "nope.sqsh"), True, "pyxis step", ["t"],
+                                 {}, "/"))
     assert missing.image is None and "not judged" in str(missing.skipped)
 
 
@@ -85,7 +89,8 @@ def test_slurm_oci_takes_argv_env_and_cwd_from_slurmstepd_copy(tmp_path: Path) -
     (bundle / "config.json").write_text(json.dumps({"root": {"path": "rootfs"},
                                                     "process": {"args": ["/bin/sh"]}}))
     conf = _spool_config(tmp_path, str(bundle / "rootfs"), ["tool", "--flag"])
-    todo = plan("oci", str(conf), True, "oci step", ["/bin/sh"], {"PATH": "/host"}, "/")
+    todo = plan(ContainerStep("oci", str(conf), True, "oci step", ["/bin/sh"], {"PATH": "/host"},
+                              "/"))
     assert todo.skipped is None and todo.image is not None
     assert todo.argv == ("tool", "--flag")
     assert todo.env == {"PATH": "/opt/app/bin:/bin", "X": "1"}  # runc: the last one wins
@@ -98,7 +103,7 @@ def test_slurm_oci_takes_argv_env_and_cwd_from_slurmstepd_copy(tmp_path: Path) -
 def test_slurm_oci_bad_configs_are_skips(tmp_path: Path, text: str) -> None:
     conf = tmp_path / "config.json"
     conf.write_text(text)
-    todo = plan("oci", str(conf), True, "oci step", ["/bin/sh"], {}, "/")
+    todo = plan(ContainerStep("oci", str(conf), True, "oci step", ["/bin/sh"], {}, "/"))
     assert todo.image is None and "not judged" in str(todo.skipped)
 
 
@@ -111,11 +116,13 @@ def test_slurm_oci_bundle_as_newer_slurm_runs_it(tmp_path: Path) -> None:
     (bundle / "config.json").write_text(json.dumps({
         "root": {"path": "rootfs"},
         "process": {"args": ["/bin/sh"], "cwd": "/work", "env": ["PATH=/opt/app/bin", "B=1"]}}))
-    todo = plan("oci-bundle", str(bundle), True, "oci step", ["tool"], {"B": "2", "C": "3"}, "/")
+    todo = plan(ContainerStep("oci-bundle", str(bundle), True, "oci step", ["tool"],
+                              {"B": "2", "C": "3"}, "/"))
     assert todo.skipped is None and todo.image is not None
     assert todo.argv == ("tool",) and todo.cwd == "/work"
     assert todo.env == {"PATH": "/opt/app/bin", "B": "2", "C": "3"}
-    outside = plan("oci-bundle", str(tmp_path / "nope"), True, "oci step", ["tool"], {}, "/")
+    outside = plan(ContainerStep("oci-bundle", str(tmp_path / "nope"), True, "oci step", ["tool"],
+                                 {}, "/"))
     assert outside.image is None and "not judged" in str(outside.skipped)
 
 
@@ -123,7 +130,7 @@ def test_pyxis_batch_step_runs_slurmds_script_inside_the_image(tmp_path: Path) -
     """``sbatch --container-image``: pyxis bind-mounts slurmd's copy of the
     script at its own path, so the script is found in the container and its
     ``#!`` interpreter is the image's (not the host's)."""
-    from grace_policy.decide import decide
+    from grace_policy.decide import StepRequest, decide
     from grace_policy.node import detect
 
     if shutil.which("mksquashfs") is None:
@@ -142,10 +149,10 @@ def test_pyxis_batch_step_runs_slurmds_script_inside_the_image(tmp_path: Path) -
     script.chmod(0o700)
 
     def judged(batch: bool) -> list[tuple[str, str]]:
-        todo = plan("pyxis", str(image), True, "pyxis step", [str(script)], {}, "/",
-                    batch=batch)
-        verdict = decide(ROOMY, partition=None, argv=list(todo.argv), env=todo.env,
-                         cwd=todo.cwd, node=detect(), image=todo.image)
+        todo = plan(ContainerStep("pyxis", str(image), True, "pyxis step", [str(script)], {}, "/",
+                                  batch=batch))
+        verdict = decide(ROOMY, StepRequest(partition=None, argv=list(todo.argv), env=todo.env,
+                                            cwd=todo.cwd, node=detect(), image=todo.image))
         return [(f.rule, f.path) for f in verdict.findings]
 
     assert judged(batch=True) == []
@@ -162,13 +169,13 @@ def test_an_option_c_could_not_carry_skips_named_steps_too(tmp_path: Path) -> No
     guess without its mounts (review of the named/stalekeys merge)."""
     args = "uncarried=1\nname=foo\njob=1\nslurm_conf=\n"
     for local in (True, False):
-        got = plan("pyxis", str(tmp_path / "x.sqsh"), local, "pyxis step", ["tool"], {}, "/",
-                   args=args)
+        got = plan(ContainerStep("pyxis", str(tmp_path / "x.sqsh"), local, "pyxis step", ["tool"],
+                                 {}, "/", args=args))
         assert got.image is None and got.skipped and "too long" in got.skipped
 
 
 def test_a_relative_image_without_a_known_cwd_is_a_skip() -> None:
     """getcwd failed in slurmstepd: C leaves ./x.sqsh relative, and the
     checker's own directory would be a guess."""
-    got = plan("pyxis", "./x.sqsh", True, "pyxis step", ["tool"], {}, "/")
+    got = plan(ContainerStep("pyxis", "./x.sqsh", True, "pyxis step", ["tool"], {}, "/"))
     assert got.image is None and "relative image" in (got.skipped or "")

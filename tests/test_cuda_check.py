@@ -25,7 +25,7 @@ from gpu.toolchain import cudart12_lib, toolchain
 from image.budgets import roomy
 
 from grace_policy import verdict_cache
-from grace_policy.decide import decide
+from grace_policy.decide import StepRequest, decide
 from grace_policy.findings import Verdict
 from grace_policy.node import NodeProfile, detect
 from grace_policy.policy import Policy
@@ -77,9 +77,11 @@ def _node(gpu: str | None, driver: str | None) -> NodeProfile:
                                    cuda_driver=parse_cuda_version(driver) if driver else None)
 
 
-def _decide(argv: list[str], env: dict[str, str], node: NodeProfile, **kw: object) -> Verdict:
-    return decide(Policy(mode="enforce"), partition=None, argv=argv, env=env, cwd="/",
-                  node=node, **kw)  # type: ignore[arg-type]
+def _decide(argv: list[str], env: dict[str, str], node: NodeProfile, *,
+            probes: list[tuple[str, str, str]] | None = None, **kw: object) -> Verdict:
+    return decide(Policy(mode="enforce"), StepRequest(partition=None, argv=argv, env=env, cwd="/",
+                                                      node=node, **kw),  # type: ignore[arg-type]
+                  probes=probes)
 
 
 def _rules(v: Verdict) -> list[tuple[str, str, str]]:
@@ -150,11 +152,12 @@ def test_a_step_without_gpus_is_not_judged_for_them(progs: dict[str, Path], cuda
     interpreter) nothing of grace_policy.cuda imported."""
     env = _env(cudart13, gpus=None, **env_extra)
     code = ("import sys, json; sys.path.insert(0, sys.argv[1]);"
-            "from grace_policy.decide import decide; from grace_policy.policy import Policy;"
+            "from grace_policy.decide import StepRequest, decide;"
+            "from grace_policy.policy import Policy;"
             "from grace_policy.node import detect;"
             "n = detect().with_overrides(gpu_arch=(10, 0), cuda_driver=(13, 5));"
-            "v = decide(Policy(), partition=None, argv=[sys.argv[2]], env=json.loads(sys.argv[3]),"
-            " cwd='/', node=n);"
+            "v = decide(Policy(), StepRequest(partition=None, argv=[sys.argv[2]],"
+            " env=json.loads(sys.argv[3]), cwd='/', node=n));"
             "print(v.action, len(v.findings),"
             " sorted(m for m in sys.modules if m.startswith('grace_policy.cuda')))")
     out = subprocess.run([sys.executable, "-S", "-E", "-c", code, str(REPO),
@@ -449,15 +452,15 @@ NVML_CHILD = r"""
 import json, os, sys
 sys.path.insert(0, sys.argv[1])
 from grace_policy.cuda import nodegpus
-from grace_policy.decide import decide
+from grace_policy.decide import StepRequest, decide
 from grace_policy.policy import Policy
 nodegpus.preload()  # as the node checker does when it starts, before it forks
 os.environ["GRACE_NVML_MAJOR"] = sys.argv[4]  # what NVML would answer from now on
 r, w = os.pipe()
 pid = os.fork()
 if pid == 0:  # a child judging a step, as the checker's spare does
-    v = decide(Policy(), partition=None, argv=[sys.argv[2]], env=json.loads(sys.argv[3]),
-               cwd="/", node=None)
+    v = decide(Policy(), StepRequest(partition=None, argv=[sys.argv[2]],
+                                     env=json.loads(sys.argv[3]), cwd="/", node=None))
     os.write(w, json.dumps([v.action, [(f.rule, f.remediation) for f in v.findings]]).encode())
     os._exit(0)
 os.close(w)

@@ -10,7 +10,7 @@ import pytest
 from fixtures.build import ElfBuilder, src
 from roomy import ROOMY
 
-from grace_policy.decide import decide
+from grace_policy.decide import StepRequest, decide
 from grace_policy.findings import ACTIONS, Verdict
 from grace_policy.node import NodeProfile, detect
 from grace_policy.policy import Limits, PartitionPolicy, Policy
@@ -27,8 +27,8 @@ def foreign_exe(elf_builder: ElfBuilder, have_cross: str) -> Path:
 
 def run(policy: Policy, argv: list[str], *, env: dict[str, str] | None = None,
         partition: str | None = "gb200", **kw: object) -> Verdict:
-    v = decide(policy, partition=partition, argv=argv, env=env or {"PATH": "/usr/bin:/bin"},
-               cwd="/", node=HOST, **kw)  # type: ignore[arg-type]
+    v = decide(policy, StepRequest(partition=partition, argv=argv,
+                                   env=env or {"PATH": "/usr/bin:/bin"}, cwd="/", node=HOST, **kw))  # type: ignore[arg-type]
     assert isinstance(v, Verdict) and v.action in ACTIONS
     return v
 
@@ -77,8 +77,9 @@ def test_exception_in_the_check_follows_on_error(on_error: str, action: str) -> 
     """A real failure inside the check: a node profile whose page size is not
     a number makes the layout rules raise TypeError."""
     broken = NodeProfile(machine=HOST.machine, page_size="64k", glibc=(2, 36))  # type: ignore[arg-type]
-    v = decide(Policy(on_error=on_error), partition=None, argv=["/bin/true"],
-               env={"PATH": "/usr/bin"}, cwd="/", node=broken)
+    v = decide(Policy(on_error=on_error), StepRequest(partition=None, argv=["/bin/true"],
+                                                      env={"PATH": "/usr/bin"}, cwd="/",
+                                                      node=broken))
     assert v.action == action and v.error and "internal error" in v.error
 
 
@@ -101,7 +102,7 @@ def test_check_limit_never_hides_a_known_error(elf_builder: ElfBuilder,
     node = NodeProfile(machine="x86_64", page_size=65536, glibc=(2, 36))
     env = {"LD_LIBRARY_PATH": foreign_padding("libgreet.so.1", 30)}
     policy = Policy(on_error="allow", limits=Limits(max_files=20))
-    v = decide(policy, partition=None, argv=[str(exe)], env=env, cwd="/", node=node)
+    v = decide(policy, StepRequest(partition=None, argv=[str(exe)], env=env, cwd="/", node=node))
     assert v.action == "reject"
     assert {"check-limit", "page-congruence"} <= set(v.rule_ids)
     assert v.error and "20 files" in v.error
@@ -127,13 +128,14 @@ def test_simulated_64k_node_does_not_blame_the_system_libraries(elf_builder: Elf
     findings are info (audit only); the user's own 4 KiB build still fails."""
     node = NodeProfile(machine=detect().machine, page_size=65536, glibc=(2, 36))
     env = {"PATH": "/usr/bin:/bin"}
-    system = decide(ROOMY, partition=None, argv=["/bin/true"], env=env, cwd="/", node=node)
+    system = decide(ROOMY, StepRequest(partition=None, argv=["/bin/true"], env=env, cwd="/",
+                                       node=node))
     assert system.action == "allow"
     assert system.findings and {f.severity for f in system.findings} == {"info"}
     assert all(f.remediation and "system image" in f.remediation for f in system.findings
                if f.rule.startswith("page-"))
     own = elf_builder.compile(src("hello.c"), "bin/app", page_size=4096)
-    mine = decide(ROOMY, partition=None, argv=[str(own)], env=env, cwd="/", node=node)
+    mine = decide(ROOMY, StepRequest(partition=None, argv=[str(own)], env=env, cwd="/", node=node))
     assert mine.action == "reject"
     assert ("page-congruence", "error") in {(f.rule, f.severity) for f in mine.findings
                                             if f.path == str(own)}
@@ -144,7 +146,8 @@ def test_check_limit_uses_the_sites_text() -> None:
 
     policy = Policy(limits=Limits(deadline_ms=0),
                     rules=(RuleOverride("check-limit", text="Ring the help desk ({limit})."),))
-    v = decide(policy, partition=None, argv=["/bin/true"], env={"PATH": "/usr/bin"}, cwd="/")
+    v = decide(policy, StepRequest(partition=None, argv=["/bin/true"], env={"PATH": "/usr/bin"},
+                                   cwd="/"))
     limit = [f for f in v.findings if f.rule == "check-limit"]
     assert limit and limit[0].remediation.startswith("Ring the help desk (")
     assert "deadline" in limit[0].remediation and "on_error=allow" in limit[0].remediation

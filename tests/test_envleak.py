@@ -134,3 +134,18 @@ def test_python_link_to_a_missing_file_is_foreign(tmp_path: Path) -> None:
 def test_judging_looks_at_the_budget(foreign_venv: Path) -> None:
     with pytest.raises(BudgetExceeded):
         plan({"VIRTUAL_ENV": str(foreign_venv)}, HOST, budget=Budget(max_bytes=10))
+
+
+def test_a_big_endian_venv_is_foreign_on_a_little_endian_node(tmp_path: Path,
+                                                              elf_builder: ElfBuilder,
+                                                              have_cross: str) -> None:
+    """The node's kernel reads e_machine in its own byte order: an aarch64
+    interpreter built big-endian does not start on a Grace node, so its venv
+    is stripped like an x86_64 one (the old test compared machine and class
+    only, and kept it)."""
+    py = elf_builder.library("be/python", source=src("freestanding.c"), arch="aarch64",
+                             extra_flags=("-mbig-endian", "-nostdlib"))
+    py.chmod(0o755)
+    venv = make_venv(tmp_path / "venv", py, symlink=False)
+    reason = judge_prefix(str(venv), AARCH64, {})
+    assert reason is not None and "aarch64 (big-endian)" in reason

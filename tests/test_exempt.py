@@ -15,7 +15,7 @@ from fixtures.build import ElfBuilder, src
 from grace_policy import audit, verdict_cache
 from grace_policy.compiled import compile_config, load_policy
 from grace_policy.config import load_config
-from grace_policy.decide import decide
+from grace_policy.decide import StepRequest, decide
 from grace_policy.exempt import Who, glob_match, today_utc, user_controlled
 from grace_policy.node import detect
 from grace_policy.policy import ConfigError, Policy
@@ -157,8 +157,9 @@ reason = "misjudged: ticket 42"
 
 def _judge(policy: Policy, exe: Path | str, who: Who | None, today: str | None = None,
            **kw: object) -> object:
-    return decide(policy, partition=None, argv=[str(exe)], env={"PATH": "/usr/bin:/bin"},
-                  cwd="/", node=HOST, who=who, today=today, **kw)  # type: ignore[arg-type]
+    return decide(policy, StepRequest(partition=None, argv=[str(exe)],
+                                      env={"PATH": "/usr/bin:/bin"}, cwd="/", node=HOST, who=who,
+                                      today=today, **kw))  # type: ignore[arg-type]
 
 
 def test_exempted_path_is_let_through_and_recorded(vendor: Path, tmp_path: Path) -> None:
@@ -171,7 +172,7 @@ def test_exempted_path_is_let_through_and_recorded(vendor: Path, tmp_path: Path)
         "rules.exe-arch-mismatch.exempt[0]")
     # Never replayed from the verdict cache, and the audit line carries the reason.
     assert not verdict_cache.cacheable(v)
-    fields = audit.record_fields(v, uid=65534, node="n", program=str(vendor))
+    fields = audit.record_fields(v, {"uid": 65534, "node": "n", "program": str(vendor)})
     assert fields["exempt"] == [ex.to_json()]
     assert (fields["action"], fields["enforce_action"], fields["rules"]) == ("allow", "allow", [])
     # The next day it is over.
@@ -225,10 +226,10 @@ def test_users_and_groups_from_the_credentials(vendor: Path, tmp_path: Path) -> 
 
 def test_environment_cannot_name_the_user(vendor: Path, tmp_path: Path) -> None:
     policy = _policy(tmp_path, 'users = ["root"]', "2999-01-01")
-    v = decide(policy, partition=None, argv=[str(vendor)],
-               env={"PATH": "/usr/bin", "USER": "root", "LOGNAME": "root",
-                    "SLURM_JOB_USER": "root", "SLURM_JOB_UID": "0"},
-               cwd="/", node=HOST, who=NOBODY)
+    v = decide(policy, StepRequest(partition=None, argv=[str(vendor)],
+                                   env={"PATH": "/usr/bin", "USER": "root", "LOGNAME": "root",
+                    "SLURM_JOB_USER": "root", "SLURM_JOB_UID": "0"}, cwd="/", node=HOST,
+                                   who=NOBODY))
     assert v.action == "reject"
 
 

@@ -20,7 +20,7 @@ from roomy import ROOMY
 from vm import slurmnode
 from vm.qemu import BootError, qemu_binary
 
-from grace_policy.decide import decide
+from grace_policy.decide import StepRequest, decide
 from grace_policy.node import NodeProfile, host_machine
 
 pytestmark = [
@@ -187,8 +187,9 @@ def test_login_node_predictions_are_the_nodes_verdicts(node: slurmnode.NodeRun) 
             here[0] = str(copy)
         env = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent",
                **{k: _on_host(node.cases, v) for k, v in extra.items()}}
-        verdict = decide(ROOMY, partition=None, argv=here, env=env, cwd=str(node.cases),
-                         node=grace)
+        verdict = decide(ROOMY,
+                         StepRequest(partition=None, argv=here, env=env, cwd=str(node.cases),
+                                     node=grace))
         predicted = sorted((f.severity.upper(), f.rule, _on_guest(node.cases, f.path))
                            for f in verdict.findings if f.severity != "info")
         step = node.steps[name]

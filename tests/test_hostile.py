@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from grace_policy.check import check_step
-from grace_policy.decide import decide
+from grace_policy.decide import StepRequest, decide
 from grace_policy.findings import ACTIONS, Verdict
 from grace_policy.node import detect
 from grace_policy.policy import Limits, Policy
@@ -48,8 +48,10 @@ def no_hang(seconds: int = 30) -> Iterator[None]:
 def verdict(argv: list[str], env: dict[str, str] | None = None, cwd: str = "/",
             policy: Policy | None = None) -> Verdict:
     with no_hang():
-        v = decide(policy or Policy(limits=GENEROUS), partition=None, argv=argv,
-                   env={"PATH": "/usr/bin:/bin"} if env is None else env, cwd=cwd, node=HOST)
+        v = decide(policy or Policy(limits=GENEROUS),
+                   StepRequest(partition=None, argv=argv,
+                               env={"PATH": "/usr/bin:/bin"} if env is None else env, cwd=cwd,
+                               node=HOST))
     assert isinstance(v, Verdict) and v.action in ACTIONS
     return v
 
@@ -136,8 +138,9 @@ def _as_nobody(fn: Callable[..., str], *args: str) -> str:
 
 
 def _nobody_decide(argv0: str, llp: str) -> str:
-    v = decide(Policy(limits=GENEROUS), partition=None, argv=[argv0],
-               env={"PATH": "/usr/bin:/bin", "LD_LIBRARY_PATH": llp}, cwd="/", node=HOST)
+    env = {"PATH": "/usr/bin:/bin", "LD_LIBRARY_PATH": llp}
+    v = decide(Policy(limits=GENEROUS), StepRequest(partition=None, argv=[argv0], env=env,
+                                                    cwd="/", node=HOST))
     return f"{v.action} {','.join(v.rule_ids)} {v.error or ''}"
 
 
@@ -424,8 +427,8 @@ def test_fuzz_decide_always_returns_a_verdict(fuzz_parts: dict[str, Path], entri
             env["VIRTUAL_ENV"] = str(root / leak)
         policy = Policy(on_error=on_error, limits=Limits(deadline_ms=deadline))
         with no_hang():
-            v = decide(policy, partition=None, argv=[argv0], env=env, cwd=str(root),
-                       node=HOST)
+            v = decide(policy, StepRequest(partition=None, argv=[argv0], env=env, cwd=str(root),
+                                           node=HOST))
         assert isinstance(v, Verdict) and v.action in ACTIONS
         no_internal_error(v)
         if v.error:  # only budget stops: they follow on_error (or a known error)

@@ -161,7 +161,7 @@ def test_cache_choice_matches_the_real_loader(tmp_path: Path, elf_builder: ElfBu
     real = _real_loader_with_cache(cache, exe)
     node = detect()
     tree = loader.resolve(str(exe), loader.read_elf(str(exe)), node, {},
-                          cache=ldcache.load(str(cache)), exec_origin=False)
+                          loader.Loading(cache=ldcache.load(str(cache)), exec_origin=False))
     assert tree.resolved()["libgreet.so.1"] == real["libgreet.so.1"]
     assert real["libgreet.so.1"] != str(built)  # a subdirectory entry won
     assert next(o.found_via for o in tree.objects if o.name == "libgreet.so.1") == "ld.so.cache"

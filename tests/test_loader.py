@@ -92,7 +92,7 @@ class Target:
                 node: NodeProfile | None = None) -> LoadTree:
         p = os.fspath(path)
         return loader.resolve(p, read_elf(p), node or self.node, dict(env or {}),
-                              cwd=os.fspath(cwd), exec_origin=exec_origin)
+                              loader.Loading(cwd=os.fspath(cwd), exec_origin=exec_origin))
 
 
 AARCH64_NODE = NodeProfile("aarch64", 65536, (2, 36), root=AARCH64_SYSROOT)

@@ -87,7 +87,7 @@ def compare(files: list[tuple[str, ElfInfo]], node: NodeProfile,
     diffs: list[str] = []
     for path, info in files:
         listing: LoaderListing = listing_of(path)
-        tree = loader.resolve(to_node(path), info, node, {}, exec_origin=False)
+        tree = loader.resolve(to_node(path), info, node, {}, loader.Loading(exec_origin=False))
         if listing.returncode != 0:
             refused += 1
             if not tree.fatal and not tree.missing:

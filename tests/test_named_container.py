@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "slurm"))
 from image.roots import make_root
 
 from grace_policy.check import check_step
+from grace_policy.container import ContainerStep
 from grace_policy.container.named import split
 from grace_policy.container.plan import plan
 from grace_policy.node import NodeProfile
@@ -115,8 +116,8 @@ def test_changed_by_hand_is_judged_as_it_is_now(enroot_env: dict[str, str],
     copied into its root, the same step is refused at that path (the image
     it was made from is still clean). The old code skipped both."""
     root = _create(enroot_env, "pyxis_demo", images["x86_64"])
-    todo = plan("pyxis", None, False, REASON, ["tool"], enroot_env, "/",
-                args=_args("demo"))
+    todo = plan(ContainerStep("pyxis", None, False, REASON, ["tool"], enroot_env, "/",
+                              args=_args("demo")))
     assert todo.image is not None and todo.image.kind == "dir"
     assert todo.image.path == os.path.realpath(root)
     # The container's /etc/environment over the job's (PATH withheld by pyxis).
@@ -124,8 +125,8 @@ def test_changed_by_hand_is_judged_as_it_is_now(enroot_env: dict[str, str],
     assert todo.env["IMAGE_VAR"] == "from-image"
     assert list(_judge(todo).issues) == []
     shutil.copy2(images["aarch64-tool"], root / "opt/app/tool")
-    report = _judge(plan("pyxis", None, False, REASON, ["tool"], enroot_env, "/",
-                         args=_args("demo")))
+    report = _judge(plan(ContainerStep("pyxis", None, False, REASON, ["tool"], enroot_env, "/",
+                                       args=_args("demo"))))
     assert [(i.rule, i.path) for i in report.issues] == [
         ("exe-arch-mismatch", f"{os.path.realpath(root)}:/opt/app/tool")]
 
@@ -138,8 +139,8 @@ def test_flags_as_pyxis_reads_them(enroot_env: dict[str, str], images: dict[str,
     _create(enroot_env, "pyxis_demo", images["x86_64"])
 
     def go(name: str, image: str | None = None):  # type: ignore[no-untyped-def]
-        return plan("pyxis", image, False, REASON, ["tool"], enroot_env, "/",
-                    args=_args(name))
+        return plan(ContainerStep("pyxis", image, False, REASON, ["tool"], enroot_env, "/",
+                                  args=_args(name)))
 
     assert go("demo:no_exec").image is not None
     assert go("demo:auto").image is not None
@@ -166,9 +167,9 @@ def test_data_path_follows_xdg_and_enroot_conf(enroot_env: dict[str, str], site:
     env = {**enroot_env, "XDG_DATA_HOME": str(tmp_path / "xdg")}
     root = _create(env, "pyxis_demo", images["x86_64"])
     assert str(root).startswith(str(tmp_path / "xdg"))
-    todo = plan("pyxis", None, False, REASON, ["tool"],
-                {**env, "ENROOT_DATA_PATH": str(tmp_path / "nowhere")}, "/",
-                args=_args("demo"))
+    todo = plan(ContainerStep("pyxis", None, False, REASON, ["tool"],
+                              {**env, "ENROOT_DATA_PATH": str(tmp_path / "nowhere")}, "/",
+                              args=_args("demo")))
     assert todo.image is not None and todo.image.path == os.path.realpath(root)
     conf = site / "etc/enroot/enroot.conf"
     saved = conf.read_text()
@@ -177,7 +178,8 @@ def test_data_path_follows_xdg_and_enroot_conf(enroot_env: dict[str, str], site:
         env2 = {**enroot_env, "USERX": "u1"}
         root2 = _create(env2, "pyxis_demo", images["aarch64"])
         assert str(root2) == f"{tmp_path}/site-data/u1/pyxis_demo"
-        todo = plan("pyxis", None, False, REASON, ["tool"], env2, "/", args=_args("demo"))
+        todo = plan(ContainerStep("pyxis", None, False, REASON, ["tool"], env2, "/",
+                                  args=_args("demo")))
         assert todo.image is not None and todo.image.path == str(root2)
         assert [i.rule for i in _judge(todo).issues] == ["image-arch-mismatch"]
     finally:
@@ -192,23 +194,24 @@ def test_job_scoped_names(enroot_env: dict[str, str], images: dict[str, Path],
     _create(enroot_env, "pyxis_demo", images["x86_64"])
     conf = tmp_path / "slurm.conf"
     _slurm_conf(tmp_path, "container_scope=job")
-    todo = plan("pyxis", None, False, REASON, ["tool"], enroot_env, "/",
-                args=_args("demo", job=42, conf=conf))
+    todo = plan(ContainerStep("pyxis", None, False, REASON, ["tool"], enroot_env, "/",
+                              args=_args("demo", job=42, conf=conf)))
     assert "pyxis_42_demo does not exist" in str(todo.skipped)
     root = _create(enroot_env, "pyxis_42_demo", images["aarch64"])
-    todo = plan("pyxis", None, False, REASON, ["tool"], enroot_env, "/",
-                args=_args("demo", job=42, conf=conf))
+    todo = plan(ContainerStep("pyxis", None, False, REASON, ["tool"], enroot_env, "/",
+                              args=_args("demo", job=42, conf=conf)))
     assert todo.image is not None and todo.image.path == os.path.realpath(root)
     # The job's SLURM_CONF is not slurmstepd's: it changes nothing.
     other = tmp_path / "other"
     other.mkdir()
     _slurm_conf(other, "")
-    todo = plan("pyxis", None, False, REASON, ["tool"], {**enroot_env, "SLURM_CONF": str(conf)},
-                "/", args=_args("demo", job=42, conf=other / "slurm.conf"))
+    todo = plan(ContainerStep("pyxis", None, False, REASON, ["tool"],
+                              {**enroot_env, "SLURM_CONF": str(conf)}, "/",
+                              args=_args("demo", job=42, conf=other / "slurm.conf")))
     assert todo.image is not None and todo.image.path.endswith("/pyxis_demo")
     _slurm_conf(tmp_path, "container_scope=global")
-    todo = plan("pyxis", None, False, REASON, ["tool"], enroot_env, "/",
-                args=_args("demo", job=42, conf=conf))
+    todo = plan(ContainerStep("pyxis", None, False, REASON, ["tool"], enroot_env, "/",
+                              args=_args("demo", job=42, conf=conf)))
     assert todo.image is not None and todo.image.path.endswith("/pyxis_demo")
 
 
@@ -229,15 +232,15 @@ def test_hostile_root(enroot_env: dict[str, str], images: dict[str, Path],
     outside = tmp_path / "outside"
     outside.mkdir()
     shutil.copy2(images["aarch64-tool"], outside / "tool")
-    todo = plan("pyxis", None, False, REASON, ["/opt/app/tool"], enroot_env, "/",
-                args=_args("demo", mounts=f"{outside}:/mnt/x", workdir="/mnt/x"))
+    todo = plan(ContainerStep("pyxis", None, False, REASON, ["/opt/app/tool"], enroot_env, "/",
+                              args=_args("demo", mounts=f"{outside}:/mnt/x", workdir="/mnt/x")))
     assert todo.cwd == "/mnt/x" and todo.image is not None and todo.image.kind == "dir"
     assert "PATH" not in todo.env  # no environment file read, the job's PATH withheld
     assert [i.rule for i in _judge(todo).issues] == ["exe-not-found"]
-    mounted = _judge(plan("pyxis", None, False, REASON, ["/mnt/x/tool"], enroot_env, "/",
-                          args=_args("demo", mounts=f"{outside}:/mnt/x")))
+    mounted = _judge(plan(ContainerStep("pyxis", None, False, REASON, ["/mnt/x/tool"], enroot_env,
+                                        "/", args=_args("demo", mounts=f"{outside}:/mnt/x"))))
     assert [i.rule for i in mounted.issues] == ["exe-arch-mismatch"]
     shutil.rmtree(root)
     root.write_text("not a directory\n")
-    assert "does not exist" in str(plan("pyxis", None, False, REASON, ["tool"], enroot_env,
-                                        "/", args=_args("demo")).skipped)
+    assert "does not exist" in str(plan(ContainerStep("pyxis", None, False, REASON, ["tool"],
+                                                      enroot_env, "/", args=_args("demo"))).skipped)

@@ -21,8 +21,8 @@ from grace_policy.findings import Finding, Verdict
 def _line(**over: object) -> str:
     verdict = Verdict(action="warn", mode="warn", partition="warnp", findings=(
         Finding("exe-arch-mismatch", "error", "/home/u/tool", "Exec format error", "fix"),))
-    fields = audit.record_fields(verdict, job_id=1, step_id=0, uid=0, node="n",
-                                 elapsed_ms=2.5, program="/home/u/tool")
+    fields = audit.record_fields(verdict, {"job_id": 1, "step_id": 0, "uid": 0, "node": "n",
+                                           "elapsed_ms": 2.5, "program": "/home/u/tool"})
     fields.update(event="decision", time="2026-12-01T08:00:00Z")
     fields.update(over)
     return json.dumps(fields, sort_keys=True)

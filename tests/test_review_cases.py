@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from fixtures.build import AARCH64_LOADER, ElfBuilder, loader_list, src
 
-from grace_policy.decide import decide
+from grace_policy.decide import StepRequest, decide
 from grace_policy.node import NodeProfile, detect
 from grace_policy.policy import Limits, Policy
 
@@ -22,8 +22,8 @@ GRACE_FROM_HERE = HOST.with_overrides(machine="aarch64", page_size=65536)
 
 def _rules(argv: list[str], env: dict[str, str] | None = None, *, node: NodeProfile = HOST,
            policy: Policy | None = None, cwd: str = "/") -> tuple[str, list[str]]:
-    v = decide(policy or Policy(), partition=None, argv=argv, env=env or {"PATH": "/usr/bin"},
-               cwd=cwd, node=node)
+    v = decide(policy or Policy(), StepRequest(partition=None, argv=argv,
+                                               env=env or {"PATH": "/usr/bin"}, cwd=cwd, node=node))
     return v.action, [f.rule for f in v.findings]
 
 

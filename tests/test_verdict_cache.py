@@ -18,7 +18,7 @@ import pytest
 from fixtures.build import ElfBuilder, src
 
 from grace_policy import fsprobe, verdict_cache
-from grace_policy.decide import decide
+from grace_policy.decide import StepRequest, decide
 from grace_policy.policy import Policy
 
 ENV_NAMES = ("PATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "CONDA_PREFIX")
@@ -26,7 +26,8 @@ ENV_NAMES = ("PATH", "LD_LIBRARY_PATH", "VIRTUAL_ENV", "CONDA_PREFIX")
 
 def _entry(argv0: str, env: dict[str, str], cwd: str = "/") -> tuple[str, list]:
     probes: list[tuple[str, str, str]] = []
-    verdict = decide(Policy(), partition="p", argv=[argv0], env=env, cwd=cwd, probes=probes)
+    verdict = decide(Policy(), StepRequest(partition="p", argv=[argv0], env=env, cwd=cwd),
+                     probes=probes)
     assert verdict_cache.cacheable(verdict), verdict
     ins = verdict_cache.inputs(argv0=argv0, cwd=cwd, partition="p", user_mode=None, env=env,
                                env_names=ENV_NAMES)
@@ -192,9 +193,9 @@ def test_a_python_step_records_its_own_arguments_as_c_reads_them(tmp_path) -> No
     tool.write_text(f"#!{venv}/bin/python\nimport json\n")
     tool.chmod(0o755)
     fsprobe.start()
-    verdict = decide(Policy(), partition=None, argv=[str(tool), "--epochs", "3"],
-                     env={"PATH": "/usr/bin", "HOME": str(tmp_path)}, cwd=str(tmp_path),
-                     node=None)
+    verdict = decide(Policy(), StepRequest(partition=None, argv=[str(tool), "--epochs", "3"],
+                                           env={"PATH": "/usr/bin", "HOME": str(tmp_path)},
+                                           cwd=str(tmp_path), node=None))
     records = fsprobe.stop()
     assert verdict.action == "allow", verdict.findings
     inputs = [(name, value) for op, name, value in records if op == "i"]
@@ -208,9 +209,9 @@ def test_a_shell_step_records_no_arguments(tmp_path) -> None:  # type: ignore[no
     # 'srun bash -c ...' loops: what bash's environment holds does not depend
     # on the command string, so one cache entry serves them all.
     fsprobe.start()
-    verdict = decide(Policy(), partition=None, argv=["/bin/bash", "-c", "echo 1"],
-                     env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}, cwd=str(tmp_path),
-                     node=None)
+    verdict = decide(Policy(), StepRequest(partition=None, argv=["/bin/bash", "-c", "echo 1"],
+                                           env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+                                           cwd=str(tmp_path), node=None))
     records = fsprobe.stop()
     assert verdict.action == "allow", verdict.findings
     assert not [r for r in records if r[0] == "i"], records
@@ -239,7 +240,8 @@ def _venv(tmp_path: Path) -> Path:
 
 def _py_entry(argv: list[str], env: dict[str, str], cwd: str) -> str:
     probes: list[tuple[str, str, str]] = []
-    verdict = decide(Policy(), partition="p", argv=argv, env=env, cwd=cwd, probes=probes)
+    verdict = decide(Policy(), StepRequest(partition="p", argv=argv, env=env, cwd=cwd),
+                     probes=probes)
     assert verdict_cache.cacheable(verdict), verdict.findings
     ins = verdict_cache.inputs(argv0=argv[0], cwd=cwd, partition="p", user_mode=None, env=env,
                                env_names=STEP_ENV_NAMES)
@@ -334,7 +336,8 @@ def test_an_entry_names_the_node_it_was_made_for() -> None:
 
 def _probes_of(argv: list[str], env: dict[str, str], cwd: str) -> list[tuple[str, str, str]]:
     probes: list[tuple[str, str, str]] = []
-    verdict = decide(Policy(), partition="p", argv=argv, env=env, cwd=cwd, probes=probes)
+    verdict = decide(Policy(), StepRequest(partition="p", argv=argv, env=env, cwd=cwd),
+                     probes=probes)
     assert verdict_cache.cacheable(verdict), verdict.findings
     return probes
 

@@ -27,7 +27,7 @@ from bench.core import elf_files
 from grace_policy.budget import Budget
 from grace_policy.check import check_step
 from grace_policy.elf import read_elf
-from grace_policy.loader import Process
+from grace_policy.loader import Loading, Process
 from grace_policy.node import detect, host_machine
 from grace_policy.rules import Catalogue
 
@@ -380,7 +380,7 @@ def test_debian_sid_files_match_the_loader() -> None:
         info = read_elf(path)
         if info.machine != 62 or not info.needed:
             continue
-        tree = Process(path, info, node, ENV, exec_origin=False).tree
+        tree = Process(path, info, node, ENV, Loading(exec_origin=False)).tree
         ours = {f"{path}: {v.message()}" for v in tree.versions if v.kind == "missing"}
         real = _real_version_lines(path)
         if ours != real:

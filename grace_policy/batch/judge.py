@@ -15,12 +15,12 @@ from collections.abc import Mapping, Sequence
 from .._record import replace
 from ..budget import Budget, BudgetExceeded
 from ..findings import SEVERITY_RANK, Finding, Issue, Verdict
-from ..policy import Policy
+from ..policy import EnvPolicy, Policy
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ..check import StepReport
-    from ..exempt import Who
+    from ..decide import StepRequest
     from ..node import NodeProfile
     from .walk import Command, Reading
 
@@ -91,20 +91,16 @@ def read_script(script: str, args: Sequence[str], env: Mapping[str, str], cwd: s
         return Reading(skipped=f"no shell parser ({exc})")
 
 
-def decide_batch(policy: Policy, *, partition: str | None, argv: Sequence[str],
-                 env: Mapping[str, str], cwd: str, node: NodeProfile | None = None,
-                 user_lowered_mode: str | None = None, who: Who | None = None,
-                 today: str | None = None, probes: list[tuple[str, str, str]] | None = None,
-                 container: str | None = None) -> Verdict:
+def decide_batch(policy: Policy, step: StepRequest, *,
+                 probes: list[tuple[str, str, str]] | None = None) -> Verdict:
     """The verdict of a batch step whose program is ``argv[0]``, the job's
     script. Never raises: a failure of the reading keeps the script's own
     verdict and notes why (a crash here must not change what the plugin did
     before this reader existed)."""
     from ..decide import decide
 
-    own = decide(policy, partition=partition, argv=argv, env=env, cwd=cwd, node=node,
-                 user_lowered_mode=user_lowered_mode, container=container, probes=probes,
-                 who=who, today=today)
+    own = decide(policy, step, probes=probes)
+    argv, partition = step.argv, step.partition
     if own.skipped or own.error or not argv:
         return own
     if any(f.rule == "exe-unreadable" and f.path == argv[0] for f in own.findings) \
@@ -115,23 +111,23 @@ def decide_batch(policy: Policy, *, partition: str | None, argv: Sequence[str],
                                           if not (f.rule == "exe-unreadable"
                                                   and f.path == argv[0])))
     try:
-        return _with_lines(policy, own, partition, argv, env, cwd, node, who, today)
+        return _with_lines(policy, own, step)
     except (BudgetExceeded, MemoryError) as exc:
         from ..budget import OUT_OF_MEMORY
         from ..decide import _limit_verdict
 
         limit = OUT_OF_MEMORY if isinstance(exc, MemoryError) else str(exc)
-        return _limit_verdict(policy, own.mode, partition, limit, findings=own.findings,
-                              found_action=own.action, env=own.env, exempted=own.exempted)
+        return _limit_verdict(policy, own.mode, partition, limit, own)
     except Exception as exc:  # the reader is new: never worse than without it
         return replace(own, error=f"batch script not read: internal error: "
                                   f"{type(exc).__name__}: {exc}")
 
 
-def _with_lines(policy: Policy, own: Verdict, partition: str | None, argv: Sequence[str],
-                env: Mapping[str, str], cwd: str, node: NodeProfile | None,
-                who: Who | None, today: str | None) -> Verdict:
+def _with_lines(policy: Policy, own: Verdict, step: StepRequest) -> Verdict:
     from ..decide import _limit_verdict, action_for, node_for
+
+    partition, argv, env, cwd = step.partition, step.argv, step.env, step.cwd
+    who, today = step.who, step.today
 
     if any(f.rule == "exe-arch-mismatch" or f.rule == "interp-missing"
            for f in own.findings if f.severity == "error"):
@@ -141,7 +137,7 @@ def _with_lines(policy: Policy, own: Verdict, partition: str | None, argv: Seque
     shell = shebang_shell(argv[0], budget)
     if shell is None:
         return own  # not a sh/bash script: judged as any program
-    node = node or node_for(policy, partition)
+    node = step.node or node_for(policy, partition)
     start_env = own.env.apply(dict(env))
     reading = read_script(argv[0], argv[1:], start_env, cwd, budget, shell=shell)
     if reading.skipped:
@@ -176,11 +172,11 @@ def _with_lines(policy: Policy, own: Verdict, partition: str | None, argv: Seque
     findings = tuple(sorted((*kept_own, *lines), key=lambda f: SEVERITY_RANK[f.severity]))
     action = action_for(own.mode, findings)
     limit = limit or reading.limit
+    found = Verdict(action=action, mode=own.mode, partition=partition, findings=findings,
+                    env=env_changes, exempted=exempted)
     if limit is not None:
-        return _limit_verdict(policy, own.mode, partition, limit, findings=findings,
-                              found_action=action, env=env_changes, exempted=exempted)
-    return Verdict(action=action, mode=own.mode, partition=partition, findings=findings,
-                   env=env_changes, exempted=exempted)
+        return _limit_verdict(policy, own.mode, partition, limit, found)
+    return found
 
 
 def _uncertain(policy: Policy, where: tuple[int, str], node: NodeProfile,
@@ -264,7 +260,7 @@ def _judge(policy: Policy, reading: Reading, node: NodeProfile, partition: str |
            budget: Budget, start_env: Mapping[str, str]
            ) -> tuple[list[tuple[Finding, Command]], str | None]:
     """Every distinct command, judged once (a loop of ``srun hostname`` is one)."""
-    from ..check import check_step
+    from ..check import CheckInput, check
     from ..decide import finding_context
     from ..rules import Catalogue
 
@@ -284,10 +280,9 @@ def _judge(policy: Policy, reading: Reading, node: NodeProfile, partition: str |
             if issues is None:
                 if len(seen) >= MAX_COMMANDS:
                     return out, f"the batch script runs more than {MAX_COMMANDS} commands"
-                report = check_step(list(argv), cmd.env, cmd.cwd, node,
-                                    env_vars=policy.env.vars,
-                                    env_strip=policy.env.strip if cmd.srun else "never",
-                                    budget=budget, cuda_index=cuda)
+                report = check(CheckInput(list(argv), cmd.env, cmd.cwd, node, budget=budget,
+                                          env_rules=_env_rules(policy, cmd),
+                                          cuda_index=cuda))
                 if not report.issues and report.limit is None:
                     report = _in_image(argv, cmd, node, policy, budget, cuda) or report
                 issues = tuple(_own_causes(i, cmd.env, start_env) for i in report.issues
@@ -326,11 +321,17 @@ def _in_image(argv: Sequence[str], cmd: Command, node: NodeProfile, policy: Poli
     todo = plan_apptainer(argv, cmd.env, cmd.cwd)
     if todo is None or todo.image is None:
         return None
-    from ..check import check_step
+    from ..check import CheckInput, check
 
-    return check_step(list(todo.argv), todo.env, todo.cwd, node, env_vars=policy.env.vars,
-                      env_strip=policy.env.strip if cmd.srun else "never", budget=budget,
-                      cuda_index=cuda, image=todo.image)
+    return check(CheckInput(list(todo.argv), todo.env, todo.cwd, node, budget=budget,
+                            image=todo.image, env_rules=_env_rules(policy, cmd),
+                            cuda_index=cuda))
+
+
+def _env_rules(policy: Policy, cmd: Command) -> EnvPolicy:
+    """An srun line's leaked variables are stripped as the plugin would
+    strip them; a line the script runs itself keeps its environment."""
+    return policy.env if cmd.srun else replace(policy.env, strip="never")
 
 
 def _own_causes(issue: Issue, env: Mapping[str, str], start: Mapping[str, str]) -> Issue:

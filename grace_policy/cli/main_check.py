@@ -248,7 +248,7 @@ def _open_pulled(pulled, step: RegistryStep):  # type: ignore[no-untyped-def]
 def _execute_local(args: argparse.Namespace, rest: list[str] | None,
                    image) -> int:  # type: ignore[no-untyped-def]
     from ..compiled import load_policy
-    from ..decide import decide
+    from ..decide import StepRequest, decide
     from ..policy import ConfigError
 
     command = _command(args, rest, image.args if image is not None else ())
@@ -284,11 +284,11 @@ def _execute_local(args: argparse.Namespace, rest: list[str] | None,
         from ..batch.judge import decide_batch
 
         env.setdefault("SLURM_SUBMIT_DIR", cwd)
-        verdict = decide_batch(policy, partition=args.partition, argv=command, env=env,
-                               cwd=cwd, node=node, who=who)
+        verdict = decide_batch(policy, StepRequest(partition=args.partition, argv=command, env=env,
+                                                   cwd=cwd, node=node, who=who))
     else:
-        verdict = decide(policy, partition=args.partition, argv=command, env=env, cwd=cwd,
-                         node=node, who=who, image=image)
+        verdict = decide(policy, StepRequest(partition=args.partition, argv=command, env=env,
+                                             cwd=cwd, node=node, who=who, image=image))
     crashed = bool(verdict.error and verdict.error.startswith("internal error"))
     assumed = _node_interpreter(command, env, cwd, node)
     if args.json:
@@ -337,7 +337,7 @@ def _execute_registry(args: argparse.Namespace, rest: list[str] | None,
     """The login-node question for a registry image: what the plugin will
     decide from the manifest and config alone (nothing is pulled)."""
     from ..compiled import load_policy
-    from ..decide import decide
+    from ..decide import StepRequest, decide
     from ..messages import PREFIX, escape
     from ..policy import ConfigError
 
@@ -355,8 +355,8 @@ def _execute_registry(args: argparse.Namespace, rest: list[str] | None,
         from ..exempt import Who
 
         who = Who.current()
-    verdict = decide(policy, partition=args.partition, argv=command, env=job_env(args),
-                     cwd="/", node=node, who=who, registry=step)
+    verdict = decide(policy, StepRequest(partition=args.partition, argv=command, env=job_env(args),
+                                         cwd="/", node=node, who=who, registry=step))
     found = step.seen.get("found")
     if args.json:
         out = verdict.to_json()

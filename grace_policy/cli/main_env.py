@@ -73,6 +73,7 @@ def execute(args: argparse.Namespace, rest: list[str] | None) -> int:
     from ..budget import Budget
     from ..check import environment_report
     from ..compiled import load_policy
+    from ..context import StepContext
     from ..decide import finding_context
     from ..messages import PREFIX, escape
     from ..policy import ConfigError
@@ -93,8 +94,9 @@ def execute(args: argparse.Namespace, rest: list[str] | None) -> int:
     note_unknown_partition(args, policy)
     part = policy.partition(args.partition)
     budget = Budget(60_000, 100_000, 1 << 34)  # a person asking can wait
-    own, groups = environment_report(python, env, cwd, node, budget, imports=args.imports,
-                                     cuda_index=part.cuda_index if part else None)
+    ctx = StepContext(node=node, env=env, cwd=cwd, budget=budget,
+                      cuda_index=part.cuda_index if part else None)
+    own, groups = environment_report(python, ctx, imports=args.imports)
     from ..python.nodeinterp import basis
 
     assumed = basis(python, node, budget)

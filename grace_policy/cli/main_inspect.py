@@ -144,7 +144,7 @@ def _inspect(path: str, info: ElfInfo, node: NodeProfile, env: Mapping[str, str]
     """
     from ..budget import Budget
     from ..causes import path_causes
-    from ..check import check_elf, elf_summary
+    from ..check import Started, check_elf, elf_summary
     from ..context import StepContext
     from ..decide import finding_context
     from ..findings import Issue
@@ -158,8 +158,8 @@ def _inspect(path: str, info: ElfInfo, node: NodeProfile, env: Mapping[str, str]
     budget = Budget(max(limits.deadline_ms, 10_000), max(limits.max_files, 100_000),
                     max(limits.max_bytes, 1 << 30))
     ctx = StepContext(node=node, env=env, cwd=os.getcwd(), budget=budget)
-    tree = check_elf(path, ctx, issues, lambda p: path_causes(p, env), via_script=None,
-                     as_program=_kernel_mapped(info))
+    tree = check_elf(path, ctx, issues, lambda p: path_causes(p, env),
+                     Started(as_program=_kernel_mapped(info)))
     out["runs_on_node"] = not any(i.rule == "exe-arch-mismatch" for i in issues)
     by_path: dict[str, list[str]] = {}
     for issue in issues:

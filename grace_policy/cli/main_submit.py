@@ -63,10 +63,11 @@ def execute(args: argparse.Namespace, rest: list[str] | None) -> int:
     else:
         if not words:
             return 0  # salloc without a command starts the user's shell
-        from ..decide import decide
+        from ..decide import StepRequest, decide
 
-        verdict = decide(policy, partition=args.partition, argv=words, env=env, cwd=cwd,
-                         node=node)
+        verdict = decide(policy,
+                         StepRequest(partition=args.partition, argv=words, env=env, cwd=cwd,
+                                     node=node))
     if verdict.skipped or not verdict.findings:
         return 0
     if verdict.error and verdict.error.startswith("internal error"):
@@ -80,6 +81,7 @@ def execute(args: argparse.Namespace, rest: list[str] | None) -> int:
 
 def _batch(policy, args, words, env, cwd, node):  # type: ignore[no-untyped-def]
     from ..batch.judge import decide_batch
+    from ..decide import StepRequest
 
     if args.wrap is not None:
         import tempfile
@@ -89,8 +91,8 @@ def _batch(policy, args, words, env, cwd, node):  # type: ignore[no-untyped-def]
             handle.write(_WRAP.format(args.wrap))
         os.chmod(handle.name, 0o700)
         try:
-            return decide_batch(policy, partition=args.partition, argv=[handle.name],
-                                env=env, cwd=cwd, node=node)
+            return decide_batch(policy, StepRequest(partition=args.partition, argv=[handle.name],
+                                                    env=env, cwd=cwd, node=node))
         finally:
             os.unlink(handle.name)
     if not args.script:
@@ -98,8 +100,8 @@ def _batch(policy, args, words, env, cwd, node):  # type: ignore[no-untyped-def]
     if not os.path.isfile(args.script):
         raise UsageError("--script: not a file")
     script = os.path.abspath(args.script)
-    return decide_batch(policy, partition=args.partition, argv=[script, *words], env=env,
-                        cwd=cwd, node=node)
+    return decide_batch(policy, StepRequest(partition=args.partition, argv=[script, *words],
+                                            env=env, cwd=cwd, node=node))
 
 
 def _lines(verdict, policy, args, refuse: bool) -> list[str]:  # type: ignore[no-untyped-def]

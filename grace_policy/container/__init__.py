@@ -15,11 +15,37 @@ Nothing here is imported by a host step.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 from .._record import dataclass
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ..image import Image
+
+
+@dataclass(frozen=True)
+class ContainerStep:
+    """A container step as the C side found it (grace_container.c): which
+    runtime runs it, its image, and the step as slurmstepd will start it."""
+
+    #: ``pyxis``, ``oci`` or ``oci-bundle``.
+    kind: str
+    #: The image (a path, a registry reference, a bundle), as the runtime has it.
+    image: str | None
+    #: The image is a local file (not pulled by pyxis after the check).
+    local: bool
+    #: Why the step is a container step (names every skip in the audit line).
+    reason: str
+    argv: Sequence[str]
+    env: Mapping[str, str]
+    cwd: str
+    #: The runtime's own options as C read them ("key=value" lines).
+    args: str | None = None
+    #: The job's batch step (argv[0] is slurmd's copy of the script).
+    batch: bool = False
+    #: A cap on the image's inodes (tests; None: the reader's default).
+    max_inodes: int | None = None
 
 
 @dataclass(frozen=True)

@@ -3,26 +3,22 @@ bridge calls (C says which runtime runs the step, grace_container.c)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-
 from ..budget import Budget, BudgetExceeded
-from . import Plan
+from . import ContainerStep, Plan
 
 
-def plan(kind: str, image: str | None, local: bool, reason: str, argv: Sequence[str],
-         env: Mapping[str, str], cwd: str, *, max_inodes: int | None = None,
-         args: str | None = None, batch: bool = False, budget: Budget | None = None) -> Plan:
-    """The step as it will run in its container. Never raises. ``args``: the
-    runtime's own options as C read them ("key=value" lines); ``batch``:
-    the job's batch step (argv[0] is slurmd's copy of the script);
-    ``budget``: the step's (the image is read under it from its first
-    byte; running out is ``Plan.limit``)."""
+def plan(step: ContainerStep, budget: Budget | None = None) -> Plan:
+    """The step as it will run in its container. Never raises. ``budget``:
+    the step's (the image is read under it from its first byte; running out
+    is ``Plan.limit``)."""
     budget = budget or Budget()
+    kind, image, reason = step.kind, step.image, step.reason
+    argv, env, cwd, max_inodes = step.argv, step.env, step.cwd, step.max_inodes
     try:
         if kind == "pyxis":
             from .pyxis import plan_pyxis
 
-            lines = _lines(args)
+            lines = _lines(step.args)
             if "uncarried" in lines:  # a named step (never "local") too
                 # C could not pass an option whole (grace_container.c): judging
                 # the image without its mounts would be a guess, and a guess
@@ -31,8 +27,7 @@ def plan(kind: str, image: str | None, local: bool, reason: str, argv: Sequence[
                             skipped=f"{reason}: not judged: a pyxis option "
                                     "(--container-mounts or --container-workdir) is too long "
                                     "for the check to read")
-            return plan_pyxis(image, local, reason, argv, env, cwd, max_inodes=max_inodes,
-                              args=lines, batch=batch, budget=budget)
+            return plan_pyxis(step, lines, budget)
         if kind == "oci":
             from .slurm_oci import plan_oci
 

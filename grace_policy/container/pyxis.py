@@ -28,10 +28,10 @@ What pyxis fails to import or start is pyxis' error to report.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 from ..budget import Budget
-from . import Plan
+from . import ContainerStep, Plan
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -126,10 +126,11 @@ def _bool(value: str | None) -> bool | None:
     return None
 
 
-def plan_pyxis(image: str | None, local: bool, reason: str, argv: Sequence[str],
-               env: Mapping[str, str], cwd: str, *, max_inodes: int | None = None,
-               args: Mapping[str, str] | None = None, batch: bool = False,
+def plan_pyxis(step: ContainerStep, args: Mapping[str, str] | None = None,
                budget: Budget | None = None) -> Plan:
+    """A pyxis step's plan; ``args``: pyxis' options as C read them."""
+    image, local, reason = step.image, step.local, step.reason
+    argv, env, cwd, max_inodes, batch = step.argv, step.env, step.cwd, step.max_inodes, step.batch
     opened: Image | None = None
     if args and args.get("after_pull"):  # asked from task_init: the root pyxis just made
         from .named import plan_after_pull

@@ -17,7 +17,7 @@ import os
 import struct
 
 from . import Image, ImageError
-from .squashfs import SquashView
+from .squashfs import Span, SquashView
 from .view import identity, parse_env_lines
 
 TYPE_CHECKING = False
@@ -109,7 +109,7 @@ def _open(fd: int, path: str, st: os.stat_result, budget: Budget, max_inodes: in
         raise ImageError("the SIF file is truncated (its system partition lies beyond its "
                          "end)")
     arch = _arch(arch_code) or _arch(part_arch)
-    view = SquashView(fd, path, st, budget=budget, base=offset, length=length,
+    view = SquashView(fd, path, st, budget=budget, span=Span(offset, length),
                       max_inodes=max_inodes)
     return Image(path=path, kind="sif", view=view, arch=arch, env=_environment(view),
                  identity=identity(st))

@@ -37,6 +37,7 @@ import os
 import stat as _stat
 import struct
 
+from .._record import dataclass
 from ..budget import Budget, BudgetExceeded
 from . import ImageError
 from .view import Stat, TreeView
@@ -186,6 +187,15 @@ class _Inode:
     )
 
 
+@dataclass(frozen=True)
+class Span:
+    """Where in its file an image lies: from byte ``base``, ``length``
+    bytes (None: to the end). A SIF holds its squashfs at an offset."""
+
+    base: int = 0
+    length: int | None = None
+
+
 class SquashView(TreeView):
     """The files of one squashfs image, at byte ``base`` of an open file.
 
@@ -194,8 +204,9 @@ class SquashView(TreeView):
     is charged to ``budget`` from the superblock on."""
 
     def __init__(self, fd: int, name: str, st: os.stat_result, *, budget: Budget,
-                 base: int = 0, length: int | None = None,
-                 max_inodes: int | None = None) -> None:
+                 span: Span | None = None, max_inodes: int | None = None) -> None:
+        base = span.base if span is not None else 0
+        length = span.length if span is not None else None
         self.fd, self.name, self.base = fd, name, base
         self.host_st = st
         self.length = (st.st_size - base) if length is None else length

@@ -53,7 +53,8 @@ def image_node(node: NodeProfile, budget: Budget | None = None) -> NodeProfile:
     files are all the image's own (no host root, no by-name system files:
     ``root_is_native``), and the loader reads the image's ld.so.cache.
     Call inside the image's view."""
-    return replace(node, root="/", root_is_native=True, glibc=image_glibc(node, budget))
+    return replace(node, root="/", root_is_native=True, glibc=image_glibc(node, budget),
+                   in_image=True)
 
 
 def image_glibc(node: NodeProfile, budget: Budget | None = None) -> tuple[int, int] | None:

@@ -47,11 +47,11 @@ class Stat:
         "st_uid",
     )
 
-    def __init__(self, mode: int, ino: int, dev: int, size: int, mtime_ns: int,
-                 uid: int = 0, gid: int = 0, nlink: int = 1) -> None:
+    def __init__(self, mode: int, ino: int, dev: int, size: int, mtime_ns: int) -> None:
         self.st_mode, self.st_ino, self.st_dev, self.st_size = mode, ino, dev, size
         self.st_mtime_ns = self.st_ctime_ns = mtime_ns
-        self.st_uid, self.st_gid, self.st_nlink = uid, gid, nlink
+        # An image's files belong to whoever the runtime maps its root to.
+        self.st_uid, self.st_gid, self.st_nlink = 0, 0, 1
 
     @property
     def st_mtime(self) -> float:

@@ -206,8 +206,11 @@ def _egg_requires(text: str | None, node: NodeProfile, version: tuple[int, int])
 # -- one distribution ---------------------------------------------------------
 
 
-def _read_dist(meta_host: str, meta_node: str, site_dir: str, entry: str, node: NodeProfile,
+def _read_dist(meta_host: str, site_dir: str, entry: str, node: NodeProfile,
                version: tuple[int, int], budget: Budget) -> Dist | None:
+    """The distribution whose metadata is ``entry`` of ``site_dir`` (a node
+    path), read at ``meta_host`` on this host."""
+    meta_node = os.path.join(site_dir, entry)
     budget.tick()
     is_dist_info = entry.endswith(".dist-info")
     stem = entry[:-len(".dist-info")] if is_dist_info else entry[:-len(".egg-info")]
@@ -266,8 +269,7 @@ def dists_in(site_dir: str, node: NodeProfile, version: tuple[int, int], budget:
         if not entry.endswith(_META_SUFFIXES):
             continue
         budget.tick()
-        dist = _read_dist(os.path.join(host, entry), os.path.join(site_dir, entry), site_dir,
-                          entry, node, version, budget)
+        dist = _read_dist(os.path.join(host, entry), site_dir, entry, node, version, budget)
         if dist is not None:
             out.append(dist)
     return tuple(out)

@@ -38,7 +38,7 @@ from .. import fsprobe
 from .._record import dataclass
 from ..budget import Budget
 from ..node import NodeProfile
-from .finder import Located, find_top_level
+from .finder import Located, Scope, find_top_level
 from .nodepath import host_path, listdir, read_small
 from .suffixes import split_extension
 
@@ -80,20 +80,18 @@ def finder_name(line: str) -> str | None:
     return name
 
 
-def read_finder(line: str, pth: str, entries: Sequence[str], version: tuple[int, int],
-                node: NodeProfile, cwd: str, budget: Budget, *, free_threaded: bool = False
-                ) -> EditableFinder | str | None:
+def read_finder(line: str, pth: str, entries: Sequence[str], suffixes: Sequence[str],
+                scope: Scope, budget: Budget) -> EditableFinder | str | None:
     """What the ``.pth`` import ``line`` installs: an :class:`EditableFinder`,
     a note (str) when the finder cannot be read for sure, or None when the
     line is no editable finder. ``entries``: ``sys.path`` when site.py runs
-    the line (the module is imported through it)."""
-    from .suffixes import extension_suffixes
-
+    the line (the module is imported through it); ``suffixes``: the
+    interpreter's extension suffixes; ``scope``: the node and cwd."""
     name = finder_name(line)
     if name is None:
         return None
-    suffixes = extension_suffixes(version, node.machine, free_threaded=free_threaded)
-    loc = find_top_level(name, entries, suffixes, budget, node=node, cwd=cwd)
+    node, cwd = scope.node, scope.cwd
+    loc = find_top_level(name, entries, suffixes, budget, scope)
     if loc.kind != "source":
         what = "is not on sys.path" if loc.kind == "missing" else f"is a {loc.kind}"
         return f"editable finder {name} (from {pth}) {what}: what it maps was not followed"

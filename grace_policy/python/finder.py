@@ -32,7 +32,7 @@ import stat as _stat
 from collections.abc import Sequence
 
 from .. import fsprobe
-from .._record import dataclass
+from .._record import dataclass, field
 from ..budget import Budget
 from ..node import NodeProfile
 from .nodepath import host_path
@@ -110,19 +110,29 @@ def _valid_name(name: str) -> bool:
     return bool(name) and "." not in name and "/" not in name and "\0" not in name
 
 
+@dataclass(frozen=True)
+class Scope:
+    """Where a search runs: the node whose paths are looked up (None: this
+    host), the working directory ``''`` and relative entries are against,
+    and the directory listings shared by several searches (pass the same
+    dict to list each directory once, as ``sys.path_importer_cache`` does
+    for the real importer)."""
+
+    node: NodeProfile | None = None
+    cwd: str = "/"
+    listings: dict[str, _Dir | None] | None = field(default=None, compare=False)
+
+
 def find_top_level(name: str, entries: Sequence[str], suffixes: Sequence[str], budget: Budget,
-                   *, node: NodeProfile | None = None, cwd: str = "/",
-                   listings: dict[str, _Dir | None] | None = None) -> Located:
+                   scope: Scope | None = None) -> Located:
     """Where the node's ``import name`` (a top-level name) is found.
 
-    ``entries``: sys.path in order (node paths; ``''`` and relative entries
-    are against ``cwd``). ``suffixes``: the node's extension suffixes
-    (:func:`suffixes.extension_suffixes`). ``listings``: pass the same dict to
-    several calls to list each directory once (what ``sys.path_importer_cache``
-    does for the real importer).
+    ``entries``: sys.path in order (node paths). ``suffixes``: the node's
+    extension suffixes (:func:`suffixes.extension_suffixes`).
     """
-    if listings is None:
-        listings = {}
+    scope = scope or Scope()
+    node, cwd = scope.node, scope.cwd
+    listings = scope.listings if scope.listings is not None else {}
     if not _valid_name(name):
         return Located(name=name, kind="missing", path="", entry="")
     loaders = [(s, "extension") for s in suffixes]
@@ -168,8 +178,7 @@ def find_top_level(name: str, entries: Sequence[str], suffixes: Sequence[str], b
 
 
 def find_module(dotted: str, entries: Sequence[str], suffixes: Sequence[str], budget: Budget,
-                *, node: NodeProfile | None = None, cwd: str = "/",
-                listings: dict[str, _Dir | None] | None = None) -> Located:
+                scope: Scope | None = None) -> Located:
     """Where the node's ``import a.b.c`` finds ``a.b.c`` (e.g. for ``-m a.b.c``).
 
     The top-level name on ``entries``, then each further name in its
@@ -179,13 +188,12 @@ def find_module(dotted: str, entries: Sequence[str], suffixes: Sequence[str], bu
     modelled: ``__init__`` code that changes ``__path__`` (pkgutil-style
     namespaces). ``entry`` is the sys.path entry of the top-level package.
     """
-    if listings is None:
-        listings = {}
+    if scope is None or scope.listings is None:
+        scope = Scope(scope.node if scope else None, scope.cwd if scope else "/", {})
     parts = dotted.split(".")
     if not all(_valid_name(p) for p in parts):
         return Located(name=dotted, kind="missing", path="", entry="")
-    loc = find_top_level(parts[0], entries, suffixes, budget, node=node, cwd=cwd,
-                         listings=listings)
+    loc = find_top_level(parts[0], entries, suffixes, budget, scope)
     entry = loc.entry
     for part in parts[1:]:
         if loc.kind == "package":
@@ -195,8 +203,7 @@ def find_module(dotted: str, entries: Sequence[str], suffixes: Sequence[str], bu
         else:
             return Located(name=dotted, kind="missing", path="", entry=entry,
                            foreign=loc.foreign)
-        loc = find_top_level(part, dirs, suffixes, budget, node=node, cwd=cwd,
-                             listings=listings)
+        loc = find_top_level(part, dirs, suffixes, budget, scope)
     return Located(name=dotted, kind=loc.kind, path=loc.path, entry=entry if loc.path else "",
                    foreign=loc.foreign, portions=loc.portions)
 

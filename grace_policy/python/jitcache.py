@@ -31,8 +31,9 @@ from __future__ import annotations
 import stat as _stat
 
 from .. import fsprobe
-from ..elf import ElfError, machine_name, read_head
+from ..elf import ElfError, read_head
 from ..findings import Issue
+from ..node import Ident
 from .nodepath import host_path, scandir
 
 TYPE_CHECKING = False
@@ -131,9 +132,10 @@ def _foreign_machine(host: str, node: NodeProfile, budget: Budget) -> str | None
     if e_type not in (2, 3):  # ET_EXEC, ET_DYN: what a loader maps
         return None
     machine = int.from_bytes(head[18:20], order)
-    if machine == node.machine_number and head[4] == node.elf_class:
+    ident = Ident(machine, head[4], head[5])
+    if node.runs(ident):
         return None
-    name = machine_name(machine)
+    name = node.arch_of(ident)
     return name if head[4] == node.elf_class else f"{name} ({32 * head[4]}-bit)"
 
 

@@ -81,8 +81,7 @@ class Judge:
         except OSError:
             return []  # unreadable or gone: the import would say so itself
         node = self.node
-        if (info.machine != node.machine_number or info.elf_class != node.elf_class
-                or info.data != node.data):
+        if not node.runs(info):
             return [Issue(
                 "py-ext-arch", path,
                 f"{via}: {path}: cannot open shared object file: No such file or directory",
@@ -150,7 +149,7 @@ class Judge:
 
     def _own(self, issue: Issue, path: str, via: str) -> Issue:
         facts = issue.facts
-        if issue.rule.startswith("page-") and node_owns(path):
+        if issue.rule.startswith("page-") and node_owns(self.node, path):
             # As for programs: the node's own files are built for its pages.
             facts = (*facts, ("max_severity", "info"))
         return Issue(issue.rule, issue.path, import_error(issue.predicted_error, via),

@@ -29,13 +29,13 @@ from .. import fsprobe
 from .._record import dataclass, replace
 from ..budget import Budget, BudgetExceeded
 from ..elf import ET_DYN, ElfError, ElfInfo, machine_name, read_elf
-from ..loader import CANONICAL_INTERP, Process
+from ..loader import CANONICAL_INTERP, Loading, Process
 from ..node import NodeProfile, node_owns
 
 
 def is_node_build(path: str, node: NodeProfile) -> bool:
     """Whether the node runs its own build of ``path``, not this host's file."""
-    return not node.root_is_native and node_owns(path)
+    return not node.root_is_native and node_owns(node, path)
 
 
 def node_build(path: str, local: ElfInfo | None, node: NodeProfile) -> ElfInfo:
@@ -63,7 +63,7 @@ def node_process(path: str, local: ElfInfo | None, node: NodeProfile, env: Mappi
                  cwd: str, budget: Budget) -> Process:
     """The loader's view of the node's own build of ``path``: what its
     extension modules are ``dlopen``-ed from."""
-    return Process(path, node_build(path, local, node), node, env, cwd=cwd, budget=budget)
+    return Process(path, node_build(path, local, node), node, env, Loading(cwd=cwd, budget=budget))
 
 
 @dataclass(frozen=True)

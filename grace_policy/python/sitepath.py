@@ -41,14 +41,14 @@ from __future__ import annotations
 
 import os
 import stat as _stat
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 
 from .. import fsprobe
 from .._record import dataclass
-from ..budget import Budget, BudgetExceeded
+from ..budget import BudgetExceeded
+from ..context import StepContext
 from ..elf import ElfError, open_regular
 from ..loader import host_path
-from ..node import NodeProfile
 from .interp import (
     Interpreter,
     PyCommand,
@@ -63,6 +63,7 @@ from .interp import (
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from ..node import NodeProfile
     from .editable import EditableFinder
 
 #: pyvenv.cfg and .pth files are small; a bigger one is read up to this.
@@ -79,12 +80,12 @@ SYSTEM_PYTHON_DIRS = ("/usr/lib/python", "/usr/lib64/python", "/usr/local/lib/py
                       "/usr/local/lib64/python", "/lib/python", "/lib64/python")
 
 
-def is_system(path: str) -> bool:
+def is_system(path: str, node: NodeProfile) -> bool:
     """Whether ``path`` is the node's own distribution Python. Never inside
-    an image (a view is in use): there these directories are the image's,
+    an image (``node.in_image``): there these directories are the image's,
     where ``pip install`` and apt put what the step imports, and nothing
     else judges them."""
-    return fsprobe.current_view() is None and path.startswith(SYSTEM_PYTHON_DIRS)
+    return not node.in_image and path.startswith(SYSTEM_PYTHON_DIRS)
 
 
 @dataclass(frozen=True)
@@ -137,8 +138,8 @@ def abspath(path: str, cwd: str) -> str:
 
 class _Model:
     def __init__(self, interp: Interpreter, flags: PyFlags, command: PyCommand,
-                 env: Mapping[str, str], cwd: str, node: NodeProfile,
-                 budget: Budget) -> None:
+                 ctx: StepContext) -> None:
+        env, cwd, node, budget = ctx.env, ctx.cwd, ctx.node, ctx.budget
         self.interp = interp
         self.version = interp.version
         self.flags = flags
@@ -202,7 +203,7 @@ class _Model:
             return data.decode("utf-8", "surrogateescape")
 
     def add(self, path: str, kind: str, origin: str) -> None:
-        self.entries.append(PathEntry(path, kind, origin, is_system(path)))
+        self.entries.append(PathEntry(path, kind, origin, is_system(path, self.node)))
 
     @property
     def xy(self) -> str:
@@ -330,7 +331,7 @@ class _Model:
             p = abspath(e.path, self.cwd)
             if p not in self.known:
                 self.known.add(p)
-                kept.append(PathEntry(p, e.kind, e.origin, is_system(p)))
+                kept.append(PathEntry(p, e.kind, e.origin, is_system(p, self.node)))
         self.entries = kept
         self.debian = self.is_debian_site()
         prefixes = [self.prefix, self.exec_prefix]
@@ -473,11 +474,14 @@ class _Model:
         """A setuptools editable finder the line installs: read (never run)
         through sys.path as it stands now, as site.py's exec would import it."""
         from .editable import read_finder
+        from .finder import Scope
+        from .suffixes import extension_suffixes
 
+        suffixes = extension_suffixes(self.version, self.node.machine,
+                                      free_threaded=bool(self.abi_thread))
         found = read_finder(line, fullname, [e.path for e in self.entries
-                                             if e.kind != "editable-hook"], self.version,
-                            self.node, self.cwd, self.budget,
-                            free_threaded=bool(self.abi_thread))
+                                             if e.kind != "editable-hook"], suffixes,
+                            Scope(self.node, self.cwd), self.budget)
         if found is None:
             return
         if isinstance(found, str):
@@ -524,7 +528,7 @@ class _Model:
                 # even under -I/-P (pymain_run_python adds the importer's
                 # path first); as given before 3.9, made absolute after
                 p = script if v < (3, 9) else full
-                self.entries.insert(0, PathEntry(p, "script-dir", script, is_system(p)))
+                self.entries.insert(0, PathEntry(p, "script-dir", script, is_system(p, self.node)))
                 return
         if self.flags.isolated:
             return
@@ -532,12 +536,12 @@ class _Model:
             return
         if cmd.kind in ("code", "stdin"):
             entry = PathEntry("", "cwd", "-c" if cmd.kind == "code" else "stdin",
-                              is_system(self.cwd))
+                              is_system(self.cwd, self.node))
         elif cmd.kind == "module":
-            entry = PathEntry(self.cwd, "cwd", "-m", is_system(self.cwd))
+            entry = PathEntry(self.cwd, "cwd", "-m", is_system(self.cwd, self.node))
         else:
             p = os.path.dirname(node_realpath(self.node, full))
-            entry = PathEntry(p, "script-dir", script, is_system(p))
+            entry = PathEntry(p, "script-dir", script, is_system(p, self.node))
         self.entries.insert(0, entry)
 
     def is_importable_main(self, path: str) -> bool:
@@ -600,11 +604,12 @@ def _parents(directory: str) -> list[str]:
     return out
 
 
-def sys_path(interp: Interpreter, flags: PyFlags, command: PyCommand, env: Mapping[str, str],
-             cwd: str, node: NodeProfile, budget: Budget) -> SysPath:
-    """The interpreter's sys.path for this command, in order. Never raises
-    on odd files; BudgetExceeded propagates."""
-    m = _Model(interp, flags, command, env, cwd, node, budget)
+def sys_path(interp: Interpreter, flags: PyFlags, command: PyCommand,
+             ctx: StepContext) -> SysPath:
+    """The interpreter's sys.path for this command, in order, in the step's
+    environment, working directory and node (``ctx``). Never raises on odd
+    files; BudgetExceeded propagates."""
+    m = _Model(interp, flags, command, ctx)
     m.venv = None
     m.system_site = True
     m.user_site = None

@@ -21,15 +21,13 @@ import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from .. import fsprobe
-from .._record import dataclass
+from .._record import dataclass, replace
 from ..budget import Budget
 from ..context import StepContext
-from ..elf import ElfInfo
 from ..findings import Issue
 from ..launch import Hop
 from ..layout import code_page_issues
-from ..loader import Process
-from ..node import NodeProfile
+from ..loader import Loading, Process
 from .contents import Loadables, classify, record_files
 from .dists import Dist
 from .finder import Located
@@ -40,7 +38,6 @@ from .sitepath import SysPath, is_system
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from ..cuda.stepcheck import GpuCheck
     from .interp import PyCommand
 
 Causes = Callable[[str], tuple[str, ...]]
@@ -127,26 +124,27 @@ def decisive_args(args: Sequence[str], step_args: int, command: PyCommand) -> in
     return max(0, consumed - (len(args) - step_args))
 
 
-def python_issues(exe: str, info: ElfInfo, process: Process, hops: Sequence[Hop],
-                  argv: Sequence[str], ctx: StepContext, causes: Causes) -> list[Issue]:
-    """Issues of what ``exe`` (already judged as a program) will import
-    when it is a CPython interpreter; ``[]`` for any other program."""
-    env, cwd, node, budget, cuda_index = ctx.env, ctx.cwd, ctx.node, ctx.budget, ctx.cuda_index
+def python_issues(exe: str, process: Process, hops: Sequence[Hop], argv: Sequence[str],
+                  ctx: StepContext, causes: Causes) -> list[Issue]:
+    """Issues of what ``exe`` (already judged as a program, loaded by
+    ``process``) will import when it is a CPython interpreter; ``[]`` for
+    any other program."""
+    env, cwd, node, budget = ctx.env, ctx.cwd, ctx.node, ctx.budget
     from .interp import identify, parse_python_argv
 
-    interp = identify(exe, info, node, budget)
+    interp = identify(exe, process.main.info, node, budget)
     if interp is None:
         name = os.path.basename(exe)
         if name in SHELLS:
             _note_inputs(None, env)
-            return shell_env_issues(env, cwd, node, budget, causes, cuda_index=cuda_index)
+            return shell_env_issues(ctx, causes)
         if name in LAUNCHERS:
             # only "run" as the first word matters (uv's other commands and
             # arguments are not judged)
             _note_inputs(argv[1:], env, 1 if len(argv) > 1 else None)
             if argv[1:2] == ["run"]:
                 venv = uv_project_env(env, cwd, budget)
-                return shell_env_issues(env, cwd, node, budget, causes, cuda_index=cuda_index,
+                return shell_env_issues(ctx, causes,
                                         first=(f"{venv}/bin/python",) if venv else ())
         return []
     args = interpreter_args(hops, argv)
@@ -156,7 +154,7 @@ def python_issues(exe: str, info: ElfInfo, process: Process, hops: Sequence[Hop]
         return []
     from .sitepath import sys_path
 
-    paths = sys_path(interp, flags, command, env, cwd, node, budget)
+    paths = sys_path(interp, flags, command, ctx)
     if paths.startup_error:
         # CPython stops before it runs anything (a .pth that is not UTF-8,
         # a PYTHONHOME without a standard library).
@@ -166,8 +164,7 @@ def python_issues(exe: str, info: ElfInfo, process: Process, hops: Sequence[Hop]
 
     used_names = command_imports(command.kind, command.value, cwd=cwd, node=node,
                                  budget=budget)
-    environment = Environment(interp.version, paths, process, env, cwd, node, budget, causes,
-                              cuda_index=cuda_index, gpu=ctx.gpu)
+    environment = Environment(interp.version, paths, process, ctx, causes)
     if not flags.no_site:
         # .pth import lines and sitecustomize/usercustomize run at every
         # start: their imports are as certain as the command's own.
@@ -196,8 +193,7 @@ def uv_project_env(env: Mapping[str, str], cwd: str, budget: Budget) -> str | No
     return None
 
 
-def shell_env_issues(env: Mapping[str, str], cwd: str, node: NodeProfile, budget: Budget,
-                     causes: Causes, *, cuda_index: str | None = None,
+def shell_env_issues(ctx: StepContext, causes: Causes, *,
                      first: Sequence[str] = ()) -> list[Issue]:
     """A shell step (``bash job.sh``) that keeps a user environment active (a
     native ``VIRTUAL_ENV``/``CONDA_PREFIX``, or the first ``python3`` of its
@@ -211,11 +207,14 @@ def shell_env_issues(env: Mapping[str, str], cwd: str, node: NodeProfile, budget
     from ..launch import which
     from ..node import node_owns
 
+    env, cwd, node, budget = ctx.env, ctx.cwd, ctx.node, ctx.budget
+    # Not known to import anything: no GPU judgement of its packages.
+    ctx = replace(ctx, gpu=None)
     candidates = [*first]
     candidates += [f"{env[v].rstrip('/')}/bin/python" for v in ("VIRTUAL_ENV", "CONDA_PREFIX")
                    if env.get(v, "").startswith("/")]
     on_path = which("python3", env.get("PATH"), cwd, budget)
-    if on_path is not None and not node_owns(on_path):
+    if on_path is not None and not node_owns(node, on_path):
         candidates.append(on_path)
     for python in candidates:
         budget.tick()
@@ -223,38 +222,34 @@ def shell_env_issues(env: Mapping[str, str], cwd: str, node: NodeProfile, budget
             info = read_elf(python, budget=budget)
         except (ElfError, OSError):
             continue
-        if not node.root_is_native and node_owns(python):
+        if not node.root_is_native and node_owns(node, python):
             # a venv of the distribution's python, seen from another
             # architecture: the node's own build will start it
             from .nodeinterp import node_process
 
             process = node_process(python, info, node, env, cwd, budget)
-        elif info.machine != node.machine_number or info.elf_class != node.elf_class:
+        elif not node.runs(info):
             continue  # another machine's env: the env-leak rule speaks for it
         else:
-            process = Process(python, info, node, env, cwd=cwd, budget=budget)
-        found = environment_of(python, process, env, cwd, node, budget, causes,
-                             cuda_index=cuda_index, all_warnings=True)
+            process = Process(python, info, node, env, Loading(cwd=cwd, budget=budget))
+        found = environment_of(python, process, ctx, causes, all_warnings=True)
         if found is not None:
             return found.issues(())
     return []
 
 
-def environment_of(python: str, process: Process, env: Mapping[str, str], cwd: str,
-                 node: NodeProfile, budget: Budget, causes: Causes, *,
-                 cuda_index: str | None, all_warnings: bool,
-                 gpu: GpuCheck | None = None) -> Environment | None:
+def environment_of(python: str, process: Process, ctx: StepContext, causes: Causes, *,
+                   all_warnings: bool) -> Environment | None:
     """The environment of interpreter ``python`` started with no script (what
     a shell step's or a user's ``python`` would see), or None for no CPython."""
     from .interp import PyCommand, PyFlags, identify
     from .sitepath import sys_path
 
-    interp = identify(python, process.main.info, node, budget)
+    interp = identify(python, process.main.info, ctx.node, ctx.budget)
     if interp is None:
         return None
-    paths = sys_path(interp, PyFlags(), PyCommand("stdin", ""), env, cwd, node, budget)
-    return Environment(interp.version, paths, process, env, cwd, node, budget, causes,
-                       cuda_index=cuda_index, all_warnings=all_warnings, gpu=gpu)
+    paths = sys_path(interp, PyFlags(), PyCommand("stdin", ""), ctx)
+    return Environment(interp.version, paths, process, ctx, causes, all_warnings=all_warnings)
 
 
 def _listdir(path: str) -> list[str]:
@@ -292,19 +287,18 @@ class Environment:
     """One interpreter's import world: its ``sys.path`` and what lies there."""
 
     def __init__(self, version: tuple[int, int], paths: SysPath, process: Process,
-                 env: Mapping[str, str], cwd: str, node: NodeProfile, budget: Budget,
-                 causes: Causes, *, cuda_index: str | None = None,
-                 all_warnings: bool = False, gpu: GpuCheck | None = None) -> None:
+                 ctx: StepContext, causes: Causes, *, all_warnings: bool = False) -> None:
         from .suffixes import extension_suffixes
 
         self.version = version
         self.paths = paths
-        self.env = env
-        self.cwd = cwd
-        self.node = node
-        self.budget = budget
+        self.env = ctx.env
+        self.cwd = ctx.cwd
+        self.node = node = ctx.node
+        self.budget = budget = ctx.budget
         self.causes = causes
-        self.cuda_index = cuda_index
+        self.cuda_index = ctx.cuda_index
+        gpu = ctx.gpu
         #: Nothing is known to be imported (a shell step's environment).
         self.all_warnings = all_warnings
         self.suffixes = tuple(extension_suffixes(version, node.machine))
@@ -326,10 +320,10 @@ class Environment:
         """Where ``import name`` (top level) is found: the path finder on
         ``search``, then setuptools' editable finders (``sys.meta_path``
         after the path finder)."""
-        from .finder import find_top_level
+        from .finder import Scope, find_top_level
 
-        loc = find_top_level(name, search, self.suffixes, self.budget, node=self.node,
-                             cwd=self.cwd, listings=self._listings)  # type: ignore[arg-type]
+        loc = find_top_level(name, search, self.suffixes, self.budget,
+                             Scope(self.node, self.cwd, self._listings))  # type: ignore[arg-type]
         if loc.kind != "missing" or not self.paths.editables:
             return loc
         from .editable import locate
@@ -494,7 +488,7 @@ class Environment:
             elif name in self._editable_hits:
                 # an editable install's source directory (an extension built
                 # in place on the login node lies there)
-                if loc.kind in ("package", "extension") and not is_system(loc.path):
+                if loc.kind in ("package", "extension") and not is_system(loc.path, self.node):
                     out.append(Group(f"{name} (editable install)", loc.path, True,
                                      tuple(self._module_issues(loc, name))))
             elif (loc.entry not in by_dir and loc.kind in ("package", "extension")
@@ -527,7 +521,7 @@ class Environment:
                     out.append(Group(f"{name} (editable install)", loc.foreign[0], used,
                                      (self._foreign_issue(name, loc.foreign),)))
                 elif (name in self._editable_hits and loc.kind in ("package", "extension")
-                      and not is_system(loc.path)):
+                      and not is_system(loc.path, self.node)):
                     found = self._module_issues(loc, name)
                     if found:
                         out.append(Group(f"{name} (editable install)", loc.path, used,
@@ -543,7 +537,7 @@ class Environment:
         from a login node of another architecture."""
         from .sitepath import is_system
 
-        return not self.node.root_is_native and is_system(path)
+        return not self.node.root_is_native and is_system(path, self.node)
 
     def _owners(self, names: Sequence[str], search: Sequence[str],
                 by_dir: Mapping[str, tuple[Dist, ...]]) -> tuple[set[str], dict[str, Located]]:

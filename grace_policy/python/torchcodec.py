@@ -21,7 +21,7 @@ from __future__ import annotations
 from .._record import replace
 from ..elf import ElfError, read_elf
 from ..findings import Issue
-from ..loader import resolve
+from ..loader import Loading, resolve
 from .nodepath import host_path, listdir
 
 TYPE_CHECKING = False
@@ -74,13 +74,13 @@ def torchcodec_issues(pkg_dir: str, env: Mapping[str, str], cwd: str, node: Node
         except (OSError, ElfError):
             continue  # unreadable or not ELF: not this rule's finding
         budget.take_file()
-        if info.machine != node.machine_number or info.elf_class != node.elf_class:
+        if not node.runs(info):
             continue
         ffmpeg = tuple(n for n in info.needed if n.startswith(FFMPEG_PREFIXES))
         if not ffmpeg:
             return []  # FFmpeg linked in statically: this variant loads
-        tree = resolve(path, replace(info, needed=ffmpeg), node, env, cwd=cwd, budget=budget,
-                       exec_origin=False)
+        tree = resolve(path, replace(info, needed=ffmpeg), node, env,
+                       Loading(cwd=cwd, budget=budget, exec_origin=False))
         if not tree.missing and not tree.fatal:
             return []
         majors.append(str(major))

@@ -21,7 +21,7 @@ import pytest
 from corpus import CorpusUnavailable, _give_up
 
 from grace_policy.container.apptainer import parse
-from grace_policy.decide import decide
+from grace_policy.decide import StepRequest, decide
 from grace_policy.node import NodeProfile, detect
 from grace_policy.policy import PartitionPolicy, Policy
 
@@ -92,9 +92,10 @@ def test_sid_apptainer_on_an_older_glibc_is_refused(world: dict[str, Path]) -> N
         pytest.skip("this host's glibc starts sid's apptainer")
     real = subprocess.run([str(sid), "version"], capture_output=True, text=True, timeout=60)
     native = "x86_64" if HOST.machine == "x86_64" else "aarch64"
-    verdict = decide(_policy(), partition=None, argv=[str(sid), "exec", str(world[native]),
-                                                      "hello"],
-                     env={"PATH": "/nowhere"}, cwd="/", node=HOST)
+    verdict = decide(_policy(), StepRequest(partition=None,
+                                            argv=[str(sid), "exec", str(world[native]),
+                                                      "hello"], env={"PATH": "/nowhere"}, cwd="/",
+                                            node=HOST))
     assert verdict.action == "reject"
     assert [f.rule for f in verdict.findings] == ["lib-version-missing"]
     assert real.returncode != 0
@@ -109,27 +110,28 @@ def _policy() -> Policy:
 def test_sif_of_the_other_architecture_is_refused(world: dict[str, Path]) -> None:
     foreign = "x86_64" if HOST.machine == "aarch64" else "aarch64"
     argv = [str(world["apptainer"]), "exec", str(world[foreign]), "/opt/app/tool"]
-    verdict = decide(_policy(), partition=None, argv=argv, env={"PATH": "/usr/bin:/bin"},
-                     cwd="/", node=HOST)
+    verdict = decide(_policy(), StepRequest(partition=None, argv=argv,
+                                            env={"PATH": "/usr/bin:/bin"}, cwd="/", node=HOST))
     assert verdict.action == "reject"
     assert [f.rule for f in verdict.findings] == ["image-arch-mismatch"]
     assert verdict.findings[0].path == str(world[foreign])
     assert verdict.image == str(world[foreign])
-    warned = decide(_policy(), partition="warnp", argv=argv, env={}, cwd="/", node=HOST)
+    warned = decide(_policy(), StepRequest(partition="warnp", argv=argv, env={}, cwd="/",
+                                           node=HOST))
     assert warned.action == "warn"
 
 
 def test_clean_sif_is_judged_inside_and_allowed(world: dict[str, Path]) -> None:
     native = "x86_64" if HOST.machine == "x86_64" else "aarch64"
     argv = [str(world["apptainer"]), "exec", str(world[native]), "hello"]
-    verdict = decide(_policy(), partition=None, argv=argv, env={"PATH": "/nowhere"},
-                     cwd="/", node=HOST)
+    verdict = decide(_policy(), StepRequest(partition=None, argv=argv, env={"PATH": "/nowhere"},
+                                            cwd="/", node=HOST))
     # hello exists only in the image, found with the image's PATH.
     assert (verdict.action, verdict.findings, verdict.skipped) == ("allow", (), None)
     assert verdict.image == str(world[native])
-    missing = decide(_policy(), partition=None,
-                     argv=[str(world["apptainer"]), "exec", str(world[native]), "nothere"],
-                     env={}, cwd="/", node=HOST)
+    argv = [str(world["apptainer"]), "exec", str(world[native]), "nothere"]
+    missing = decide(_policy(), StepRequest(partition=None, argv=argv, env={}, cwd="/",
+                                            node=HOST))
     assert [f.rule for f in missing.findings] == ["exe-not-found"]
     assert missing.findings[0].path.startswith(f"{world[native]}:")
 
@@ -145,11 +147,12 @@ def test_4k_program_in_the_sif_on_a_64k_node(world: dict[str, Path], tmp_path: P
     src.write_text("int main(void) { return 0; }\n")
     subprocess.run(["gcc", "-static", "-O1", "-Wl,-z,max-page-size=65536",
                     "-Wl,-z,common-page-size=65536", "-o", str(host), str(src)], check=True)
-    clean = decide(_policy(), partition=None, argv=[str(host), "--version"], env={}, cwd="/",
-                   node=GRACE64)
+    clean = decide(_policy(), StepRequest(partition=None, argv=[str(host), "--version"], env={},
+                                          cwd="/", node=GRACE64))
     assert clean.findings == ()  # the host program alone passes on this node
     argv = [str(host), "exec", str(world["x86_64"]), "/opt/app/tool4k"]
-    verdict = decide(_policy(), partition=None, argv=argv, env={}, cwd="/", node=GRACE64)
+    verdict = decide(_policy(), StepRequest(partition=None, argv=argv, env={}, cwd="/",
+                                            node=GRACE64))
     assert verdict.action == "reject"
     assert f"{world['x86_64']}:/opt/app/tool4k" in [f.path for f in verdict.findings]
 
@@ -157,7 +160,7 @@ def test_4k_program_in_the_sif_on_a_64k_node(world: dict[str, Path], tmp_path: P
 def test_truncated_sif_is_a_skip_with_a_reason(world: dict[str, Path], tmp_path: Path) -> None:
     cut = tmp_path / "cut.sif"
     cut.write_bytes(world["x86_64"].read_bytes()[:300])
-    verdict = decide(_policy(), partition=None,
-                     argv=[str(world["apptainer"]), "exec", str(cut), "hello"], env={},
-                     cwd="/", node=HOST)
+    argv = [str(world["apptainer"]), "exec", str(cut), "hello"]
+    verdict = decide(_policy(), StepRequest(partition=None, argv=argv, env={}, cwd="/",
+                                            node=HOST))
     assert verdict.action == "allow" and "not judged" in str(verdict.skipped)

@@ -23,8 +23,9 @@ import pytest
 
 from grace_policy import fsprobe
 from grace_policy.budget import Budget, BudgetExceeded
+from grace_policy.container import ContainerStep
 from grace_policy.container.plan import plan
-from grace_policy.decide import decide, step_budget
+from grace_policy.decide import StepRequest, decide, step_budget
 from grace_policy.image import squashfs
 from grace_policy.image.open import open_image
 from grace_policy.node import detect
@@ -43,7 +44,7 @@ LIMITS = Limits(deadline_ms=60_000, max_files=100_000, max_bytes=1 << 30)
 
 _CHILD = r"""
 import json, resource, sys, time
-from grace_policy.decide import decide
+from grace_policy.decide import StepRequest, decide
 from grace_policy.node import detect
 from grace_policy.policy import Limits, Policy
 import grace_policy.check, grace_policy.image.open, grace_policy.image.squashfs  # noqa: F401
@@ -61,8 +62,8 @@ policy = Policy(limits=Limits(deadline_ms=deadline, max_files=100_000, max_bytes
 node = detect()
 before = hwm()
 started = time.monotonic()
-v = decide(policy, partition=None, argv=[argv0], env={"PATH": "/usr/bin:/bin"}, cwd="/",
-           node=node, image=path)
+v = decide(policy, StepRequest(partition=None, argv=[argv0], env={"PATH": "/usr/bin:/bin"},
+                               cwd="/", node=node, image=path))
 elapsed = time.monotonic() - started
 print(json.dumps({"rules": list(v.rule_ids), "error": v.error, "skipped": v.skipped,
                   "ms": round(elapsed * 1000, 1), "rss_kib": hwm() - before,
@@ -160,10 +161,12 @@ def test_a_limit_while_the_image_is_planned_is_the_steps_check_limit(tmp_path: P
     img = hs.repeated_name_dir(tmp_path / "plan.sqsh", groups=1_000)
     policy = Policy(on_error="deny", limits=LIMITS)
     budget = step_budget(policy)
-    todo = plan("pyxis", str(img), True, "pyxis step", ["/x"], {}, "/", budget=budget)
+    todo = plan(ContainerStep("pyxis", str(img), True, "pyxis step", ["/x"], {}, "/"),
+                budget=budget)
     assert todo.image is None and todo.skipped is None and todo.limit, todo
-    v = decide(policy, partition=None, argv=list(todo.argv), env=todo.env, cwd=todo.cwd,
-               node=detect(), image=todo.image, budget=budget, limit=todo.limit)
+    v = decide(policy,
+               StepRequest(partition=None, argv=list(todo.argv), env=todo.env, cwd=todo.cwd,
+                           node=detect(), image=todo.image, budget=budget, limit=todo.limit))
     assert v.rule_ids == ("check-limit",) and v.action == "reject", v
     assert "entries" in (v.error or ""), v.error
 
@@ -196,8 +199,8 @@ def test_the_record_describes_the_file_read_not_what_the_name_became(tmp_path: P
     swapped = os.stat(path)
     assert swapped.st_ino != read.st_ino
     probes: list[tuple[str, str, str]] = []
-    decide(Policy(limits=LIMITS), partition=None, argv=["/a"], env={}, cwd="/",
-           node=detect(), image=image, probes=probes)
+    decide(Policy(limits=LIMITS), StepRequest(partition=None, argv=["/a"], env={}, cwd="/",
+                                              node=detect(), image=image), probes=probes)
     recorded = [answer for op, name, answer in probes if name == str(path)]
     # The file read (its ctime moved: the rename unlinked it), not the other.
     assert len(recorded) == 1, probes

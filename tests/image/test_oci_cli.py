@@ -12,7 +12,7 @@ import pytest
 
 from grace_policy.cli.main import main
 from grace_policy.compiled import load_policy
-from grace_policy.decide import decide
+from grace_policy.decide import StepRequest, decide
 from grace_policy.image import ImageError
 from grace_policy.image.open import open_image
 from grace_policy.node import detect
@@ -78,8 +78,9 @@ def test_hostile_bundles(root: Path, tmp_path: Path, config: object, raw: bytes 
     with pytest.raises(ImageError, match=reason):
         open_image(str(bundle), budget=roomy())
     # The plugin's entry: a skip with the reason, never an exception.
-    verdict = decide(load_policy(None), partition=None, argv=["hello"], env={}, cwd="/",
-                     node=HOST, image=str(bundle))
+    verdict = decide(load_policy(None),
+                     StepRequest(partition=None, argv=["hello"], env={}, cwd="/", node=HOST,
+                                 image=str(bundle)))
     assert verdict.action == "allow" and verdict.skipped and reason in verdict.skipped
 
 
@@ -134,8 +135,9 @@ def test_decide_in_an_image_records_its_identity(root: Path, tmp_path: Path) -> 
     sqsh = mksquashfs(root, tmp_path / "c.sqsh", "lzo")
     image = open_image(str(sqsh), budget=roomy())
     probes: list[tuple[str, str, str]] = []
-    verdict = decide(load_policy(None), partition=None, argv=["hello"],
-                     env=image.step_env({}), cwd="/", node=HOST, probes=probes, image=image)
+    verdict = decide(load_policy(None), StepRequest(partition=None, argv=["hello"],
+                                                    env=image.step_env({}), cwd="/", node=HOST,
+                                                    image=image), probes=probes)
     assert verdict.action == "allow" and verdict.image == str(sqsh)
     assert verdict_cache.cacheable(verdict)
     # The only file question: the image itself (a verdict-cache key C can

@@ -31,6 +31,7 @@ from pathlib import Path
 
 from grace_policy import budget as _budget
 from grace_policy import elf, loader, node
+from grace_policy.context import StepContext
 from grace_policy.python import interp, sitepath, step
 
 #: (label, executable) of the CPythons looked for on this machine.
@@ -220,8 +221,8 @@ def model(exe: str, args: list[str], env: dict[str, str], cwd: str,
     found = interp.identify(exe, info, profile, _budget.Budget(deadline_ms=10_000))
     assert found is not None, exe
     flags, command = interp.parse_python_argv(args, found.version)
-    sp = sitepath.sys_path(found, flags, command, env, cwd, profile,
-                           _budget.Budget(deadline_ms=10_000))
+    sp = sitepath.sys_path(found, flags, command, StepContext(node=profile, env=env, cwd=cwd,
+                                                              budget=_budget.Budget(deadline_ms=10_000)))
     return found, command, sp
 
 
@@ -234,10 +235,10 @@ def environment(runner: Runner, exe: str, args: list[str], env: dict[str, str], 
     budget = _budget.Budget(deadline_ms=20_000)
     real = interp.node_realpath(profile, exe)
     info = elf.read_elf(loader.host_path(profile, real))
-    process = loader.Process(exe, info, profile, env, cwd=cwd, budget=budget)
+    process = loader.Process(exe, info, profile, env, loader.Loading(cwd=cwd, budget=budget))
     flags, _ = interp.parse_python_argv(args, found.version)
-    return (step.Environment(found.version, sp, process, env, cwd, profile, budget,
-                             lambda p: ()), flags)
+    ctx = StepContext(node=profile, env=env, cwd=cwd, budget=budget)
+    return step.Environment(found.version, sp, process, ctx, lambda p: ()), flags
 
 
 @dataclass

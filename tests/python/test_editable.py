@@ -29,10 +29,11 @@ from roomy import ROOMY
 
 from grace_policy import elf, loader
 from grace_policy.budget import Budget
-from grace_policy.decide import decide
+from grace_policy.context import StepContext
+from grace_policy.decide import StepRequest, decide
 from grace_policy.node import NodeProfile
 from grace_policy.python import interp, step
-from grace_policy.python.finder import find_top_level
+from grace_policy.python.finder import Scope, find_top_level
 from python import envs
 
 from . import sitepath_oracle as oracle
@@ -92,7 +93,7 @@ def _model_origin(e: step.Environment, dotted: str) -> tuple[str | None, tuple[s
             return None, ()
         name = f"{name}.{part}"
         dirs = [loc.path] if loc.kind == "package" else list(loc.portions)
-        loc = find_top_level(part, dirs, e.suffixes, e.budget, node=e.node, cwd=e.cwd)
+        loc = find_top_level(part, dirs, e.suffixes, e.budget, Scope(e.node, e.cwd))
         if loc.kind == "missing" and e.paths.editables:
             # sys.meta_path goes on to the editable finder (MAPPING holds 'ns.sub')
             loc = editable.locate(name, e.paths.editables, e.suffixes, e.node,
@@ -228,9 +229,9 @@ def test_in_place_builds_are_judged_on_an_aarch64_node(
     py = _grace_venv(elf_builder, w, tmp_path)
 
     def verdict(code: str):
-        return decide(ROOMY, partition=None, argv=[str(py), "-c", code],
-                      env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
-                      cwd=str(tmp_path), node=GRACE)
+        return decide(ROOMY, StepRequest(partition=None, argv=[str(py), "-c", code],
+                                         env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+                                         cwd=str(tmp_path), node=GRACE))
 
     # a top-level extension built only for x86_64: ModuleNotFoundError
     v = verdict("import edfast")
@@ -274,9 +275,9 @@ def test_in_place_builds_are_judged_on_an_aarch64_node(
     v = verdict("pass")
     assert v.action == "reject", v
     assert [f.rule for f in v.findings if f.severity == "error"] == ["py-ext-foreign"]
-    v = decide(ROOMY, partition=None, argv=[str(py), "-S", "-c", "pass"],
-               env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}, cwd=str(tmp_path),
-               node=GRACE)
+    v = decide(ROOMY, StepRequest(partition=None, argv=[str(py), "-S", "-c", "pass"],
+                                  env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
+                                  cwd=str(tmp_path), node=GRACE))
     assert v.action == "allow", v   # -S: no site, no .pth, no sitecustomize
 
 
@@ -328,11 +329,13 @@ def test_the_aarch64_importer_finds_what_the_model_finds(
     assert found is not None
     flags, command = interp.parse_python_argv(["-c", "pass"], found.version)
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
-    sp = sitepath.sys_path(found, flags, command, env, str(tmp_path), GRACE, Budget())
+    sp = sitepath.sys_path(found, flags, command, StepContext(node=GRACE, env=env,
+                                                              cwd=str(tmp_path), budget=Budget()))
     info = elf.read_elf(os.path.realpath(py))
-    process = loader.Process(str(py), info, GRACE, env, cwd=str(tmp_path), budget=Budget())
-    e = step.Environment(found.version, sp, process, env, str(tmp_path), GRACE, Budget(),
-                         lambda p: ())
+    process = loader.Process(str(py), info, GRACE, env,
+                             loader.Loading(cwd=str(tmp_path), budget=Budget()))
+    ctx = StepContext(node=GRACE, env=env, cwd=str(tmp_path), budget=Budget())
+    e = step.Environment(found.version, sp, process, ctx, lambda p: ())
     for name in NAMES:
         assert _model_origin(e, name)[0] == real[name], name
 
@@ -433,8 +436,10 @@ def _sys_path(it: interp.Interpreter, tmp_path: Path):
     from grace_policy.python import sitepath
 
     return sitepath.sys_path(it, interp.PyFlags(no_user_site=True),
-                             interp.PyCommand("code", "pass"), {}, str(tmp_path),
-                             node.detect(), Budget())
+                             interp.PyCommand("code", "pass"), StepContext(node=node.detect(),
+                                                                           env={},
+                                                                           cwd=str(tmp_path),
+                                                                           budget=Budget()))
 
 
 # -- sitecustomize / usercustomize -----------------------------------------------
@@ -512,9 +517,10 @@ def test_a_clean_python_step_imports_no_editable_code(tmp_path: Path) -> None:
 
     repo = Path(__file__).resolve().parents[2]
     code = ("import sys; sys.path.insert(0, sys.argv[1]);"
-            "from grace_policy.decide import decide; from grace_policy.policy import Policy;"
-            "v = decide(Policy(), partition=None, argv=sys.argv[2:], env={'PATH': '/usr/bin',"
-            " 'HOME': '/nonexistent'}, cwd='/', node=None);"
+            "from grace_policy.decide import StepRequest, decide;"
+            "from grace_policy.policy import Policy;"
+            "v = decide(Policy(), StepRequest(partition=None, argv=sys.argv[2:],"
+            " env={'PATH': '/usr/bin', 'HOME': '/nonexistent'}, cwd='/', node=None));"
             "print('grace_policy.python.editable' in sys.modules, "
             "'grace_policy.python.sitepath' in sys.modules)")
     venv = tmp_path / "v"

@@ -20,7 +20,7 @@ import pytest
 
 from grace_policy.budget import Budget, BudgetExceeded
 from grace_policy.node import NodeProfile
-from grace_policy.python.finder import Located, find_top_level, package_extensions
+from grace_policy.python.finder import Located, Scope, find_top_level, package_extensions
 from grace_policy.python.suffixes import extension_suffixes
 
 HOST_VERSION = sys.version_info[:2]
@@ -79,7 +79,7 @@ def touch(path: Path, data: bytes = b"") -> Path:
 def model(name: str, entries: list[str], suffixes=X86, cwd: str = "/",
           budget: Budget | None = None, node: NodeProfile | None = None) -> Located:
     return find_top_level(name, entries, suffixes, budget or Budget(deadline_ms=10_000),
-                          cwd=cwd, node=node)
+                          Scope(node, cwd))
 
 
 @pytest.fixture

@@ -32,9 +32,10 @@ def test_a_step_that_is_no_python_imports_none_of_it(argv: list[str]) -> None:
     # Every step pays for what the launch check imports: a program that
     # cannot be a Python (by its name and real name) stops at names.py.
     code = ("import sys; sys.path.insert(0, sys.argv[1]);"
-            "from grace_policy.decide import decide; from grace_policy.policy import Policy;"
-            "v = decide(Policy(), partition=None, argv=sys.argv[2:], env={'PATH': '/usr/bin'},"
-            " cwd='/', node=None); assert v.action == 'allow', v;"
+            "from grace_policy.decide import StepRequest, decide;"
+            "from grace_policy.policy import Policy;"
+            "v = decide(Policy(), StepRequest(partition=None, argv=sys.argv[2:],"
+            " env={'PATH': '/usr/bin'}, cwd='/', node=None)); assert v.action == 'allow', v;"
             "print(' '.join(m for m in sys.modules if m.startswith('grace_policy.python')))")
     out = subprocess.run([sys.executable, "-S", "-E", "-c", code, str(REPO), *argv],
                          capture_output=True, text=True, check=True, timeout=60).stdout

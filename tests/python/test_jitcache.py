@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 
 import pytest
-from fixtures.build import ElfBuilder
+from fixtures.build import ElfBuilder, src
 
 from grace_policy import fsprobe
 from grace_policy.budget import Budget, BudgetExceeded
@@ -194,3 +194,18 @@ def test_a_foreign_build_added_after_a_clean_verdict_breaks_its_record(
     triton(cache, elf_builder, "x86_64", "K2")  # a new entry in the cache root
     assert not fsprobe.still_true(record)
     assert len(jit_cache_issues(env, GRACE, Budget())) == 1
+
+
+def test_a_build_of_the_other_byte_order_is_foreign(tmp_path: Path,
+                                                   elf_builder: ElfBuilder) -> None:
+    """A big-endian aarch64 launcher does not load on a little-endian Grace
+    node (same e_machine read in the other order): a foreign build, named
+    with its byte order."""
+    home = tmp_path / "home"
+    built = elf_builder.library("be/libtl.so.1", source=src("freestanding.c"), arch="aarch64",
+                                extra_flags=("-mbig-endian", "-nostdlib"))
+    entry = home / ".triton" / "cache" / "BE"
+    entry.mkdir(parents=True)
+    (entry / "__triton_launcher.so").write_bytes(built.read_bytes())
+    (issue,) = jit_cache_issues(env_for(home), GRACE, Budget())
+    assert issue.rule == "jit-cache-foreign" and issue.fact("file_arch") == "aarch64 (big-endian)"

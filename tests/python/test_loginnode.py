@@ -42,7 +42,7 @@ from fixtures.build import ElfBuilder
 from roomy import ROOMY
 
 from grace_policy.cli.main import main
-from grace_policy.decide import decide
+from grace_policy.decide import StepRequest, decide
 from grace_policy.elf import read_elf
 from grace_policy.findings import Verdict
 from grace_policy.node import NodeProfile, detect, host_machine
@@ -140,7 +140,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> World:
 
 
 def predict(node: NodeProfile, argv: list[str], env: dict[str, str], cwd: str) -> Verdict:
-    return decide(ROOMY, partition=None, argv=argv, env=env, cwd=cwd, node=node)
+    return decide(ROOMY, StepRequest(partition=None, argv=argv, env=env, cwd=cwd, node=node))
 
 
 def interpreter_argv(argv: list[str]) -> list[str]:

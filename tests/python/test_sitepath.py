@@ -18,6 +18,7 @@ import pytest
 from grace_policy import fsprobe
 from grace_policy import node as _node
 from grace_policy.budget import Budget, BudgetExceeded
+from grace_policy.context import StepContext
 from grace_policy.python import interp, sitepath
 
 from . import sitepath_oracle as oracle
@@ -260,8 +261,9 @@ def test_pythonhome_that_does_not_exist_is_a_note(tmp_path: Path) -> None:
     if found is None:
         pytest.skip("no /usr/bin/python3")
     sp = sitepath.sys_path(found, interp.PyFlags(), interp.PyCommand("code", "pass"),
-                           {"PYTHONHOME": str(tmp_path / "nope")}, "/", _node.detect(),
-                           Budget())
+                           StepContext(node=_node.detect(),
+                                       env={"PYTHONHOME": str(tmp_path / "nope")}, cwd="/",
+                                       budget=Budget()))
     assert any("PYTHONHOME" in n for n in sp.notes)
     assert sp.paths[1] == str(tmp_path / "nope" / "lib" / "python311.zip")
 
@@ -297,7 +299,8 @@ def test_hostile_pth_files(tmp_path: Path) -> None:
     (site / b"\xff\xfe-name.pth".decode("utf-8", "surrogateescape")).write_text("/\n")
     (site / "dangling.pth").symlink_to("nowhere")
     sp = sitepath.sys_path(it, interp.PyFlags(), interp.PyCommand("code", "pass"),
-                           {"HOME": str(tmp_path)}, str(tmp_path), _node.detect(), Budget())
+                           StepContext(node=_node.detect(), env={"HOME": str(tmp_path)},
+                                       cwd=str(tmp_path), budget=Budget()))
     assert str(site) in sp.paths
     assert str(site / "loop") not in sp.paths  # a symlink loop does not exist
     assert "/" in sp.paths  # the non-UTF-8-named .pth was read
@@ -310,8 +313,8 @@ def test_garbage_pyvenv_cfg(tmp_path: Path) -> None:
     (venv / "bin" / "python").symlink_to(it.executable)
     (venv / "pyvenv.cfg").write_bytes(b"\xff\x00home\n=\n" * 1000)
     vit = interp.Interpreter(str(venv / "bin" / "python"), it.executable, (3, 11), "test")
-    sp = sitepath.sys_path(vit, interp.PyFlags(), interp.PyCommand("code", "pass"), {},
-                           "/", _node.detect(), Budget())
+    sp = sitepath.sys_path(vit, interp.PyFlags(), interp.PyCommand("code", "pass"),
+                           StepContext(node=_node.detect(), env={}, cwd="/", budget=Budget()))
     assert sp.venv == str(venv)
     assert sp.base_prefix == str(tmp_path / "prefix")
 
@@ -321,8 +324,9 @@ def test_many_pth_files_end_in_budget_exceeded(tmp_path: Path) -> None:
     for i in range(300):
         (site / f"p{i:03}.pth").write_text("x\n")
     with pytest.raises(BudgetExceeded):
-        sitepath.sys_path(it, interp.PyFlags(), interp.PyCommand("code", "pass"), {}, "/",
-                          _node.detect(), Budget(max_files=100))
+        sitepath.sys_path(it, interp.PyFlags(), interp.PyCommand("code", "pass"),
+                          StepContext(node=_node.detect(), env={}, cwd="/",
+                                      budget=Budget(max_files=100)))
 
 
 def test_what_the_model_read_is_recorded(tmp_path: Path) -> None:
@@ -332,8 +336,9 @@ def test_what_the_model_read_is_recorded(tmp_path: Path) -> None:
     fsprobe.start()
     try:
         sitepath.sys_path(it, interp.PyFlags(), interp.PyCommand("code", "pass"),
-                          {"PYTHONPATH": "/x", "HOME": str(tmp_path)}, "/", _node.detect(),
-                          Budget())
+                          StepContext(node=_node.detect(),
+                                      env={"PYTHONPATH": "/x", "HOME": str(tmp_path)}, cwd="/",
+                                      budget=Budget()))
     finally:
         records = fsprobe.stop()
     paths = {(op, p) for op, p, _ in records}
@@ -353,8 +358,8 @@ def test_node_image_root(tmp_path: Path) -> None:
     node_it = interp.Interpreter(node_prefix + "/bin/python3.11", node_prefix
                                  + "/bin/python3.11", (3, 11), "test")
     profile = _node.detect().with_overrides(root=str(image))
-    sp = sitepath.sys_path(node_it, interp.PyFlags(), interp.PyCommand("code", "pass"), {},
-                           "/", profile, Budget())
+    sp = sitepath.sys_path(node_it, interp.PyFlags(), interp.PyCommand("code", "pass"),
+                           StepContext(node=profile, env={}, cwd="/", budget=Budget()))
     assert sp.paths == ["", f"{node_prefix}/lib/python311.zip",
                         f"{node_prefix}/lib/python3.11",
                         f"{node_prefix}/lib/python3.11/lib-dynload",
@@ -378,7 +383,8 @@ def test_free_threaded_build_directories(tmp_path: Path) -> None:
     assert found is not None and found.version == (3, 13)
     home = tmp_path / "home"
     sp = sitepath.sys_path(found, interp.PyFlags(), interp.PyCommand("code", "pass"),
-                           {"HOME": str(home)}, "/", _node.detect(), Budget())
+                           StepContext(node=_node.detect(), env={"HOME": str(home)}, cwd="/",
+                                       budget=Budget()))
     assert sp.paths == ["", f"{prefix}/lib/python313t.zip", str(std), f"{std}/lib-dynload",
                         f"{std}/site-packages"]
     assert sp.user_site == f"{home}/.local/lib/python3.13t/site-packages"
@@ -386,13 +392,13 @@ def test_free_threaded_build_directories(tmp_path: Path) -> None:
 
 def test_home_unset_is_a_note(tmp_path: Path) -> None:
     it, _ = _fake_python(tmp_path)
-    sp = sitepath.sys_path(it, interp.PyFlags(), interp.PyCommand("code", "pass"), {}, "/",
-                           _node.detect(), Budget())
+    sp = sitepath.sys_path(it, interp.PyFlags(), interp.PyCommand("code", "pass"),
+                           StepContext(node=_node.detect(), env={}, cwd="/", budget=Budget()))
     assert sp.user_site is None
     assert any("HOME" in n for n in sp.notes)
     # with -s nobody would have looked: no note
-    sp = sitepath.sys_path(it, interp.PyFlags(no_user_site=True),
-                           interp.PyCommand("code", "pass"), {}, "/", _node.detect(), Budget())
+    sp = sitepath.sys_path(it, interp.PyFlags(no_user_site=True), interp.PyCommand("code", "pass"),
+                           StepContext(node=_node.detect(), env={}, cwd="/", budget=Budget()))
     assert not sp.notes
 
 
@@ -400,7 +406,8 @@ def test_too_many_pth_lines_is_a_note(tmp_path: Path) -> None:
     it, site = _fake_python(tmp_path)
     (site / "big.pth").write_text("#\n" * (sitepath.MAX_PTH_LINES + 5))
     sp = sitepath.sys_path(it, interp.PyFlags(), interp.PyCommand("code", "pass"),
-                           {"HOME": str(tmp_path)}, "/", _node.detect(), Budget())
+                           StepContext(node=_node.detect(), env={"HOME": str(tmp_path)}, cwd="/",
+                                       budget=Budget()))
     assert any(".pth lines" in n for n in sp.notes)
 
 

@@ -16,7 +16,7 @@ import pytest
 from fixtures.build import ElfBuilder
 from roomy import ROOMY
 
-from grace_policy.decide import decide
+from grace_policy.decide import StepRequest, decide
 from grace_policy.node import NodeProfile
 from grace_policy.policy import Policy
 from python import envs
@@ -29,9 +29,9 @@ GRACE = NodeProfile(machine="aarch64", page_size=65536, glibc=(2, 36), root="/",
 
 
 def _decide(argv: list[str], cwd: Path, env: dict[str, str] | None = None):
-    return decide(ROOMY, partition=None, argv=[str(a) for a in argv],
-                  env={"PATH": "/usr/bin:/bin", "HOME": str(cwd), **(env or {})},
-                  cwd=str(cwd), node=GRACE)
+    return decide(ROOMY, StepRequest(partition=None, argv=[str(a) for a in argv],
+                                     env={"PATH": "/usr/bin:/bin", "HOME": str(cwd), **(env or {})},
+                                     cwd=str(cwd), node=GRACE))
 
 
 @pytest.fixture
@@ -258,9 +258,10 @@ def test_cpu_only_torch_on_a_gpu_step_is_warned_with_the_partition_index(
     policy = Policy(partitions=(PartitionPolicy(name="gb200", cuda_index="cu130"),))
 
     def judge(env: dict[str, str]):
-        return decide(policy, partition="gb200", argv=[str(grace_venv), "-c", "import torch"],
-                      env={"PATH": "/usr/bin", "HOME": str(tmp_path), **env},
-                      cwd=str(tmp_path), node=GRACE)
+        return decide(policy, StepRequest(partition="gb200",
+                                          argv=[str(grace_venv), "-c", "import torch"],
+                                          env={"PATH": "/usr/bin", "HOME": str(tmp_path), **env},
+                                          cwd=str(tmp_path), node=GRACE))
 
     gpu = judge({"SLURM_GPUS_ON_NODE": "4"})
     (finding,) = [f for f in gpu.findings if f.rule == "torch-cpu-only"]
@@ -309,9 +310,9 @@ def test_a_huge_environment_ends_in_check_limit_never_a_hang(grace_venv: Path,
     # And decide() turns that into check-limit under the site's on_error.
     from grace_policy.policy import Limits
 
-    verdict = decide(Policy(limits=Limits(max_files=12)), partition=None,
-                     argv=[str(py), "-c", "import numpy"], env=env, cwd=str(tmp_path),
-                     node=GRACE)
+    verdict = decide(Policy(limits=Limits(max_files=12)),
+                     StepRequest(partition=None, argv=[str(py), "-c", "import numpy"], env=env,
+                                 cwd=str(tmp_path), node=GRACE))
     assert "check-limit" in verdict.rule_ids
 
 
@@ -334,9 +335,9 @@ def test_extension_with_a_4k_jemalloc_is_rejected_on_64k(elf_builder: ElfBuilder
     assert "page-size-compiled" in verdict.rule_ids
     four_k = NodeProfile(machine="aarch64", page_size=4096, glibc=(2, 36), root="/",
                          root_is_native=False)
-    assert decide(ROOMY, partition=None, argv=[str(py), "-c", "import polars"],
-                  env={"PATH": "/usr/bin", "HOME": str(tmp_path)}, cwd=str(tmp_path),
-                  node=four_k).action == "allow"
+    assert decide(ROOMY, StepRequest(partition=None, argv=[str(py), "-c", "import polars"],
+                                     env={"PATH": "/usr/bin", "HOME": str(tmp_path)},
+                                     cwd=str(tmp_path), node=four_k)).action == "allow"
 
 
 @pytest.mark.network
@@ -439,9 +440,9 @@ def test_the_distributions_extension_modules_are_judged_under_ld_library_path(
     def judged(env: dict[str, str]) -> tuple[list[tuple[str, str]], bool]:
         """The findings, and whether _ctypes' file was read at all."""
         probes: list[tuple[str, str, str]] = []
-        v = decide(ROOMY, partition=None, argv=["/usr/bin/python3", "-c", "pass"],
-                   env={"PATH": "/usr/bin:/bin", **env}, cwd=str(tmp_path), node=detect(),
-                   probes=probes)
+        v = decide(ROOMY, StepRequest(partition=None, argv=["/usr/bin/python3", "-c", "pass"],
+                                      env={"PATH": "/usr/bin:/bin", **env}, cwd=str(tmp_path),
+                                      node=detect()), probes=probes)
         return [(f.rule, f.path) for f in v.findings], any(found[0] in p for p in probes)
 
     assert judged({}) == ([], False)

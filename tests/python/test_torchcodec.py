@@ -221,3 +221,30 @@ def test_a_non_elf_file_under_an_ffmpeg_name_stops_that_variant(site: Path,
     found = issues(site, {"LD_LIBRARY_PATH": str(llp)})
     assert f"{llp}/libavutil.so.60 (invalid ELF header)" in found[0].fact("candidates")
     assert found[0].fact("missing").startswith("libavutil.so.60 (FFmpeg 8)")
+
+
+def test_variants_of_the_other_byte_order_are_left_to_other_rules(
+        tmp_path: Path, elf_builder: ElfBuilder) -> None:
+    """A big-endian aarch64 build of a core variant (same machine and class,
+    other byte order) is no variant this node's dlopen could load, so its
+    FFmpeg needs are not this rule's finding (the old test compared machine
+    and class only, and reported the variant's FFmpeg as missing)."""
+    be = ("-mbig-endian", "-nostdlib")
+    stub = elf_builder.library("be-ffmpeg/libavutil.so.59", arch="aarch64",
+                               source="int av_stub(void) { return 1; }\n", extra_flags=be)
+    pkg = tmp_path / "torchcodec"
+    pkg.mkdir()
+    core = elf_builder.library("be-core/libtorchcodec_core7.so", arch="aarch64",
+                               source="int av_stub(void);\nint core(void) { return av_stub(); }\n",
+                               needed_libs=("avutil",), lib_dirs=(stub.parent,), extra_flags=be)
+    assert "libavutil.so.59" in read_elf(str(core)).needed
+    shutil.copy(core, pkg / core.name)
+    assert torchcodec_issues(str(pkg), {}, "/", NODE, Budget()) == []
+    # The same variant built little-endian is judged: its FFmpeg is missing here.
+    le_stub = elf_builder.library("le-ffmpeg/libavutil.so.59", arch="aarch64",
+                                  source="int av_stub(void) { return 1; }\n")
+    le = elf_builder.library("le-core/libtorchcodec_core7.so", arch="aarch64",
+                             source="int av_stub(void);\nint core(void) { return av_stub(); }\n",
+                             needed_libs=("avutil",), lib_dirs=(le_stub.parent,))
+    shutil.copy(le, pkg / le.name)
+    assert len(torchcodec_issues(str(pkg), {}, "/", NODE, Budget())) == 1

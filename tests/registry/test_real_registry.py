@@ -23,7 +23,7 @@ from local_registry import LocalRegistry, oci_image
 
 from grace_policy._record import replace
 from grace_policy.budget import Budget, BudgetExceeded
-from grace_policy.decide import decide
+from grace_policy.decide import StepRequest, decide
 from grace_policy.node import detect
 from grace_policy.policy import Policy
 from grace_policy.registry import RegistryError
@@ -63,8 +63,9 @@ def _step(text: str, settings: Settings = HTTP) -> RegistryStep:
 
 
 def _decide(step: RegistryStep, machine: str, **policy: object):  # type: ignore[no-untyped-def]
-    return decide(Policy(mode="enforce", **policy), partition=None, argv=["/bin/sh"], env={},
-                  cwd="/", node=_node(machine), registry=step)  # type: ignore[arg-type]
+    return decide(Policy(mode="enforce", **policy), StepRequest(partition=None, argv=["/bin/sh"],
+                                                                env={}, cwd="/",
+                                                                node=_node(machine), registry=step))  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("tag, machine, arch, platforms", [

@@ -42,7 +42,7 @@ from elfpatch import set_load_align
 from fixtures.build import CompileCache, compile_c, src
 from roomy import ROOMY
 
-from grace_policy.decide import action_for, decide, finding_context
+from grace_policy.decide import StepRequest, action_for, decide, finding_context
 from grace_policy.elf import ET_DYN, ET_EXEC, ElfError, read_elf
 from grace_policy.findings import Finding
 from grace_policy.layout import page_issues
@@ -233,8 +233,9 @@ def predicted(case: Case, node: NodeProfile) -> Outcome:
         if case.env != "-":
             name, _, value = case.env.partition("=")
             env[name] = value
-        verdict = decide(ROOMY, partition=None, argv=[root + case.argv[0], *case.argv[1:]],
-                         env=env, cwd="/", node=node)
+        verdict = decide(ROOMY, StepRequest(partition=None,
+                                            argv=[root + case.argv[0], *case.argv[1:]], env=env,
+                                            cwd="/", node=node))
         if verdict.error:
             return Outcome("other", f"check failed: {verdict.error}", action=verdict.action)
         exe = case.argv[0]

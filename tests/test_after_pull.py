@@ -28,6 +28,7 @@ from test_named_container import (  # noqa: F401  (fixtures)
     site,
 )
 
+from grace_policy.container import ContainerStep, Plan
 from grace_policy.container.plan import plan
 from grace_policy.node import NodeProfile
 
@@ -37,6 +38,11 @@ REASON = f"pyxis container step (image {REF}), as pyxis unpacked it"
 pytestmark = [pytest.mark.cross,
               pytest.mark.skipif(shutil.which("mksquashfs") is None,
                                  reason="mksquashfs not installed (squashfs-tools)")]
+
+
+def _pyxis(argv: list[str], env: dict[str, str], args: str) -> Plan:
+    """The plan of a pyxis step of the registry image ``REF``."""
+    return plan(ContainerStep("pyxis", REF, False, REASON, argv, env, "/", args=args))
 
 
 def _args(job: int = 12, step: int = 0, conf: Path | None = None, **more: str) -> str:
@@ -51,17 +57,17 @@ def test_programs_of_another_architecture_are_found(enroot_env: dict[str, str], 
     """An amd64 image by its index whose tool is aarch64: the root pyxis
     made for step 12.0 is judged, the program named in it."""
     root = _create(enroot_env, "pyxis_12.0", images["x86_64"])
-    clean = plan("pyxis", REF, False, REASON, ["tool"], enroot_env, "/", args=_args())
+    clean = _pyxis(["tool"], enroot_env, _args())
     assert clean.image is not None and clean.image.kind == "dir"
     assert clean.image.path == os.path.realpath(root) and clean.registry is None
     assert clean.env["PATH"] == "/opt/app:/usr/local/bin:/usr/bin:/bin"
     assert list(_judge(clean).issues) == []
     shutil.copy2(images["aarch64-tool"], root / "opt/app/tool")
-    report = _judge(plan("pyxis", REF, False, REASON, ["tool"], enroot_env, "/", args=_args()))
+    report = _judge(_pyxis(["tool"], enroot_env, _args()))
     assert [(i.rule, i.path) for i in report.issues] == [
         ("exe-arch-mismatch", f"{os.path.realpath(root)}:/opt/app/tool")]
     # Without the after_pull line, the same step is the manifest's business.
-    before = plan("pyxis", REF, False, REASON, ["tool"], enroot_env, "/", args="")
+    before = _pyxis(["tool"], enroot_env, "")
     assert before.image is None and before.registry is not None
 
 
@@ -70,14 +76,13 @@ def test_an_arm64_image_for_4k_pages(enroot_env: dict[str, str],  # noqa: F811
     """The index says arm64, right for a GB200 node; its program was linked
     for 4 KiB pages: only its ELF says so."""
     root = _create(enroot_env, "pyxis_12.0", images["aarch64"])
-    todo = plan("pyxis", REF, False, REASON, ["/opt/app/tool4k"], enroot_env, "/",
-                args=_args())
+    todo = _pyxis(["/opt/app/tool4k"], enroot_env, _args())
     assert todo.image is not None and todo.image.path == os.path.realpath(root)
     gb200 = NodeProfile("aarch64", 65536, (2, 36))
     rules = [i.rule for i in _judge(todo, gb200).issues]
     assert "page-congruence" in rules, rules
-    assert [i.rule for i in _judge(plan("pyxis", REF, False, REASON, ["/opt/app/tool"],
-                                        enroot_env, "/", args=_args()), gb200).issues] == []
+    native = _pyxis(["/opt/app/tool"], enroot_env, _args())
+    assert [i.rule for i in _judge(native, gb200).issues] == []
 
 
 def test_names_pyxis_gives(enroot_env: dict[str, str], images: dict[str, Path],  # noqa: F811
@@ -87,21 +92,17 @@ def test_names_pyxis_gives(enroot_env: dict[str, str], images: dict[str, Path], 
     one, whatever its flag (pyxis created it just now, even with
     ``:create``). No root there: a skip, never a guess."""
     conf = tmp_path / "slurm.conf"
-    missing = plan("pyxis", REF, False, REASON, ["tool"], enroot_env, "/", args=_args())
+    missing = _pyxis(["tool"], enroot_env, _args())
     assert missing.image is None and "pyxis_12.0 is not there" in str(missing.skipped)
     _slurm_conf(tmp_path, "container_scope=job")
     root = _create(enroot_env, "pyxis_12_12.3", images["x86_64"])
-    todo = plan("pyxis", REF, False, REASON, ["tool"], enroot_env, "/",
-                args=_args(step=3, conf=conf))
+    todo = _pyxis(["tool"], enroot_env, _args(step=3, conf=conf))
     assert todo.image is not None and todo.image.path == os.path.realpath(root)
     named = _create(enroot_env, "pyxis_12_demo", images["x86_64"])
-    todo = plan("pyxis", REF, False, REASON, ["tool"], enroot_env, "/",
-                args=_args(conf=conf, name="demo:create"))
+    todo = _pyxis(["tool"], enroot_env, _args(conf=conf, name="demo:create"))
     assert todo.image is not None and todo.image.path == os.path.realpath(named)
     _slurm_conf(tmp_path, "")
-    gone = plan("pyxis", REF, False, REASON, ["tool"], enroot_env, "/",
-                args=_args(conf=conf, name="demo"))
+    gone = _pyxis(["tool"], enroot_env, _args(conf=conf, name="demo"))
     assert "pyxis_demo is not there" in str(gone.skipped)
-    bad = plan("pyxis", REF, False, REASON, ["tool"], enroot_env, "/",
-               args=_args(conf=conf, name="a/b"))
+    bad = _pyxis(["tool"], enroot_env, _args(conf=conf, name="a/b"))
     assert "name pyxis gave the container is not known" in str(bad.skipped)

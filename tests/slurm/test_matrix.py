@@ -25,8 +25,10 @@ reported as skipped.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import xml.etree.ElementTree as ET
@@ -69,14 +71,8 @@ CONTAINERS = ("tests/slurm/test_containers.py", "tests/slurm/test_container_pyth
 #: another Python, and what they test (the core's CUDA judgement, the C
 #: cache's GPU facts) does not change with the Slurm release.
 GPU = ("tests/slurm/test_gpu_arch.py", "tests/slurm/test_gpu_cache.py")
-#: Run on the host's 22.05 only, for now: in the release roots, under the
-#: load of a parallel make test, its checker=step case failed in 2 of 4 runs
-#: this round with Slurm's own launch error ("_exec_wait_child_wait_for_parent:
-#: failed", "Slurmd could not execve job") - also on the main before this
-#: round's changes (afb947e, 24.11 root). Not yet understood.
-FLAKY_IN_ROOTS = ("tests/slurm/test_cgroup.py",)
 INNER_IGNORE = ("tests/slurm/test_matrix.py", "tests/slurm/test_packages.py", *CONTAINERS,
-                *GPU, *FLAKY_IN_ROOTS)
+                *GPU)
 #: What tests/slurm/test_containers.py needs in a root besides what the root
 #: has (packaging/install-deps.sh's container line; mmdebstrap for the SIFs).
 CONTAINER_DEBS = ("squashfs-tools", "parallel", "gawk", "makeself", "libmd-dev", "libbsd-dev",
@@ -438,3 +434,36 @@ def test_a_pivoted_root_can_hold_a_newer_namespace(
     assert done.stdout.split() == [f"bound-{cpu}" for cpu in cpus], (ids, done.stdout,
                                                                      done.stderr)
 
+
+def test_the_freezer_lock_is_one_file_for_the_host_and_the_roots(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """test_cgroup's clusters take turns with the machine's freezer
+    hierarchy by a lock file in the tests' cache (they share its cgroup
+    names, test_cgroup's docstring). A root, entered by chroot or by
+    pivot_root, must lock that very file: while the host holds it, neither
+    gets it; once released, both do. (A file of its own beside it: the real
+    one may be held by a test_cgroup running now.)"""
+    if not _deb_releases():
+        pytest.skip("GRACE_SLURM_RELEASES=none: no release root")
+    from .test_cgroup import freezer_lock
+
+    lock = freezer_lock().with_name(f"probe-{os.getpid()}.lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    probe = ("python3 -c 'import fcntl, sys\n"
+             "try:\n fcntl.flock(open(sys.argv[1], \"a\"), fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
+             "except BlockingIOError:\n print(\"held\")\n"
+             f"else:\n print(\"free\")' {shlex.quote(str(lock))}")
+    root = _open(_deb_releases()[0], tmp_path_factory.mktemp("lock"))
+    try:
+        seen = []
+        with open(lock, "a") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                seen += [root.run(probe).stdout.strip(), root.run(probe, pivot=True).stdout.strip()]
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+        seen += [root.run(probe).stdout.strip(), root.run(probe, pivot=True).stdout.strip()]
+    finally:
+        root.close()
+        lock.unlink(missing_ok=True)
+    assert seen == ["held", "held", "free", "free"]

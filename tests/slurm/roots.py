@@ -149,6 +149,69 @@ def _mounts_under(path: Path) -> list[str]:
     return sorted(set(found), key=lambda p: p.count("/"), reverse=True)
 
 
+#: NS_GET_MNTNS_ID (linux/nsfs.h; Linux 6.9+): a mount namespace's id.
+_NS_GET_MNTNS_ID = 0x8008B705
+#: Printed (stderr) when a new namespace's id is not below what every CPU
+#: hands out next: Root.run makes another.
+_MNTNS_RETRY = "grace-roots: mount namespace id not the lowest, made again"
+#: Run by the host's python3 (``sys.executable -c``). ``probe CPU...``: the id
+#: a mount namespace made now on each CPU gets (a child pinned there
+#: unshares and reports it), one per line. ``below CPU...``: in the
+#: namespace Root.run(pivot=True) just made: exit 75 unless its own id is
+#: below every CPU's, then give the parent shell all CPUs back. A kernel
+#: without the ioctl prints nothing and exits 0 (ids did not come in
+#: per-CPU batches before it, see :meth:`Root.run`).
+_MNTNS_PROBE = f"""
+import ctypes, fcntl, os, struct, sys
+def ns_id(path="/proc/self/ns/mnt"):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return struct.unpack("Q", fcntl.ioctl(fd, {_NS_GET_MNTNS_ID}, bytes(8)))[0]
+    finally:
+        os.close(fd)
+def made_on(cpu):
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.sched_setaffinity(0, {{cpu}})
+            if ctypes.CDLL(None, use_errno=True).unshare(0x00020000) == 0:
+                os.write(w, str(ns_id()).encode())
+        finally:
+            os._exit(0)
+    os.close(w)
+    data = os.read(r, 64)
+    os.close(r)
+    os.waitpid(pid, 0)
+    return int(data) if data else None
+try:
+    own = ns_id()
+except OSError:
+    sys.exit(0)
+cpus = [int(c) for c in sys.argv[2:]]
+ids = [made_on(c) for c in cpus]
+if sys.argv[1] == "probe":
+    print(*(f"{{c}} {{i}}" for c, i in zip(cpus, ids) if i is not None), sep="\\n")
+    sys.exit(0)
+if any(i is not None and i <= own for i in ids):
+    print({_MNTNS_RETRY!r}, own, ids, file=sys.stderr)
+    sys.exit(75)
+try:
+    os.sched_setaffinity(os.getppid(), cpus)
+except OSError:
+    pass  # the run keeps the one CPU: slower, never wrong
+"""
+
+
+def mntns_next_ids(cpus: Sequence[int]) -> dict[int, int]:
+    """CPU -> the id a mount namespace made there now gets; empty if the
+    kernel does not say (no NS_GET_MNTNS_ID)."""
+    done = subprocess.run([sys.executable, "-c", _MNTNS_PROBE, "probe", *map(str, cpus)],
+                          capture_output=True, text=True, timeout=60, check=False)
+    pairs = (line.split() for line in done.stdout.splitlines())
+    return {int(cpu): int(ns) for cpu, ns in pairs}
+
+
 #: A file at the top of every overlay: a process whose root holds this very
 #: file (same device and inode) is inside, also when it entered by
 #: pivot_root in a mount namespace of its own, where ``/proc/PID/root``
@@ -253,8 +316,8 @@ class Root:
         return env
 
     def run(self, script: str, *, timeout: float = 900, cwd: str = "/",
-            env: Mapping[str, str] | None = None,
-            pivot: bool = False) -> subprocess.CompletedProcess[str]:
+            env: Mapping[str, str] | None = None, pivot: bool = False,
+            cpus: Sequence[int] | None = None) -> subprocess.CompletedProcess[str]:
         """``sh -ec script`` inside the root. On a timeout the whole session
         and everything else inside the root is killed, by pid.
 
@@ -265,14 +328,60 @@ class Root:
         machine's real ``/`` (a task pyxis moves into its container sees the
         host's files). After pivot_root the overlay is the namespace's root.
         Mounts made inside stay in that namespace and end with its last
-        process (close() still kills those, found by :data:`MARKER`)."""
-        argv = ["chroot", str(self.path), "/bin/sh", "-ec", f"cd {cwd}\n{script}"]
-        if pivot:
-            (self.path / ".oldroot").mkdir(exist_ok=True)
-            inner = shlex.join(["/bin/sh", "-ec", f"umount -l /.oldroot\ncd {cwd}\n{script}"])
-            argv = ["unshare", "--mount", "--propagation", "private", "/bin/sh", "-ec",
-                    f"cd {shlex.quote(str(self.path))}\npivot_root . .oldroot\n"
-                    f"exec /usr/sbin/chroot . {inner}"]
+        process (close() still kills those, found by :data:`MARKER`).
+
+        That namespace's id is made lower than any made later (see
+        :meth:`_pivot_argv`): job_container/tmpfs binds a job's new
+        namespace to a file, which the kernel refuses (EINVAL) for a
+        namespace whose id is not above the binder's own. ``cpus``: where
+        what runs inside may run (default: where this process may)."""
+        if not pivot:
+            return self._run(["chroot", str(self.path), "/bin/sh", "-ec", f"cd {cwd}\n{script}"],
+                             timeout, env)
+        (self.path / ".oldroot").mkdir(exist_ok=True)
+        allowed = sorted(cpus if cpus is not None else os.sched_getaffinity(0))
+        done = self._run(self._pivot_argv(script, cwd, allowed), timeout, env)
+        for _ in range(4):
+            if done.returncode != 75 or _MNTNS_RETRY not in done.stderr.partition("\n")[0]:
+                break
+            done = self._run(self._pivot_argv(script, cwd, allowed), timeout, env)
+        return done
+
+    def _pivot_argv(self, script: str, cwd: str, cpus: Sequence[int]) -> list[str]:
+        """unshare + pivot_root + chroot, with the new mount namespace's id
+        below any a later namespace gets.
+
+        Why: mount(2) refuses to bind a mount namespace's file (what
+        job_container/tmpfs does with every job's namespace, BasePath/NODE/
+        JOB/.ns, and tests with their own holders) unless that namespace's
+        id is above the caller's (fs/namespace.c, mnt_ns_loop: a bind that
+        could make a loop). Ids used to be one global sequence, so a newer
+        namespace always qualified; on this machine's kernel (6.18) they
+        come in per-CPU batches (seen: a namespace made on CPU 1 after one
+        made on CPU 0 got a lower id). slurmd in a namespace made here then
+        failed the job namespace of any job whose extern step ran on the
+        other CPU ("_create_ns: ns base mount failed: Invalid argument"; the
+        job requeued and pending). The host's initial namespace, where the
+        chroot runs and the host's own tests live, has the lowest id of all.
+        So: make it on the CPU that hands out the lowest id now (every CPU's
+        later ids are above what it hands out now), check that it is lower
+        than what each CPU hands out next (exit 75, made again, if another
+        process took the batch in between), then give it ``cpus``. (On one
+        CPU all ids are in order: nothing to choose.)"""
+        inner = shlex.join(["/bin/sh", "-ec", f"umount -l /.oldroot\ncd {cwd}\n{script}"])
+        ids = mntns_next_ids(cpus) if len(cpus) > 1 else {}
+        pin: list[str] = []
+        check = ""
+        if ids:
+            pin = ["taskset", "-c", str(min(ids, key=ids.__getitem__))]
+            check = shlex.join([sys.executable, "-c", _MNTNS_PROBE, "below",
+                                *map(str, cpus)]) + "\n"
+        return [*pin, "unshare", "--mount", "--propagation", "private", "/bin/sh", "-ec",
+                f"{check}cd {shlex.quote(str(self.path))}\npivot_root . .oldroot\n"
+                f"exec /usr/sbin/chroot . {inner}"]
+
+    def _run(self, argv: list[str], timeout: float,
+             env: Mapping[str, str] | None) -> subprocess.CompletedProcess[str]:
         proc = subprocess.Popen(
             argv,
             env=self.env(env), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,

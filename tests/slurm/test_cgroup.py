@@ -11,10 +11,24 @@ answers, tests/slurm/hungfs.py) is such a process. This module runs the
 session cluster with proctrack/cgroup (this machine's cgroup v1 freezer
 hierarchy; restored to linuxproc afterwards) and records what becomes of the
 step and the node.
+
+One such cluster at a time on the machine (:func:`_freezer_to_ourselves`):
+Slurm names its cgroups ``/slurm_NODE/uid_U/job_J/step_S`` from the node
+name, which every test cluster here shares, and every cluster's job ids
+start at 1. Two of them at once (``make test`` runs this module on the
+host's 22.05 and in the 24.11 and 26.05 roots side by side) share those
+directories: one removed the other's new, still empty ``step_0`` before
+slurmstepd put the task in it, and that launch failed
+("_cgroup_procs_check: failed on path .../job_2/step_0/cgroup.procs: No such
+file or directory", "proctrack_g_add: ...", then in the task
+"_exec_wait_child_wait_for_parent: failed", srun "Slurmd could not execve
+job").
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import re
 import time
@@ -22,6 +36,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from corpus import cache_root
 
 from .cluster import NODE
 from .harness import SlurmEnv
@@ -34,6 +49,9 @@ TIMEOUT_MS = 2000
 #: Short, so a drain shows within the test (Slurm's default is 60 s).
 UNKILLABLE_S = 20
 FREEZER = Path("/sys/fs/cgroup/freezer")
+#: How long a cluster waits for another's turn with the freezer hierarchy
+#: (one takes about 70 s; three modules may queue).
+TURN_S = 900
 
 
 def _cgroup_reason() -> str | None:
@@ -44,6 +62,36 @@ def _cgroup_reason() -> str | None:
     return None
 
 
+def freezer_lock() -> Path:
+    """The file every proctrack/cgroup test cluster on this machine locks."""
+    return cache_root() / "locks" / f"freezer-slurm_{NODE}.lock"
+
+
+@contextlib.contextmanager
+def _freezer_to_ourselves() -> Iterator[None]:
+    """Hold the machine's lock on ``FREEZER/slurm_NODE`` (see the module's
+    docstring): a file in the tests' cache, which the release roots see at
+    the same path (tests/slurm/roots.py binds it in), so the host's run and
+    the roots' runs take turns. Bounded: TURN_S, then the test fails."""
+    lock = freezer_lock()
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as fh:
+        deadline = time.monotonic() + TURN_S
+        while True:
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    pytest.fail(f"{lock}: another cluster has used {FREEZER}/slurm_{NODE} "
+                                f"for more than {TURN_S} s")
+                time.sleep(1)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
 @pytest.fixture(scope="module")
 def cgroup_slurm(slurm: SlurmEnv) -> Iterator[SlurmEnv]:
     """The session cluster restarted with proctrack/cgroup, then back."""
@@ -52,6 +100,11 @@ def cgroup_slurm(slurm: SlurmEnv) -> Iterator[SlurmEnv]:
         if os.environ.get("CI"):
             pytest.fail(reason)
         pytest.skip(reason)
+    with _freezer_to_ourselves():
+        yield from _with_cgroup(slurm)
+
+
+def _with_cgroup(slurm: SlurmEnv) -> Iterator[SlurmEnv]:
     cluster = slurm.cluster
     plain = cluster.write_config
 

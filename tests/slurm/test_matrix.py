@@ -25,8 +25,10 @@ reported as skipped.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import xml.etree.ElementTree as ET
@@ -51,12 +53,17 @@ SRC = "/src/grace-policy"
 #: neither works in a chroot): test_containers_in_the_newest_release runs it,
 #: after installing them.
 #: Apptainer (the root's own package), pyxis' batch step and enroot's mounts
-#: run there too.
+#: run there too, and job_container/tmpfs: the job's namespace, entered with
+#: setns, resets a process's root to the namespace's, which from a chroot is
+#: the host's (the 24.11 run's steps could not find their own directories).
+#: (It failed there under load once: the pivoted root's namespace had a
+#: higher id than a job's made on the other CPU, so slurmstepd could not
+#: bind the job's namespace; roots.Root._pivot_argv now makes it the lowest.)
 CONTAINERS = ("tests/slurm/test_containers.py", "tests/slurm/test_container_python.py",
               "tests/slurm/test_apptainer_slurm.py", "tests/slurm/test_after_pull.py",
               "tests/slurm/test_pyxis_batch.py", "tests/slurm/test_enroot_mounts.py",
               "tests/slurm/test_oci_path.py", "tests/slurm/test_registry.py",
-              "tests/slurm/test_named_containers.py",
+              "tests/slurm/test_job_container.py", "tests/slurm/test_named_containers.py",
               "tests/slurm/test_container_cache.py", "tests/slurm/test_container_bounds.py")
 #: GPU steps run on the host's Slurm only: their CUDA fixtures are built with
 #: nvcc from PyPI, the host's g++ and the aarch64 cross g++, for the host's
@@ -64,20 +71,8 @@ CONTAINERS = ("tests/slurm/test_containers.py", "tests/slurm/test_container_pyth
 #: another Python, and what they test (the core's CUDA judgement, the C
 #: cache's GPU facts) does not change with the Slurm release.
 GPU = ("tests/slurm/test_gpu_arch.py", "tests/slurm/test_gpu_cache.py")
-#: Run on the host's 22.05 only, for now: in the release roots, under the
-#: load of a parallel make test, its checker=step case failed in 2 of 4 runs
-#: this round with Slurm's own launch error ("_exec_wait_child_wait_for_parent:
-#: failed", "Slurmd could not execve job") - also on the main before this
-#: round's changes (afb947e, 24.11 root). Not yet understood.
-FLAKY_IN_ROOTS = ("tests/slurm/test_cgroup.py",
-                  # job_container/tmpfs: from a chroot, setns into the job's
-                  # namespace lands on the host's root; in the newest root entered
-                  # by pivot_root it passed 3 of 3 once, then 2 of 4 failed under
-                  # a loaded parallel run (job pending past 120 s; the test's
-                  # second holder not seen). Not yet understood.
-                  "tests/slurm/test_job_container.py")
 INNER_IGNORE = ("tests/slurm/test_matrix.py", "tests/slurm/test_packages.py", *CONTAINERS,
-                *GPU, *FLAKY_IN_ROOTS)
+                *GPU)
 #: What tests/slurm/test_containers.py needs in a root besides what the root
 #: has (packaging/install-deps.sh's container line; mmdebstrap for the SIFs).
 CONTAINER_DEBS = ("squashfs-tools", "parallel", "gawk", "makeself", "libmd-dev", "libbsd-dev",
@@ -397,3 +392,78 @@ def test_a_pivoted_root_is_its_namespace_root_and_closes(
         root.close()
     assert daemon not in roots.pids_inside(root.path)
     assert not root.base.exists()
+
+
+def test_a_pivoted_root_can_hold_a_newer_namespace(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """What job_container/tmpfs does for every job from slurmd's namespace
+    (bind a newly made mount namespace's file, BasePath/NODE/JOB/.ns, to
+    hold it) works in a pivoted root whichever CPU the new namespace is
+    made on. The run starts pinned to the CPU that hands out the highest
+    namespace ids now (the script may use every CPU, as slurmd's steps
+    do): without roots.Root._pivot_argv's choice its
+    namespace gets a higher id than one made next on another CPU, and the
+    kernel refuses that bind (EINVAL: the 26.05 root's "ns base mount
+    failed", its jobs requeued and left pending)."""
+    if not _deb_releases():
+        pytest.skip("GRACE_SLURM_RELEASES=none: no release root")
+    cpus = sorted(os.sched_getaffinity(0))
+    ids = roots.mntns_next_ids(cpus)
+    if len(ids) < 2:
+        pytest.skip(f"namespace ids per CPU unknown here (CPUs {cpus}, ids {ids})")
+    worst = max(ids, key=ids.__getitem__)
+    script = "".join(
+        f"taskset -c {cpu} unshare --mount sleep 60 & pid=$!; i=0\n"
+        # Until the child has its own namespace (bounded: 10 s).
+        f'while [ "$(readlink /proc/$pid/ns/mnt)" = "$(readlink /proc/self/ns/mnt)" ] '
+        f"&& [ $i -lt 200 ]; do sleep 0.05; i=$((i+1)); done\n"
+        f"touch /tmp/ns-{cpu}\n"
+        f"if mount --bind /proc/$pid/ns/mnt /tmp/ns-{cpu}; then echo bound-{cpu}; "
+        f"umount /tmp/ns-{cpu}; else echo refused-{cpu}; fi\n"
+        "kill $pid\n" for cpu in cpus)
+    root = _open(_deb_releases()[0], tmp_path_factory.mktemp("nsid"))
+    try:
+        os.sched_setaffinity(0, {worst})
+        try:
+            done = root.run(script, pivot=True, timeout=120, cpus=cpus)
+        finally:
+            os.sched_setaffinity(0, cpus)
+    finally:
+        root.close()
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == [f"bound-{cpu}" for cpu in cpus], (ids, done.stdout,
+                                                                     done.stderr)
+
+
+def test_the_freezer_lock_is_one_file_for_the_host_and_the_roots(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """test_cgroup's clusters take turns with the machine's freezer
+    hierarchy by a lock file in the tests' cache (they share its cgroup
+    names, test_cgroup's docstring). A root, entered by chroot or by
+    pivot_root, must lock that very file: while the host holds it, neither
+    gets it; once released, both do. (A file of its own beside it: the real
+    one may be held by a test_cgroup running now.)"""
+    if not _deb_releases():
+        pytest.skip("GRACE_SLURM_RELEASES=none: no release root")
+    from .test_cgroup import freezer_lock
+
+    lock = freezer_lock().with_name(f"probe-{os.getpid()}.lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    probe = ("python3 -c 'import fcntl, sys\n"
+             "try:\n fcntl.flock(open(sys.argv[1], \"a\"), fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
+             "except BlockingIOError:\n print(\"held\")\n"
+             f"else:\n print(\"free\")' {shlex.quote(str(lock))}")
+    root = _open(_deb_releases()[0], tmp_path_factory.mktemp("lock"))
+    try:
+        seen = []
+        with open(lock, "a") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                seen += [root.run(probe).stdout.strip(), root.run(probe, pivot=True).stdout.strip()]
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+        seen += [root.run(probe).stdout.strip(), root.run(probe, pivot=True).stdout.strip()]
+    finally:
+        root.close()
+        lock.unlink(missing_ok=True)
+    assert seen == ["held", "held", "free", "free"]

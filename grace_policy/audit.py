@@ -37,6 +37,7 @@ if TYPE_CHECKING:  # keep typing off the clean path; annotations are strings
         node: str | None
         elapsed_ms: float | None
         program: str | None
+        phase: str | None
 
 #: Every line has exactly these keys (None where not applicable), so tools can
 #: rely on them; ``time`` and ``event`` are added by the writers.
@@ -61,6 +62,10 @@ FIELDS = (
     "image",
 )
 EVENT = "decision"
+#: The optional ``phase`` key of a pyxis registry-image step, judged twice on
+#: each node: from the manifest in user_init, then from the root pyxis made,
+#: in task_init (spank/grace_afterpull.c). Other lines have no ``phase``.
+PHASES = ("before_pull", "after_pull")
 
 #: Arguments shared by both writers so their output is byte-compatible.
 _DUMPS: dict[str, Any] = {"sort_keys": True, "ensure_ascii": True, "default": str}
@@ -87,7 +92,7 @@ def record_fields(verdict: Verdict, where: Where) -> dict[str, Any]:
     if uid is None:
         uid = os.getuid()
     paths = list(dict.fromkeys(f.path for f in verdict.findings))
-    return {
+    fields = {
         "job_id": None if job_id is None else str(job_id),
         "step_id": None if step_id is None else str(step_id),
         "uid": uid,
@@ -108,6 +113,11 @@ def record_fields(verdict: Verdict, where: Where) -> dict[str, Any]:
         # The container image the step was judged in (issue 15), else None.
         "image": verdict.image,
     }
+    if where.get("phase"):
+        # Only on a step judged twice (a registry image: before the pull and
+        # again after it, :data:`PHASES`), so report counts the step once.
+        fields["phase"] = where["phase"]
+    return fields
 
 
 def enforce_action(verdict: Verdict) -> str | None:
@@ -194,7 +204,8 @@ def render_decision(verdict: Verdict, **where: Unpack[Where]) -> str:
     """The decision line of ``verdict``, newline included, without writing
     it: the plugin's check hands it to slurmstepd, which writes it only once
     the verdict has been applied (a failed env edit writes C's failure line
-    instead), so every step leaves exactly one line. Raises what building
+    instead), so every judgement leaves exactly one line (a registry image's
+    step is judged twice per node, lines marked by ``phase``). Raises what building
     the record raises; :func:`write_decision` is the never-raising writer."""
     fields = record_fields(verdict, where)
     line = None

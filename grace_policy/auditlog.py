@@ -69,6 +69,10 @@ class Decision:
     #: decided (contract.FAILURES: timeout, python, config,
     #: plugstack, env, check, internal); their mode is null.
     failure: str | None = None
+    step_id: str | None = None
+    #: ``before_pull``/``after_pull`` on a registry image's two judgements
+    #: (audit.PHASES), else None.
+    phase: str | None = None
 
 
 def parse_time(text: str) -> float | None:
@@ -127,6 +131,7 @@ def _decision(obj: dict[str, Any]) -> Decision:
                                         and elapsed >= 0))
             or not _opt_strs(obj)
             or not (enforce is None or enforce in ACTIONS)
+            or obj.get("phase") not in (None, "before_pull", "after_pull")
             or obj.get("cache") not in (None, "hit")
             or not isinstance(exempt_raw, list)):
         raise ValueError("not a decision")
@@ -144,7 +149,8 @@ def _decision(obj: dict[str, Any]) -> Decision:
         elapsed_ms=None if elapsed is None else float(elapsed), error=obj.get("error"),
         skipped=obj.get("skipped"), cache_hit=obj.get("cache") == "hit",
         program=obj.get("program"), enforce_action=enforce, exempt=exempt,
-        node=obj.get("node"), job_id=obj.get("job_id"), failure=failure)
+        node=obj.get("node"), job_id=obj.get("job_id"), failure=failure,
+        step_id=obj.get("step_id"), phase=obj.get("phase"))
 
 
 def read_lines(path: str) -> Iterator[tuple[str, bytes]]:
@@ -287,12 +293,38 @@ class Report:
     would_refuse_users: Counter = field(default_factory=Counter)
     #: warn-mode steps from an older plugin that did not record enforce_action
     would_refuse_unknown: int = 0
+    #: A registry image's step is judged twice per node (audit.PHASES): its
+    #: user_init line waits here, keyed by (node, job, step), until the line
+    #: from after the pull stands for it; one never followed counts itself.
+    before_pull: dict[tuple[Any, ...], Decision] = field(default_factory=dict)
+    after_pull: set[tuple[Any, ...]] = field(default_factory=set)
 
     # -- reading ------------------------------------------------------------
     def read(self, paths: Iterable[str]) -> Report:
         for path in paths:
             self.read_file(path)
+        for decision in self.before_pull.values():
+            self.add(decision)
+        self.before_pull.clear()
         return self
+
+    def offer(self, d: Decision) -> None:
+        """Count ``d`` as a step, unless it is one of a step's two judgements
+        and the other, from after the pull, stands for the step (in whichever
+        order the files hold them)."""
+        if d.phase is None:
+            self.add(d)
+            return
+        key = (d.node, d.job_id, d.step_id)
+        if d.phase == "after_pull":
+            self.after_pull.add(key)
+            if self.before_pull.pop(key, None) is not None:
+                self.lines["judged_again_after_pull"] += 1
+            self.add(d)
+        elif key in self.after_pull:
+            self.lines["judged_again_after_pull"] += 1
+        else:
+            self.before_pull[key] = d
 
     def read_file(self, path: str) -> None:
         info: dict[str, Any] = {"path": path, "lines": 0, "decisions": 0, "error": None,
@@ -321,7 +353,7 @@ class Report:
                 if not self.filters.keep(decision):
                     self.lines["filtered_out"] += 1
                     continue
-                self.add(decision)
+                self.offer(decision)
         except (OSError, EOFError, zlib.error, gzip.BadGzipFile) as exc:
             info["error"] = (f"{exc.strerror}" if isinstance(exc, OSError) and exc.strerror
                              else f"{type(exc).__name__}: {exc}")
@@ -406,7 +438,8 @@ class Report:
             "filters": {"partitions": sorted(self.filters.partitions),
                         "uids": sorted(self.filters.uids)},
             "lines": {k: self.lines.get(k, 0)
-                      for k in ("total", "decisions", "filtered_out", *SKIP_KINDS)},
+                      for k in ("total", "decisions", "filtered_out", "judged_again_after_pull",
+                                *SKIP_KINDS)},
             "steps": self.steps,
             "actions": {a: self.actions.get(a, 0) for a in ACTIONS},
             "partitions": partitions,

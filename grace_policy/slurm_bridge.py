@@ -22,7 +22,8 @@ header is generated; the struct, codes and kinds below are read from it):
   item that starts with :data:`AUDIT_MARK` (``GRACE_LOG_AUDIT``):
   C writes it once the verdict has been applied, or writes its own failure
   line instead (an env edit that failed, a verdict that came too late), so
-  every step leaves exactly one audit line, always written by slurmstepd.
+  every judgement leaves exactly one audit line, always written by slurmstepd
+  (a pyxis registry image's step is judged twice per node: ``phase``).
 
 :func:`run_step` is plain Python on plain values, so it can be tested and
 profiled without Slurm or cffi.
@@ -375,9 +376,23 @@ def _audit(step: StepInput, verdict: Verdict, elapsed_ms: float,
     try:
         return render_decision(
             verdict, job_id=step.job_id, step_id=step.step_name, uid=step.uid,
-            node=step.node or None, elapsed_ms=elapsed_ms, program=program), None
+            node=step.node or None, elapsed_ms=elapsed_ms, program=program,
+            phase=_phase(step)), None
     except Exception as exc:  # a bug in building the record must not fail the step
         return None, f"audit log {step.audit_path}: {type(exc).__name__}: {exc}"
+
+
+def _phase(step: StepInput) -> str | None:
+    """Which of a registry image's two judgements this is (audit.PHASES):
+    every pyxis step of an image that is not a local file is judged in
+    user_init (the manifest, or a named container's root) and, once pyxis
+    has made the container, again from task_init (``after_pull`` in its
+    args, spank/grace_afterpull.c)."""
+    if step.container_kind != "pyxis" or step.container_local:
+        return None
+    lines = (step.container_args or "").splitlines()
+    return "after_pull" if any(line.startswith("after_pull=") for line in lines) \
+        else "before_pull"
 
 
 # --------------------------------------------------------------------------

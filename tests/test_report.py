@@ -58,7 +58,7 @@ def test_nesting_beyond_the_parser_is_skipped_not_fatal() -> None:
     {"elapsed_ms": "fast"}, {"elapsed_ms": float("nan")}, {"elapsed_ms": -1},
     {"time": "yesterday"}, {"time": "2026-12-01T08:00:00"}, {"cache": "miss"},
     {"enforce_action": "maybe"}, {"exempt": [1]}, {"exempt": [{"rule": 3}]},
-    {"partition": 7}, {"program": ["x"]},
+    {"partition": 7}, {"program": ["x"]}, {"phase": "during_pull"},
 ])
 def test_a_decision_with_wrong_fields_is_invalid(over: dict[str, object]) -> None:
     assert auditlog.classify(_line(**over).encode())[0] == "invalid"
@@ -73,6 +73,43 @@ def test_old_lines_without_the_new_fields_still_count(tmp_path: Path) -> None:
     data = auditlog.Report().read([str(log)]).to_json()
     assert data["steps"] == 1
     assert data["would_refuse"]["steps"] == 0 and data["would_refuse"]["unknown"] == 1
+
+
+def _pulled(phase: str, action: str, job: int = 1, node: str = "n") -> str:
+    return _line(phase=phase, action=action, job_id=str(job), node=node, mode="enforce",
+                 rules=[] if action == "allow" else ["exe-arch-mismatch"])
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_a_registry_step_judged_twice_is_one_step(tmp_path: Path, reverse: bool) -> None:
+    """user_init's manifest judgement, then the root after the pull: one
+    step, counted by the second (in whichever order rotated files hold
+    them); a first judgement never followed (no after-pull, pyxis failed)
+    is still a step; the same job on another node is another step."""
+    lines = [_pulled("before_pull", "allow"), _pulled("after_pull", "reject"),
+             _pulled("before_pull", "allow", job=2),
+             _pulled("before_pull", "allow", node="m"), _pulled("after_pull", "allow", node="m")]
+    log = tmp_path / "audit.log"
+    log.write_text("\n".join(reversed(lines) if reverse else lines) + "\n")
+    data = auditlog.Report().read([str(log)]).to_json()
+    assert data["steps"] == 3
+    assert data["actions"] == {"allow": 2, "warn": 0, "reject": 1}
+    assert data["lines"]["judged_again_after_pull"] == 2
+
+
+def test_the_bridge_marks_only_a_registry_images_two_judgements() -> None:
+    from grace_policy.slurm_bridge import StepInput, _phase
+
+    def step(**container: object) -> StepInput:
+        return StepInput(None, "allow", None, "/", None, "n", ("x",), {}, 1, 0, 0, False,
+                         **container)  # type: ignore[arg-type]
+
+    assert _phase(step()) is None
+    assert _phase(step(container_kind="pyxis", container_local=True)) is None
+    assert _phase(step(container_kind="pyxis")) == "before_pull"
+    after = step(container_kind="pyxis", container_args="mounts=\nafter_pull=1\n")
+    assert _phase(after) == "after_pull"
+    assert "phase" not in json.loads(_line())
 
 
 def test_files_plain_gzip_truncated_missing_empty(tmp_path: Path) -> None:

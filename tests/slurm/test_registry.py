@@ -132,6 +132,8 @@ def test_amd64_image_and_list_run(pulls: Pulls, tag: str) -> None:
     rec, after = px.records(before)
     assert rec["action"] == "allow" and "judged after the pull" in str(rec["skipped"])
     assert after["action"] == "allow" and "/pyxis_" in str(after["image"])
+    # Marked as one step's two judgements: grace-policy report counts one.
+    assert (rec.get("phase"), after.get("phase")) == ("before_pull", "after_pull")
     # enroot then pulled the amd64 layer itself (never the arm64 one).
     gets = " ".join(pulls.registry.blob_gets(mark))
     assert pulls.layers[tag]["x86_64"].split(":")[1] in gets

@@ -457,7 +457,8 @@ def test_report_and_metrics_from_real_audit_logs(slurm: SlurmEnv, tmp_path: Path
 
     # -- field by field -------------------------------------------------------
     assert rep["lines"] == {"total": 15, "decisions": 9, "filtered_out": 0, "torn": 3,
-                            "foreign": 1, "invalid": 1, "oversized": 1}
+                            "foreign": 1, "invalid": 1, "oversized": 1,
+                            "judged_again_after_pull": 0}
     assert [(Path(f["path"]).name, f["lines"], f["decisions"], f["error"])
             for f in rep["files"]] == [("audit.log", 4, 4, None), ("audit.log.1.gz", 5, 5, None),
                                       ("audit.log.2", 6, 0, None)]

@@ -3,10 +3,11 @@
 Starts an x86_64 controller and login node on this machine (inside a
 network namespace made for it) and an aarch64 64 KiB-page compute node
 under qemu (first run: builds and caches the kernel and the node's root),
-submits the seeds' scenarios from the x86_64 side as an ordinary user, shows
-what the user saw, what the node's audit log recorded and what
-``grace-policy check --partition gb200`` predicted on the login node, then
-stops everything. Needs root (namespace, tap, daemons).
+plus an x86_64 node (a second slurmd here), submits the seeds' scenarios
+(srun steps and batch jobs, to gb200 and x86) from the x86_64 side as an
+ordinary user, shows what the user saw, what the node's audit log recorded
+and what ``grace-policy check --partition P`` predicted on the login node,
+then stops everything. Needs root (namespace, tap, daemons).
 """
 
 from __future__ import annotations
@@ -44,14 +45,18 @@ def main() -> int:
                   f"user {twoarch.USER}, home {cluster.home} (9p on the node)\n", flush=True)
             rows: list[tuple[str, object, object, bool]] = []
             for case in twoarch_cases.CASES:
-                before = len(cluster.audit_lines())
+                before = len(cluster.audit_lines(case.partition))
                 out = twoarch_cases.submit(cluster, case)
-                records = twoarch_cases.node_record(cluster, before)
+                records = (twoarch_cases.job_record(cluster, case.partition, out.job_id)
+                           if out.job_id else
+                           twoarch_cases.node_record(cluster, before, case.partition))
                 pred = twoarch_cases.predict(cluster, case)
                 shown = " ".join(f"{k}={twoarch_cases.expand(v, cluster.home)}"
                                  for k, v in case.env.items())
-                cmd = (f"srun -p {twoarch.PARTITION} {' '.join((*case.srun_opts, *case.argv))}"
-                       if case.kind == "srun" else f"sbatch {case.name}.sh")
+                cmd = (f"srun -p {case.partition} {' '.join((*case.srun_opts, *case.argv))}"
+                       if case.kind == "srun" else
+                       " ".join(("sbatch", "-p", case.partition, *case.srun_opts,
+                                 f"{case.name}.sh")))
                 print(f"== {case.what}\nlogin$ {shown + ' ' if shown else ''}{cmd}")
                 for line in (out.stdout + out.stderr).splitlines():
                     print(f"   {line}")
@@ -63,8 +68,8 @@ def main() -> int:
                 rows.append((case.name, node, (pred["action"], pred["rules"]),
                              twoarch_cases.agrees(records, pred)))
                 if case.action == "reject":
-                    warned = twoarch_cases.submit(cluster, case, twoarch.WARN_PARTITION)
-                    print(f"   the same on {twoarch.WARN_PARTITION} (warn mode): it runs and fails "
+                    warned = twoarch_cases.submit(cluster, case, case.warn_partition)
+                    print(f"   the same on {case.warn_partition} (warn mode): it runs and fails "
                           "for real:")
                     for line in (warned.stdout + warned.stderr).splitlines():
                         if not line.startswith("grace-policy: "):

@@ -7,6 +7,9 @@ Guest side (``qemu-system-aarch64``, the 64 KiB kernel of :mod:`vm.images`,
 the Debian 12 arm64 root of :mod:`vm.slurmnode`): ``munged`` with the same
 key and ``slurmd`` with the plugin built for aarch64, partition ``gb200``,
 config without any page size or architecture (the node detects itself).
+Host side too: a second slurmd, the x86_64 node (:data:`X86_NODE`, partitions
+``x86`` and ``x86warn``), with the login node's install of the plugin
+(:meth:`TwoArchCluster.x86_slurmd_argv`).
 
 The only link is ``tap0`` inside the namespace: qemu opens it there
 (``-netdev tap,ifname=tap0``), the host end has :data:`HOST_IP`, the guest
@@ -49,13 +52,25 @@ NODE = "grace1"
 PARTITION = "gb200"
 #: The same node in warn mode (issue 17: "each also in warn mode").
 WARN_PARTITION = "gb200warn"
+HOSTNAME = socket.gethostname().split(".")[0]
+#: The x86_64 node: a second slurmd on this machine (issue 28 item 4), with
+#: the login node's own install of the plugin, as partition ``x86``. Named
+#: as the machine, as a site names its nodes: the audit line's ``node`` is
+#: the host's name.
+X86_NODE = HOSTNAME
+X86_PARTITION = "x86"
+X86_WARN_PARTITION = "x86warn"
+#: Which node each partition's steps run on.
+NODE_OF = {PARTITION: NODE, WARN_PARTITION: NODE,
+           X86_PARTITION: X86_NODE, X86_WARN_PARTITION: X86_NODE}
+#: Each enforcing partition's warn-mode twin (the same node).
+WARN_OF = {PARTITION: WARN_PARTITION, X86_PARTITION: X86_WARN_PARTITION}
 HOST_IP, NODE_IP, PREFIX_LEN = "10.217.17.1", "10.217.17.2", 24
 CTLD_PORT, SLURMD_PORT = 6817, 6818
 #: The account the steps run as: present, with the same uid, on both sides
 #: (Debian's ``nobody``); its HOME is the shared home.
 USER, UID, GID = "nobody", 65534, 65534
 BOOT_TIMEOUT = 600.0
-HOSTNAME = socket.gethostname().split(".")[0]
 
 #: The node's grace-policy config: no [node] section and no partition facts,
 #: so the page size and architecture can only come from the node itself.
@@ -73,8 +88,20 @@ mode = "warn"
 cuda_index = "cu130"
 """
 
-#: The login node's copy: the same policy plus what gb200's nodes are, which
-#: `grace-policy check --partition gb200` on an x86_64 login node needs.
+#: The x86_64 node's config: the same site policy; like the Grace node's, it
+#: says nothing about the node, which detects itself.
+X86_NODE_CONFIG = f"""\
+# grace-policy on the x86_64 node of the two-architecture test cluster.
+mode = "enforce"
+contact = "the test suite"
+deadline_ms = 120000
+
+[partitions.{X86_WARN_PARTITION}]
+mode = "warn"
+"""
+
+#: The login node's copy: the same policy plus what each partition's nodes
+#: are, which `grace-policy check --partition P` on the login node needs.
 LOGIN_CONFIG = f"""\
 # grace-policy on the x86_64 login node: the node's policy + its partitions' facts.
 mode = "enforce"
@@ -92,6 +119,17 @@ mode = "warn"
 cuda_index = "cu130"
 arch = "aarch64"
 page_size = 65536
+glibc = "2.36"
+
+[partitions.{X86_PARTITION}]
+arch = "x86_64"
+page_size = 4096
+glibc = "2.36"
+
+[partitions.{X86_WARN_PARTITION}]
+mode = "warn"
+arch = "x86_64"
+page_size = 4096
 glibc = "2.36"
 """
 
@@ -196,6 +234,18 @@ class TwoArchCluster(JobQueries):
         return self.node_dir / "audit.jsonl"
 
     @property
+    def x86_audit(self) -> Path:
+        """The x86_64 node's audit log (its own: the guest appends to the
+        other over 9p)."""
+        return self.ctl / "x86" / "audit.jsonl"
+
+    @property
+    def x86_dir(self) -> Path:
+        """The x86_64 node's own files: config, plugstack, verdict cache,
+        node checker's socket, slurmd log."""
+        return self.ctl / "x86"
+
+    @property
     def conf(self) -> Path:
         return self.share / "etc" / "slurm.conf"
 
@@ -263,6 +313,9 @@ class TwoArchCluster(JobQueries):
             f"NodeName={NODE} NodeAddr={NODE_IP} CPUs=1 Gres=gpu:1 State=UNKNOWN",
             f"PartitionName={PARTITION} Nodes={NODE} Default=YES MaxTime=INFINITE State=UP",
             f"PartitionName={WARN_PARTITION} Nodes={NODE} Default=NO MaxTime=INFINITE State=UP",
+            f"NodeName={X86_NODE} NodeAddr={HOST_IP} CPUs=1 State=UNKNOWN",
+            *(f"PartitionName={p} Nodes={X86_NODE} Default=NO MaxTime=INFINITE State=UP"
+              for p in (X86_PARTITION, X86_WARN_PARTITION)),
         ]) + "\n"
 
     def init_script(self) -> str:
@@ -344,6 +397,7 @@ $B poweroff -f
         (self.ctl / "plugstack.conf").write_text("# the login node runs no SPANK plugin\n")
         self.login_config.write_text(LOGIN_CONFIG)
         self.login_config.chmod(0o644)
+        self._prepare_x86()
 
         # The login node's own install (x86_64), what users run `check` with.
         res = _run(["make", "-s", "-C", str(REPO), "install", f"PREFIX={self.ctl / 'login'}"],
@@ -367,6 +421,39 @@ $B poweroff -f
         ])
         return initrd
 
+    def _prepare_x86(self) -> None:
+        """The x86_64 node's files. Its slurmd reads the same slurm.conf as
+        the rest of the cluster, whose PlugStackConfig is the login node's
+        empty one (srun and sbatch read it too): :meth:`x86_slurmd_argv`
+        puts this node's plugstack (and an empty cgroup.conf: the machine's
+        cgroups are not this test's) over those paths in a mount namespace
+        of slurmd's own, which its slurmstepds inherit."""
+        d = self.x86_dir
+        (d / "cache").mkdir(parents=True, exist_ok=True)
+        d.chmod(0o755)
+        (d / "cache").chmod(0o700)
+        (d / "grace-policy.toml").write_text(X86_NODE_CONFIG)
+        (d / "grace-policy.toml").chmod(0o644)
+        plugin = self.ctl / "login" / "lib" / "slurm" / "spank_grace_policy.so"
+        (d / "plugstack.conf").write_text(
+            f"required {plugin} config={d / 'grace-policy.toml'} audit={self.x86_audit} "
+            f"cache_dir={d / 'cache'} checker_socket={d / 'checker' / 'socket'}\n")
+        (d / "cgroup.conf").write_text("# the x86_64 test node: Slurm's defaults\n")
+
+    def x86_slurmd_argv(self) -> list[str]:
+        d = self.x86_dir
+        binds = [(d / "plugstack.conf", self.ctl / "plugstack.conf"),
+                 (d / "cgroup.conf", self.conf.parent / "cgroup.conf")]
+        mounts = " && ".join(f"mount --bind {src} {dst}" for src, dst in binds)
+        # nsenter, not `ip netns exec`: that one mounts a fresh /sys, without
+        # the machine's /sys/fs/cgroup, which slurmd's cgroup plugin reads
+        # (the same hierarchy as the tests/slurm clusters' slurmd).
+        assert self.netns is not None
+        return ["nsenter", f"--net=/run/netns/{self.netns.name}",
+                "unshare", "--mount", "--propagation", "private", "sh", "-c",
+                f"{mounts} && exec /usr/sbin/slurmd -D -f {self.conf} -N {X86_NODE} "
+                f"-L {d / 'slurmd.log'}"]
+
     # -- start / stop --------------------------------------------------------
     def _spawn(self, name: str, argv: Sequence[str]) -> None:
         assert self.netns is not None
@@ -386,6 +473,9 @@ $B poweroff -f
             self._spawn("munged", munged_argv(self.ctl, self.munge_socket))
             self._wait(self.munge_socket.exists, 30, "munged socket")
             self._spawn("slurmctld", slurmctld_argv(self.conf))
+            self.procs["slurmd-x86"] = spawn_daemon(
+                self.x86_slurmd_argv(), self.ctl / "log" / "slurmd-x86.stdio",
+                {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "SLURM_CONF": str(self.conf)})
             self._spawn("qemu", [
                 qemu_binary() or QEMU, "-M", "virt", "-cpu", "max,pauth-impdef=on",
                 "-m", "3072", "-smp", "1", "-accel", "tcg", "-nographic", "-no-reboot",
@@ -412,14 +502,18 @@ $B poweroff -f
             raise ClusterError(f"{shown} while waiting for {what}\n{self.logs_tail()}")
 
     def node_idle(self) -> bool:
-        res = self.client(["sinfo", "-h", "-N", "-n", NODE, "-o", "%T"], timeout=30)
-        states = set(res.stdout.split())  # one line per partition
-        return bool(states) and states <= {"idle", "mixed", "allocated"}
+        """Both nodes up (one line per node and partition)."""
+        res = self.client(["sinfo", "-h", "-N", "-n", f"{NODE},{X86_NODE}", "-o", "%N %T"],
+                          timeout=30)
+        up = {line.split()[0] for line in res.stdout.splitlines()
+              if line.split()[1:] and line.split()[1] in ("idle", "mixed", "allocated")}
+        return up == {NODE, X86_NODE}
 
     def logs_tail(self, n: int = 20) -> str:
         out = []
         for f in (*sorted((self.ctl / "log").glob("*")), self.root / "console.txt",
-                  self.root / "serial.txt", self.node_dir / "slurmd.log"):
+                  self.root / "serial.txt", self.node_dir / "slurmd.log",
+                  self.x86_dir / "slurmd.log"):
             try:
                 lines = f.read_text(errors="replace").splitlines()[-n:]
             except OSError:
@@ -440,7 +534,7 @@ $B poweroff -f
             except subprocess.TimeoutExpired:
                 qemu.kill()
                 qemu.wait(timeout=10)
-        stop_daemons(self.procs, ("slurmctld", "munged"))
+        stop_daemons(self.procs, ("slurmd-x86", "slurmctld", "munged"))
         if self.netns is not None:
             self.netns.delete()
 
@@ -478,8 +572,10 @@ $B poweroff -f
                     env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
                          "SLURM_CONF": str(self.conf)})
 
-    def audit_lines(self) -> list[str]:
+    def audit_lines(self, partition: str = PARTITION) -> list[str]:
+        """The audit log of ``partition``'s node."""
+        path = self.x86_audit if NODE_OF[partition] == X86_NODE else self.audit
         try:
-            return [line for line in self.audit.read_text().splitlines() if line.strip()]
+            return [line for line in path.read_text().splitlines() if line.strip()]
         except OSError:
             return []

@@ -6,17 +6,22 @@ with the login node's python3, an x86_64 wheel installed with ``pip install
 --user``, an x86_64 CLI in ``~/.local/bin``, and aarch64 programs someone
 built for 4 KiB pages (one plain, one with a 4 KiB jemalloc inside). Each
 :class:`Case` is one submission; :func:`submit` runs it with srun or sbatch
+(or :func:`enqueue` then :func:`finish`, to queue many batch jobs at once)
 and :func:`predict` asks ``grace-policy check --partition P --json`` on the
-login node, with the same environment, what the node will do.
+login node, with the same environment, what the node will do. Every srun
+case has a batch twin (:func:`as_batch`) unless it says why not; a case's
+partition is ``gb200`` (the 64 KiB aarch64 node) or ``x86`` (the x86_64 one).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,7 +33,7 @@ from python.wheels import copy_site
 from grace_policy.rules import Catalogue
 
 from .ffmpeg import ffmpeg5_libs, link_into
-from .twoarch import PARTITION, TwoArchCluster
+from .twoarch import PARTITION, WARN_OF, X86_PARTITION, TwoArchCluster
 
 SITE = ".local/lib/python3.11/site-packages"
 #: Where the user unpacked an aarch64 FFmpeg 5 (in the home).
@@ -54,16 +59,40 @@ class Case:
     #: warn-mode partition), as the node prints it; the prediction's
     #: "without this check" text must say the same.
     fails_with: str = ""
+    #: Where it is submitted (the x86 partition: the same program on the
+    #: x86_64 node).
+    partition: str = PARTITION
+    #: Why this srun case has no batch twin ("" = it has one: :func:`as_batch`).
+    no_batch: str = ""
 
     @property
     def kind(self) -> str:
         return "sbatch" if self.script else "srun"
 
+    @property
+    def warn_partition(self) -> str:
+        """The same node in warn mode, where a refused case runs anyway."""
+        return WARN_OF[self.partition]
+
+
+def as_batch(case: Case, fails_with: str | None = None) -> Case:
+    """The srun case as a batch job: a script whose one line runs the step's
+    argv, submitted with the same environment and options, so the node
+    judges the script (and that line) before it runs. ``fails_with``: what
+    the line's failure looks like in the job's output, when that differs
+    from the step's (the script's shell reports a killed program itself)."""
+    line = " ".join(shlex.quote(a) for a in case.argv)
+    return Case(f"{case.name}-sbatch", f"{case.what}, as a batch job",
+                script=f"#!/bin/sh\n#SBATCH -o ~/{case.name}-sbatch-%j.out\n{line}\n",
+                srun_opts=case.srun_opts, env=case.env, action=case.action, rules=case.rules,
+                fails_with=case.fails_with if fails_with is None else fails_with,
+                partition=case.partition)
+
 
 VENV = {"VIRTUAL_ENV": "~/venv-login", "PATH": "~/venv-login/bin:/usr/bin:/bin"}
 SYSVENV = {"VIRTUAL_ENV": "~/venv-sys", "PATH": "~/venv-sys/bin:/usr/bin:/bin"}
 
-CASES: tuple[Case, ...] = (
+SRUN_CASES: tuple[Case, ...] = (
     Case("venv-leak", "an x86_64 venv (--copies) activated on the login node, then a "
          "plain command", argv=("uname", "-m"), env=VENV, action="warn", rules=("env-leak",)),
     Case("system-venv", "a venv of the system python3 made on the login node, its python "
@@ -74,7 +103,8 @@ CASES: tuple[Case, ...] = (
          action="reject", rules=("py-ext-arch",), fails_with="ImportError"),
     Case("local-bin-x86-cli", "an x86_64 CLI in ~/.local/bin",
          argv=("tool",), env={"PATH": "~/.local/bin:/usr/bin:/bin"},
-         action="reject", rules=("exe-arch-mismatch",), fails_with="Exec format error"),
+         action="reject", rules=("exe-arch-mismatch",), fails_with="Exec format error",
+         no_batch="sbatch-x86-cli is its batch job (the script sets PATH itself)"),
     Case("native-64k", "an aarch64 program built for 64 KiB pages, named from the home",
          argv=("./bin/hello-64k",)),
     Case("aarch64-4k-build", "an aarch64 program linked for 4 KiB pages",
@@ -97,6 +127,22 @@ CASES: tuple[Case, ...] = (
     Case("torchcodec-ffmpeg5", "torchcodec with Debian 12's arm64 FFmpeg 5.1 on LD_LIBRARY_PATH",
          argv=("python3", "~/bin/torchcodec_ffmpeg.py"),
          env={"PYTHONUSERBASE": "~/.local-codec", "LD_LIBRARY_PATH": f"~/{FFMPEG_DIR}"}),
+    # The same programs on the x86 partition (the x86_64 node): what Grace
+    # refuses runs there, and the reverse.
+    Case("x86-local-bin-cli", "the x86_64 CLI of ~/.local/bin on the x86 partition",
+         argv=("tool",), env={"PATH": "~/.local/bin:/usr/bin:/bin"}, partition=X86_PARTITION),
+    Case("x86-user-site-wheel", "the x86_64 wheel from pip install --user, imported on the "
+         "x86 partition",
+         argv=("python3", "-c", "import bcrypt; print(bcrypt.__version__)"),
+         partition=X86_PARTITION),
+    Case("x86-native-64k", "the aarch64 64 KiB program on the x86 partition",
+         argv=("./bin/hello-64k",), partition=X86_PARTITION, action="reject",
+         rules=("exe-arch-mismatch",), fails_with="Exec format error"),
+)
+
+#: The srun cases as batch jobs, then the batch-only ones.
+BATCH_CASES: tuple[Case, ...] = (
+    *(as_batch(c) for c in SRUN_CASES if not c.no_batch),
     Case("clean-sbatch", "the recommended sbatch lines in a clean job",
          script=f"#!/bin/sh\n#SBATCH -p {PARTITION}\n#SBATCH -o ~/clean-sbatch-%j.out\n"
                 "unset CONDA_PREFIX CONDA_DEFAULT_ENV CONDA_EXE VIRTUAL_ENV\nuname -m\n"),
@@ -108,6 +154,8 @@ CASES: tuple[Case, ...] = (
          # execute as a shell script (grace_policy/batch/judge.py _worded).
          fails_with="syntax error"),
 )
+
+CASES: tuple[Case, ...] = (*SRUN_CASES, *BATCH_CASES)
 
 
 def expand(text: str, home: Path) -> str:
@@ -167,28 +215,46 @@ class Outcome:
     stderr: str
     seconds: float
     job_state: str = ""
+    job_id: int = 0
 
 
-def submit(cluster: TwoArchCluster, case: Case, partition: str = PARTITION) -> Outcome:
-    env = case_env(cluster, case)
-    if case.kind == "srun":
-        argv = [expand(a, cluster.home) for a in case.argv]
-        res = cluster.as_user(["srun", "-p", partition, "-N1", "-n1", *case.srun_opts, *argv],
-                              env,
-                              timeout=180)
-        return Outcome(res.rc, res.stdout, res.stderr, res.seconds)
+def submit(cluster: TwoArchCluster, case: Case, partition: str | None = None) -> Outcome:
+    """Run the case to its end: srun's step, or sbatch's job waited for."""
+    if case.kind == "sbatch":
+        queued = enqueue(cluster, case, partition)
+        return queued if isinstance(queued, Outcome) else finish(cluster, case, queued)
+    partition = partition or case.partition
+    argv = [expand(a, cluster.home) for a in case.argv]
+    res = cluster.as_user(["srun", "-p", partition, "-N1", "-n1", *case.srun_opts, *argv],
+                          case_env(cluster, case), timeout=180)
+    return Outcome(res.rc, res.stdout, res.stderr, res.seconds)
+
+
+def enqueue(cluster: TwoArchCluster, case: Case, partition: str | None = None
+            ) -> int | Outcome:
+    """sbatch the case's script: its job id, or the failed submission. The
+    jobs of several cases queue on their node and run one after the other
+    while the caller does something else (:func:`finish` waits)."""
     script = _sbatch_path(cluster, case)
-    res = cluster.as_user(["sbatch", "--parsable", "-p", partition, str(script)], env)
+    res = cluster.as_user(["sbatch", "--parsable", "-p", partition or case.partition,
+                           *case.srun_opts, str(script)], case_env(cluster, case))
     if res.rc != 0:
         return Outcome(res.rc, res.stdout, res.stderr, res.seconds, "SUBMIT-FAILED")
-    job = int(res.stdout.strip().split(";")[0])
+    return int(res.stdout.strip().split(";")[0])
+
+
+def finish(cluster: TwoArchCluster, case: Case, job: int) -> Outcome:
+    """Wait for the job; its output file holds what the user sees."""
+    t0 = time.monotonic()
     state = cluster.wait_job(job)
     out = cluster.home / f"{case.name}-{job}.out"
     text = out.read_text(errors="replace") if out.exists() else ""
-    return Outcome(0 if state == "COMPLETED" else 1, text, "", res.seconds, state)
+    return Outcome(0 if state == "COMPLETED" else 1, text, "", time.monotonic() - t0, state,
+                   job)
 
 
-def predict(cluster: TwoArchCluster, case: Case, partition: str = PARTITION) -> dict[str, object]:
+def predict(cluster: TwoArchCluster, case: Case, partition: str | None = None
+            ) -> dict[str, object]:
     """``grace-policy check --partition P --json`` as the user on the login
     node, with the environment the submission had (``--env-file``, so the
     checker's own environment is not judged)."""
@@ -199,8 +265,8 @@ def predict(cluster: TwoArchCluster, case: Case, partition: str = PARTITION) -> 
     os.chmod(fh.name, 0o644)
     try:
         cmd = [str(cluster.login_tool), "check", "--config", str(cluster.login_config),
-               "--partition", partition, "--env-file", fh.name, "--cwd", str(cluster.home),
-               "--json"]
+               "--partition", partition or case.partition, "--env-file", fh.name,
+               "--cwd", str(cluster.home), "--json"]
         # The step's GPU options as the user gives them to srun: check takes
         # --gpus=N / --gres=gpu:N and sets what slurmstepd will.
         cmd += [opt for opt in case.srun_opts if opt.startswith(("--gpus=", "--gres="))]
@@ -221,9 +287,18 @@ def predict(cluster: TwoArchCluster, case: Case, partition: str = PARTITION) -> 
     return verdict
 
 
-def node_record(cluster: TwoArchCluster, before: int) -> list[dict[str, object]]:
-    """The audit lines the node wrote since ``before`` lines."""
-    return [json.loads(line) for line in cluster.audit_lines()[before:]]
+def node_record(cluster: TwoArchCluster, before: int, partition: str = PARTITION,
+                skip_jobs: frozenset[int] = frozenset()) -> list[dict[str, object]]:
+    """The audit lines ``partition``'s node wrote since ``before`` lines,
+    but those of the batch jobs ``skip_jobs`` (queued beside the step)."""
+    records = [json.loads(line) for line in cluster.audit_lines(partition)[before:]]
+    return [r for r in records if str(r.get("job_id")) not in {str(j) for j in skip_jobs}]
+
+
+def job_record(cluster: TwoArchCluster, partition: str, job: int) -> list[dict[str, object]]:
+    """The audit lines of batch job ``job`` (its batch step: one)."""
+    return [r for r in (json.loads(line) for line in cluster.audit_lines(partition))
+            if r.get("job_id") == str(job)]
 
 
 #: The rule catalogue: which rules a user is shown.

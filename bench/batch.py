@@ -64,11 +64,11 @@ def batch_step_ms(pkgdir: str, config: str, script: Path, runs: int) -> tuple[fl
     code = ("import sys, time; sys.path.insert(0, sys.argv[1]);"
             "from grace_policy.compiled import load_policy; p = load_policy(sys.argv[2]);"
             "t = time.perf_counter();"
-            "from grace_policy.decide import decide;"
+            "from grace_policy.decide import StepRequest, decide;"
             "from grace_policy.batch.judge import decide_batch;"
             "f = decide_batch if sys.argv[4] == 'batch' else decide;"
-            "f(p, partition=None, argv=[sys.argv[3]], env={'PATH': '/usr/bin:/bin',"
-            " 'HOME': '/root', 'SLURM_SUBMIT_DIR': '/tmp'}, cwd='/tmp', node=None);"
+            "f(p, StepRequest(partition=None, argv=[sys.argv[3]], env={'PATH': '/usr/bin:/bin',"
+            " 'HOME': '/root', 'SLURM_SUBMIT_DIR': '/tmp'}, cwd='/tmp', node=None));"
             "print((time.perf_counter() - t) * 1000)")
     out: dict[str, list[float]] = {"batch": [], "plain": []}
     for _ in range(runs):

@@ -267,6 +267,12 @@ const char *grace_audit_failure(const struct grace_context *ctx,
 				const struct grace_step *step, const char *action,
 				const char *failure, const char *reason, double elapsed_ms,
 				char *err, size_t errlen);
+/* The same with the line's "phase" (NULL: none; "after_pull": the second
+ * judgement of a registry image's step, grace_afterpull.c). */
+const char *grace_audit_failure_phase(const struct grace_context *ctx,
+				      const struct grace_step *step, const char *action,
+				      const char *failure, const char *reason, double elapsed_ms,
+				      const char *phase, char *err, size_t errlen);
 
 /*
  * grace_contract.c: what C and Python must spell alike (grace_policy/contract.py).

@@ -154,8 +154,8 @@ static void grace_ap_fail(const struct grace_context *ctx, struct grace_ap_share
 	slurm_info(GRACE_PREFIX "error: job %u step %u: the check of the container pyxis "
 		   "unpacked failed: %s; on_error=%s: step %s", ap.step.job_id, ap.step.step_id,
 		   reason, grace_ap_on_error(ctx), deny ? "refused" : "allowed unchecked");
-	problem = grace_audit_failure(ctx, &ap.step, deny ? "reject" : "allow", failure, reason,
-				      grace_ap_ms(t0), why, sizeof(why));
+	problem = grace_audit_failure_phase(ctx, &ap.step, deny ? "reject" : "allow", failure,
+					    reason, grace_ap_ms(t0), "after_pull", why, sizeof(why));
 	if (problem)
 		slurm_info(GRACE_PREFIX "job %u step %u: %s", ap.step.job_id, ap.step.step_id,
 			   problem);

@@ -908,7 +908,7 @@ static const char *grace_step_name(unsigned int step_id, char *buf, size_t len)
  * as json.dumps(sort_keys=True)); "mode" is null for an outcome no config
  * decided. */
 static void grace_audit_tail(struct grace_buf *b, const struct grace_step *step,
-			     const char *mode, const char *node)
+			     const char *mode, const char *node, const char *phase)
 {
 	char num[32], step_buf[32];
 
@@ -921,7 +921,12 @@ static void grace_audit_tail(struct grace_buf *b, const struct grace_step *step,
 	grace_put_json(b, node);
 	grace_puts(b, ", \"partition\": ");
 	grace_put_json(b, step->partition);
-	grace_puts(b, ", \"paths\": [], \"program\": ");
+	grace_puts(b, ", \"paths\": []");
+	if (phase != NULL) { /* only on a registry image's second judgement (audit.PHASES) */
+		grace_puts(b, ", \"phase\": ");
+		grace_put_json(b, phase);
+	}
+	grace_puts(b, ", \"program\": ");
 	grace_put_json(b, step->argc > 0 && step->argv != NULL ? step->argv[0] : NULL);
 	grace_puts(b, ", \"rules\": [], \"skipped\": null, \"step_id\": ");
 	grace_put_json(b, grace_step_name(step->step_id, step_buf, sizeof(step_buf)));
@@ -982,7 +987,7 @@ const char *grace_audit_hit(const struct grace_context *ctx, const struct grace_
 		   "\"error\": null, \"event\": \"decision\", \"exempt\": [], \"image\": ");
 	/* the image a container step was judged in (the bridge's "image") */
 	grace_put_json(&b, step->container_kind != NULL ? step->container_image : NULL);
-	grace_audit_tail(&b, step, mode, grace_audit_node(step, &uts));
+	grace_audit_tail(&b, step, mode, grace_audit_node(step, &uts), NULL);
 	return grace_audit_write(ctx, &b, err, errlen);
 }
 
@@ -1012,6 +1017,15 @@ const char *grace_audit_failure(const struct grace_context *ctx,
 				const char *failure, const char *reason, double elapsed_ms,
 				char *err, size_t errlen)
 {
+	return grace_audit_failure_phase(ctx, step, action, failure, reason, elapsed_ms, NULL,
+					 err, errlen);
+}
+
+const char *grace_audit_failure_phase(const struct grace_context *ctx,
+				      const struct grace_step *step, const char *action,
+				      const char *failure, const char *reason, double elapsed_ms,
+				      const char *phase, char *err, size_t errlen)
+{
 	char line[32768];
 	struct grace_buf b = { line, 0, sizeof(line), 0 };
 	struct utsname uts;
@@ -1029,6 +1043,6 @@ const char *grace_audit_failure(const struct grace_context *ctx,
 	grace_puts(&b, ", \"event\": \"decision\", \"exempt\": [], \"failure\": ");
 	grace_put_json(&b, failure);
 	grace_puts(&b, ", \"image\": null"); /* nothing was judged, in no image */
-	grace_audit_tail(&b, step, NULL, grace_audit_node(step, &uts));
+	grace_audit_tail(&b, step, NULL, grace_audit_node(step, &uts), phase);
 	return grace_audit_write(ctx, &b, err, errlen);
 }

@@ -198,6 +198,8 @@ def test_no_verdict_follows_on_error(pulls: Pulls, liar: str, hooks_plugin: Path
             assert [r["action"] for r in records] == [
                 "allow", "allow" if on_error == "allow" else "reject"], records
             assert records[1]["error"], records[1]
+            # One step for grace-policy report: the C-written line is marked too.
+            assert [r.get("phase") for r in records] == ["before_pull", "after_pull"]
             refused = [line for line in res.stderr.splitlines()
                        if "could not judge the container pyxis unpacked" in line]
             if on_error == "allow":

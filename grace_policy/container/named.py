@@ -148,11 +148,9 @@ def plan_named(image: str | None, reason: str, argv: Sequence[str], env: Mapping
         full_name = f"pyxis_{job}_{name}"
     else:
         full_name = f"pyxis_{name}"
-    where = data_path(env)
-    if where is None:
-        return skip("enroot's data path is not known here (no enroot on slurmstepd's PATH, "
-                    "or a relative path)")
-    root = f"{where.rstrip('/')}/{full_name}"
+    root = _root(env, full_name)
+    if root is None:
+        return skip(NO_DATA_PATH)
     exists = _exists(root)
     if exists is None:
         return skip(f"cannot examine the container's root {root}")
@@ -204,16 +202,25 @@ def plan_after_pull(reason: str, argv: Sequence[str], env: Mapping[str, str], cw
     full_name = container_name(args)
     if full_name is None:
         return skip("the name pyxis gave the container is not known here")
-    where = data_path(env)
-    if where is None:
-        return skip("enroot's data path is not known here (no enroot on slurmstepd's PATH, "
-                    "or a relative path)")
-    root = f"{where.rstrip('/')}/{full_name}"
+    root = _root(env, full_name)
+    if root is None:
+        return skip(NO_DATA_PATH)
     exists = _exists(root)
     if not exists:
         return skip(f"the container's root {root} is not there (pyxis did not create it "
                     "where enroot keeps containers)")
     return _dir_image(root)
+
+
+NO_DATA_PATH = ("enroot's data path is not known here (no enroot on slurmstepd's PATH, "
+                "or a relative path)")
+
+
+def _root(env: Mapping[str, str], full_name: str) -> str | None:
+    """Where enroot keeps the container ``full_name`` (its data path, as
+    the enroot pyxis runs resolves it), or None when that is not known."""
+    where = data_path(env)
+    return None if where is None else f"{where.rstrip('/')}/{full_name}"
 
 
 def _dir_image(root: str) -> Image:

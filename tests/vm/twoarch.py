@@ -72,33 +72,30 @@ CTLD_PORT, SLURMD_PORT = 6817, 6818
 USER, UID, GID = "nobody", 65534, 65534
 BOOT_TIMEOUT = 600.0
 
-#: The node's grace-policy config: no [node] section and no partition facts,
-#: so the page size and architecture can only come from the node itself.
-NODE_CONFIG = f"""\
-# grace-policy on the aarch64 node of the two-architecture test cluster.
-mode = "enforce"
-contact = "the test suite"
-deadline_ms = 120000
+def _node_config(machine: str, partitions: str) -> str:
+    """A node's grace-policy config: the site policy, no [node] section and
+    no partition facts, so the page size and architecture can only come
+    from the node itself."""
+    return (f"# grace-policy on the {machine} node of the two-architecture test cluster.\n"
+            'mode = "enforce"\ncontact = "the test suite"\ndeadline_ms = 120000\n'
+            + partitions)
 
+
+#: The Grace node's (its partitions name the CUDA package index).
+NODE_CONFIG = _node_config("aarch64", f"""
 [partitions.{PARTITION}]
 cuda_index = "cu130"
 
 [partitions.{WARN_PARTITION}]
 mode = "warn"
 cuda_index = "cu130"
-"""
+""")
 
-#: The x86_64 node's config: the same site policy; like the Grace node's, it
-#: says nothing about the node, which detects itself.
-X86_NODE_CONFIG = f"""\
-# grace-policy on the x86_64 node of the two-architecture test cluster.
-mode = "enforce"
-contact = "the test suite"
-deadline_ms = 120000
-
+#: The x86_64 node's.
+X86_NODE_CONFIG = _node_config("x86_64", f"""
 [partitions.{X86_WARN_PARTITION}]
 mode = "warn"
-"""
+""")
 
 #: The login node's copy: the same policy plus what each partition's nodes
 #: are, which `grace-policy check --partition P` on the login node needs.

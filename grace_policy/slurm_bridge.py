@@ -390,8 +390,9 @@ def _phase(step: StepInput) -> str | None:
     args, spank/grace_afterpull.c)."""
     if step.container_kind != "pyxis" or step.container_local:
         return None
-    lines = (step.container_args or "").splitlines()
-    return "after_pull" if any(line.startswith("after_pull=") for line in lines) \
+    from .container.plan import option_lines
+
+    return "after_pull" if option_lines(step.container_args).get("after_pull") \
         else "before_pull"
 
 

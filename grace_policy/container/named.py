@@ -135,19 +135,10 @@ def plan_named(image: str | None, reason: str, argv: Sequence[str], env: Mapping
     def skip(why: str) -> Plan:
         return Plan(None, tuple(argv), dict(env), cwd, skipped=f"{reason}: not judged: {why}")
 
-    parsed = split(args.get("name", ""))
-    if parsed is None:
-        return skip("pyxis refuses this --container-name (an empty name or an unknown flag)")
-    name, flag = parsed
-    if any(c in _NOT_IN_A_NAME for c in name):
-        return skip("enroot cannot use this container name")
-    if scope(args.get("slurm_conf", "")) == "job":
-        job = args.get("job", "")
-        if not job.isdigit():
-            return skip("pyxis names containers per job here, and the job id is not known")
-        full_name = f"pyxis_{job}_{name}"
-    else:
-        full_name = f"pyxis_{name}"
+    full_name, why = _full_name(args)
+    if full_name is None:
+        return skip(why)
+    flag = (split(args["name"]) or ("", None))[1]
     root = _root(env, full_name)
     if root is None:
         return skip(NO_DATA_PATH)
@@ -173,18 +164,30 @@ def container_name(args: Mapping[str, str]) -> str | None:
     (pyxis_slurmstepd.c user_init): ``pyxis_NAME`` / ``pyxis_JOB_NAME`` for
     ``--container-name``, else ``pyxis_JOB.STEP`` / ``pyxis_JOB_JOB.STEP``
     with ``container_scope=job``; None when C's facts do not make one."""
-    job, step = args.get("job", ""), args.get("step", "")
-    per_job = scope(args.get("slurm_conf", "")) == "job"
     if args.get("name"):
-        parsed = split(args["name"])
-        if parsed is None or any(c in _NOT_IN_A_NAME for c in parsed[0]):
-            return None
-        if per_job:
-            return f"pyxis_{job}_{parsed[0]}" if job.isdigit() else None
-        return f"pyxis_{parsed[0]}"
+        return _full_name(args)[0]
+    job, step = args.get("job", ""), args.get("step", "")
     if not (job.isdigit() and step.isdigit()):
         return None
+    per_job = scope(args.get("slurm_conf", "")) == "job"
     return f"pyxis_{job}_{job}.{step}" if per_job else f"pyxis_{job}.{step}"
+
+
+def _full_name(args: Mapping[str, str]) -> tuple[str | None, str]:
+    """(enroot's name for ``--container-name``'s container, "") or (None,
+    why there is none)."""
+    parsed = split(args.get("name", ""))
+    if parsed is None:
+        return None, "pyxis refuses this --container-name (an empty name or an unknown flag)"
+    name = parsed[0]
+    if any(c in _NOT_IN_A_NAME for c in name):
+        return None, "enroot cannot use this container name"
+    if scope(args.get("slurm_conf", "")) != "job":
+        return f"pyxis_{name}", ""
+    job = args.get("job", "")
+    if not job.isdigit():
+        return None, "pyxis names containers per job here, and the job id is not known"
+    return f"pyxis_{job}_{name}", ""
 
 
 def plan_after_pull(reason: str, argv: Sequence[str], env: Mapping[str, str], cwd: str,

@@ -18,7 +18,7 @@ def plan(step: ContainerStep, budget: Budget | None = None) -> Plan:
         if kind == "pyxis":
             from .pyxis import plan_pyxis
 
-            lines = _lines(step.args)
+            lines = option_lines(step.args)
             if "uncarried" in lines:  # a named step (never "local") too
                 # C could not pass an option whole (grace_container.c): judging
                 # the image without its mounts would be a guess, and a guess
@@ -45,7 +45,7 @@ def plan(step: ContainerStep, budget: Budget | None = None) -> Plan:
                 skipped=f"{reason}: not judged: unknown container kind {kind!r}")
 
 
-def _lines(text: str | None) -> dict[str, str]:
+def option_lines(text: str | None) -> dict[str, str]:
     """C's "key=value" lines; a value's ``%`` and newlines come as ``%25``
     and ``%0A`` (grace_container.c ``grace_args_put``)."""
     out: dict[str, str] = {}

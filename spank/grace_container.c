@@ -234,6 +234,22 @@ uncarried:
 	snprintf(c->args, sizeof(c->args), "uncarried=1\n");
 }
 
+/* The job id and the slurm.conf this slurmstepd runs with (SLURM_CONF of
+ * its own environment, which slurmd sets for -f and configless: the
+ * admin's, never the job's): what Python needs to name pyxis' container. */
+static int grace_args_job(char *buf, size_t len, size_t *used, uint32_t job_id)
+{
+	const char *conf = getenv("SLURM_CONF");
+	char job[16];
+
+	if (conf == NULL || conf[0] != '/')
+		conf = "";
+	snprintf(job, sizeof(job), "%u", job_id);
+	if (grace_args_put(buf, len, used, "job", job) < 0)
+		return -1;
+	return grace_args_put(buf, len, used, "slurm_conf", conf);
+}
+
 static void grace_pyxis(spank_t sp, const char *cwd, struct grace_container *c)
 {
 	struct grace_find_pyxis f = { .self = (void *)&state };
@@ -272,17 +288,11 @@ static void grace_pyxis(spank_t sp, const char *cwd, struct grace_container *c)
 		 * local image). */
 		uint32_t job_id = 0;
 		size_t used = strlen(c->args), before = used;
-		const char *conf = getenv("SLURM_CONF");
-		char job[16];
 
-		if (conf == NULL || conf[0] != '/')
-			conf = "";
 		spank_get_item(sp, S_JOB_ID, &job_id);
-		snprintf(job, sizeof(job), "%u", job_id);
 		/* Encoded as every value is (grace_args_put); all three or none. */
 		if (grace_args_put(c->args, sizeof(c->args), &used, "name", name) < 0 ||
-		    grace_args_put(c->args, sizeof(c->args), &used, "job", job) < 0 ||
-		    grace_args_put(c->args, sizeof(c->args), &used, "slurm_conf", conf) < 0)
+		    grace_args_job(c->args, sizeof(c->args), &used, job_id) < 0)
 			c->args[before] = '\0';
 	}
 	if (image[0] != '\0' && strspn(image, "./") > 0) {
@@ -486,7 +496,6 @@ void grace_container_detect(spank_t sp, char **argv, int argc, const char *cwd,
 int grace_container_after_pull(const struct grace_container *c, unsigned int job_id,
 			       unsigned int step_id, char *buf, size_t len)
 {
-	const char *conf = getenv("SLURM_CONF");
 	char num[16];
 	size_t used;
 
@@ -500,18 +509,12 @@ int grace_container_after_pull(const struct grace_container *c, unsigned int job
 	if (snprintf(buf, len, "%s", c->args) >= (int)len)
 		return 0;
 	used = strlen(buf);
-	if (conf == NULL || conf[0] != '/')
-		conf = "";
-	if (grace_args_put(buf, len, &used, "after_pull", "1") < 0)
-		return 0;
-	snprintf(num, sizeof(num), "%u", job_id);
-	if (grace_args_put(buf, len, &used, "job", num) < 0)
-		return 0;
 	snprintf(num, sizeof(num), "%u", step_id);
-	if (grace_args_put(buf, len, &used, "step", num) < 0 ||
-	    grace_args_put(buf, len, &used, "slurm_conf", conf) < 0)
+	if (grace_args_put(buf, len, &used, "after_pull", "1") < 0 ||
+	    grace_args_put(buf, len, &used, "step", num) < 0)
 		return 0;
-	return 1;
+	/* A named step's args have them already: the same values again. */
+	return grace_args_job(buf, len, &used, job_id) < 0 ? 0 : 1;
 }
 
 int grace_container_task_init(spank_t sp, char *why, size_t len)

@@ -199,6 +199,10 @@ void grace_node_stop(void);
  * the descriptor for user_init; if it cannot, say so once per server. */
 void grace_node_connect(struct grace_context *ctx, spank_t sp);
 
+/* 1 when pyxis is loaded, and before us (plugstack.conf's order): only
+ * then can a step's files come from a pull we judge in task_init. */
+int grace_container_pyxis_first(void);
+
 /* user_init: 1 and container_args plus the after_pull lines in buf when
  * pyxis (listed before us) will import this step's image from a registry in
  * its task_init, so its files can only be judged there; else 0. */
@@ -212,6 +216,11 @@ int grace_container_after_pull(const struct grace_container *c, unsigned int job
  * selects; 0, or -1 and why (on_error then). post_fork/exit: slurmstepd
  * closes its end of the helper's socket. task: 0 or -1 (refused), each task.
  */
+/* slurm_spank_init (slurmstepd, root, after grace_node_connect): the node
+ * checker's second connection, for the after-pull judgement, when pyxis
+ * runs before us (options are not readable yet: whether this step pulls is
+ * known in user_init, which closes it otherwise). */
+void grace_afterpull_early(const struct grace_context *ctx);
 int grace_afterpull_prepare(const struct grace_context *ctx, const struct grace_step *step,
 			    const struct grace_container *box, char *err, size_t errlen);
 void grace_afterpull_post_fork(spank_t sp);
@@ -223,6 +232,12 @@ int grace_afterpull_fork(const struct grace_context *ctx, const struct grace_ste
 			 int *sock, char *err, size_t errlen);
 int grace_afterpull_ask(int sock, const struct timespec *started, unsigned int timeout_ms,
 			struct grace_outcome *out);
+/* The same judgement by the node checker (checker=node), whose interpreter
+ * is already warm: a connection of its own, dialed in slurm_spank_init while
+ * slurmstepd is root (-1: no node checker for this step); the request
+ * (grace_wire.h grace_node_req, made in user_init) goes on it from the
+ * first task. */
+int grace_afterpull_dial(const struct grace_context *ctx);
 
 /* grace_stepd.c: the remote (slurmstepd) side. */
 int grace_stepd_user_init(struct grace_context *ctx, spank_t sp);

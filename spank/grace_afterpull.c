@@ -9,22 +9,38 @@
  * the programs are aarch64; only the files tell. So, for such a step, with
  * pyxis listed before us:
  *
+ *   slurm_spank_init (slurmstepd, root; checker=node and pyxis before us):
+ *   a second connection to the node checker, beside the one for the step's
+ *   own check. Options cannot be read yet (spank_option_getopt is for
+ *   user_init on), so a step that turns out not to pull closes it in
+ *   user_init and the server, reading EOF, forks nothing. It is made here
+ *   because the server takes only root's connections and slurmstepd's
+ *   euid is the user's from user_init on.
+ *
  *   user_init (slurmstepd, after the step's own check): one shared page
  *   (MAP_SHARED|MAP_ANONYMOUS, inherited by every task child forked later)
- *   with a process-shared robust mutex and the verdict, and a helper forked
- *   like checker=step's (grace_helper.c grace_afterpull_fork) that preloads
- *   the interpreter during the pull. Its socket is CLOEXEC: it never
+ *   with a process-shared robust mutex and the verdict; and the request
+ *   for the node checker, encoded now (grace_node_req: slurmstepd's ids
+ *   and PATH, the step's frame - a task may find the step's arrays moved
+ *   by another plugin's spank_setenv). Without that connection, a helper
+ *   forked like checker=step's (grace_helper.c grace_afterpull_fork) that
+ *   preloads the interpreter during the pull: a second interpreter per
+ *   step, 100-150 ms on a 2-core node (docs/PERFORMANCE.md), which the
+ *   node checker's warm one saves. Either socket is CLOEXEC: it never
  *   reaches the user's program; every task closes it in task_init, and
  *   slurmstepd once the last task is forked.
  *
  *   task_init (each task child, after pyxis' task_init made the container):
- *   the first task to take the mutex asks the helper (Python never runs in
- *   a task child), waits for its records within timeout_ms, prints what the
+ *   the first task to take the mutex asks the node checker, or the helper
+ *   (Python never runs in a task child), waits for its records within
+ *   timeout_ms, prints what the
  *   user must see once, writes the audit line and stores the verdict and
  *   any environment edits in the page; the others wait on the mutex, then
  *   read it. Enforce: every task refuses (-1); warn: every task runs. No
- *   verdict (the helper died, timed out, the page or helper could not be
- *   made): on_error, said once.
+ *   verdict (the node checker gone or stale, the helper died, either timed
+ *   out, the page or helper could not be made): on_error, said once. The
+ *   node checker is not replaced by a helper then: a task child cannot
+ *   start one (Python never runs in it).
  *
  * The verdict is never cached: container_local stays 0 for the request
  * (slurm_bridge._cache_entry), and nothing here calls grace_cache_store.
@@ -40,6 +56,7 @@
 #include <unistd.h>
 
 #include "grace.h"
+#include "grace_wire.h"
 
 enum { GRACE_AP_NONE = 0, GRACE_AP_ASKING, GRACE_AP_DONE };
 
@@ -57,11 +74,14 @@ struct grace_ap_shared {
 static struct {
 	struct grace_ap_shared *shared;
 	int sock;
+	int node_sock; /* dialed in slurm_spank_init; ap.sock once prepare takes it */
+	int by_node;   /* ap.sock is the node checker's: ask with req */
+	struct grace_node_req req;
 	unsigned int forked; /* tasks forked so far (slurmstepd) */
 	struct grace_step step;
 	char args[4096 + 512];
 	char reason[512];
-} ap = { .sock = -1 };
+} ap = { .sock = -1, .node_sock = -1 };
 
 static const char *grace_ap_on_error(const struct grace_context *ctx)
 {
@@ -77,6 +97,31 @@ static double grace_ap_ms(const struct timespec *t0)
 	       (double)(now.tv_nsec - t0->tv_nsec) / 1e6;
 }
 
+void grace_afterpull_early(const struct grace_context *ctx)
+{
+	if (ap.node_sock < 0 && ctx->checker_node && ctx->checker_fd >= 0 &&
+	    grace_container_pyxis_first())
+		ap.node_sock = grace_afterpull_dial(ctx);
+}
+
+static void grace_ap_drop_node(void)
+{
+	if (ap.node_sock >= 0)
+		close(ap.node_sock);
+	ap.node_sock = -1;
+}
+
+/* t, ms later. */
+static void grace_ap_later(struct timespec *t, unsigned int ms)
+{
+	t->tv_sec += ms / 1000;
+	t->tv_nsec += (long)(ms % 1000) * 1000000L;
+	if (t->tv_nsec >= 1000000000L) {
+		t->tv_sec += 1;
+		t->tv_nsec -= 1000000000L;
+	}
+}
+
 int grace_afterpull_prepare(const struct grace_context *ctx, const struct grace_step *step,
 			    const struct grace_container *box, char *err, size_t errlen)
 {
@@ -87,8 +132,10 @@ int grace_afterpull_prepare(const struct grace_context *ctx, const struct grace_
 	if (ap.shared != NULL)
 		return 0; /* one step per slurmstepd */
 	if (!grace_container_after_pull(box, step->job_id, step->step_id, ap.args,
-					sizeof(ap.args)))
+					sizeof(ap.args))) {
+		grace_ap_drop_node(); /* the server reads EOF: nothing forked */
 		return 0;
+	}
 	sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	if (sh == MAP_FAILED) {
 		snprintf(err, errlen, "cannot map the after-pull verdict page: %s",
@@ -112,10 +159,20 @@ int grace_afterpull_prepare(const struct grace_context *ctx, const struct grace_
 	ap.step.container_args = ap.args;
 	ap.step.container_local = 0; /* never a cache entry */
 	ap.step.result = NULL;
-	if (grace_afterpull_fork(ctx, &ap.step, &ap.sock, err, errlen) != 0) {
-		pthread_mutex_destroy(&sh->lock);
-		munmap(sh, sizeof(*sh));
-		return -1;
+	/* The node checker's warm interpreter if it was there at slurm_spank_init;
+	 * else a helper of our own, which starts its interpreter while pyxis
+	 * pulls. */
+	if (ap.node_sock >= 0 && grace_node_req_make(&ap.req, &ap.step) == 0) {
+		ap.sock = ap.node_sock;
+		ap.node_sock = -1;
+		ap.by_node = 1;
+	} else {
+		grace_ap_drop_node();
+		if (grace_afterpull_fork(ctx, &ap.step, &ap.sock, err, errlen) != 0) {
+			pthread_mutex_destroy(&sh->lock);
+			munmap(sh, sizeof(*sh));
+			return -1;
+		}
 	}
 	ap.shared = sh;
 	return 0;
@@ -125,6 +182,7 @@ void grace_afterpull_post_fork(spank_t sp)
 {
 	uint32_t tasks = 0;
 
+	grace_ap_drop_node(); /* a step user_init never came to: not used */
 	if (ap.sock < 0)
 		return;
 	ap.forked++;
@@ -140,6 +198,10 @@ void grace_afterpull_exit(void)
 	if (ap.sock >= 0)
 		close(ap.sock);
 	ap.sock = -1;
+	grace_ap_drop_node();
+	if (ap.by_node)
+		grace_node_req_free(&ap.req);
+	ap.by_node = 0;
 }
 
 /* No verdict: one slurmd-log line, one audit line, on_error's outcome
@@ -193,7 +255,14 @@ static void grace_ap_judge(const struct grace_context *ctx, struct grace_ap_shar
 	int rc;
 
 	clock_gettime(CLOCK_MONOTONIC, &t0);
-	rc = grace_afterpull_ask(ap.sock, &t0, ctx->timeout_ms, &out);
+	if (ap.by_node) {
+		struct timespec until = t0;
+
+		grace_ap_later(&until, ctx->timeout_ms);
+		rc = grace_afterpull_ask_node(ap.sock, &ap.req, &until, &out);
+	} else {
+		rc = grace_afterpull_ask(ap.sock, &t0, ctx->timeout_ms, &out);
+	}
 	for (i = 0; i < r->log.n; i++) {
 		if (r->log.items[i][0] == GRACE_LOG_AUDIT && audit == NULL)
 			audit = r->log.items[i] + 1;
@@ -201,8 +270,9 @@ static void grace_ap_judge(const struct grace_context *ctx, struct grace_ap_shar
 	if (rc == -1) {
 		char reason[160];
 
-		snprintf(reason, sizeof(reason), "no verdict within timeout_ms=%u; the after-pull "
-			 "helper was abandoned", ctx->timeout_ms);
+		snprintf(reason, sizeof(reason), "no verdict within timeout_ms=%u; %s",
+			 ctx->timeout_ms, ap.by_node ? "the node checker's child stops itself"
+						     : "the after-pull helper was abandoned");
 		grace_ap_fail(ctx, sh, &t0, GRACE_FAIL_TIMEOUT, reason);
 	} else if (out.err[0] != '\0') {
 		grace_ap_fail(ctx, sh, &t0, out.failure ? out.failure : GRACE_FAIL_CHECK, out.err);
@@ -300,12 +370,7 @@ int grace_afterpull_task(const struct grace_context *ctx, spank_t sp)
 	/* The judging task holds the lock for at most timeout_ms (plus the
 	 * audit write); a waiter gives up a little later and follows on_error. */
 	clock_gettime(CLOCK_REALTIME, &until);
-	until.tv_sec += ctx->timeout_ms / 1000 + 5;
-	until.tv_nsec += (long)(ctx->timeout_ms % 1000) * 1000000L;
-	if (until.tv_nsec >= 1000000000L) {
-		until.tv_sec += 1;
-		until.tv_nsec -= 1000000000L;
-	}
+	grace_ap_later(&until, ctx->timeout_ms + 5000);
 	do
 		rc = pthread_mutex_timedlock(&sh->lock, &until);
 	while (rc == EINTR);

@@ -493,6 +493,14 @@ void grace_container_detect(spank_t sp, char **argv, int argc, const char *cwd,
 		grace_oci(sp, argv, argc, c);
 }
 
+int grace_container_pyxis_first(void)
+{
+	struct grace_find_pyxis f = { .self = (void *)&state };
+
+	dl_iterate_phdr(grace_phdr_cb, &f);
+	return f.found && f.before_us;
+}
+
 int grace_container_after_pull(const struct grace_container *c, unsigned int job_id,
 			       unsigned int step_id, char *buf, size_t len)
 {

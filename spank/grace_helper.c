@@ -782,57 +782,72 @@ static int grace_node_once(const struct grace_context *ctx)
 	return 1;
 }
 
-void grace_node_connect(struct grace_context *ctx, spank_t sp)
+/* A connection to the node checker at path (non-blocking, CLOEXEC, its peer
+ * checked to be root's). 0: *fdp; 1: its backlog is full (busy, not dead);
+ * -1: why says what failed. Made while slurmstepd is still root: the
+ * server takes only root's connections (SO_PEERCRED is the connect()er's). */
+static int grace_node_dial(const char *path, int *fdp, char *why, size_t whylen)
 {
 	struct sockaddr_un addr = { .sun_family = AF_UNIX };
 	struct ucred peer;
 	socklen_t len = sizeof(peer);
-	const char *why = NULL;
-	char buf[256];
-	uint32_t job_id = 0;
 	int fd, big = 4 << 20;
 
-	if (ctx->checker_socket == NULL || strlen(ctx->checker_socket) >= sizeof(addr.sun_path)) {
-		why = "the socket path is too long";
-		goto fail;
+	if (path == NULL || strlen(path) >= sizeof(addr.sun_path)) {
+		snprintf(why, whylen, "the socket path is too long");
+		return -1;
 	}
-	strcpy(addr.sun_path, ctx->checker_socket);
+	strcpy(addr.sun_path, path);
 	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (fd < 0) {
-		why = strerror(errno);
-		goto fail;
+		snprintf(why, whylen, "%s", strerror(errno));
+		return -1;
 	}
 	if (connect(fd, (struct sockaddr *)&addr, sizeof(addr)) != 0) {
-		if (errno == EAGAIN) {
-			/* The server's backlog is full (more steps starting at once
-			 * than it has accepted yet): busy, not dead. This step is
-			 * checked by a helper of its own, and nothing is marked, so
-			 * the server's real death is still said when it comes. */
-			close(fd);
-			return;
-		}
-		snprintf(buf, sizeof(buf), "connect: %s", strerror(errno));
-		why = buf;
+		int busy = errno == EAGAIN;
+
+		snprintf(why, whylen, "connect: %s", strerror(errno));
 		close(fd);
-		goto fail;
+		return busy ? 1 : -1;
 	}
 	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &len) != 0 || peer.uid != 0) {
-		why = "the process at the socket is not root's";
+		snprintf(why, whylen, "the process at the socket is not root's");
 		close(fd);
-		goto fail;
+		return -1;
 	}
 	if (setsockopt(fd, SOL_SOCKET, SO_SNDBUFFORCE, &big, sizeof(big)) != 0)
 		setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &big, sizeof(big));
-	ctx->checker_fd = fd;
-	return;
-fail:
-	if (!grace_node_once(ctx))
+	*fdp = fd;
+	return 0;
+}
+
+void grace_node_connect(struct grace_context *ctx, spank_t sp)
+{
+	char why[256];
+	uint32_t job_id = 0;
+	int rc;
+
+	rc = grace_node_dial(ctx->checker_socket, &ctx->checker_fd, why, sizeof(why));
+	/* Busy (more steps starting at once than it has accepted yet): this
+	 * step is checked by a helper of its own, and nothing is marked, so
+	 * the server's real death is still said when it comes. */
+	if (rc >= 0 || !grace_node_once(ctx))
 		return;
 	spank_get_item(sp, S_JOB_ID, &job_id);
 	slurm_info(GRACE_PREFIX "error: job %u: node checker at %s not reachable (%s): cold "
 		   "steps are checked by a helper of slurmstepd (checker=step) until slurmd "
 		   "restarts the checker; said once until then (failure %s)", job_id,
 		   ctx->checker_socket, why, GRACE_FAIL_CHECKER);
+}
+
+int grace_afterpull_dial(const struct grace_context *ctx)
+{
+	char why[256];
+	int fd = -1;
+
+	if (!ctx->checker_node || ctx->checker_fd < 0)
+		return -1; /* no node checker for this step: the forked helper then */
+	return grace_node_dial(ctx->checker_socket, &fd, why, sizeof(why)) == 0 ? fd : -1;
 }
 
 static void grace_node_close(struct grace_context *ctx)
@@ -871,10 +886,42 @@ static int grace_node_send(int sock, const struct grace_wbuf *b, const struct ti
 	return 0;
 }
 
-/* 0: answered (out filled); -1: no answer by the deadline; 1: the server
- * could not take the step (out->err says why): today's path. */
-static int grace_node_run(struct grace_context *ctx, const struct grace_step *step,
-			  const struct timespec *until, struct grace_outcome *out)
+int grace_node_req_make(struct grace_node_req *r, const struct grace_step *step)
+{
+	const char *path = getenv("PATH");
+	size_t at;
+
+	memset(r, 0, sizeof(*r));
+	r->code = step->code;
+	/* slurmstepd's own PATH, which its children (pyxis' enroot) search and
+	 * the forked helper of checker=step inherits; the node checker started
+	 * with a fixed one. */
+	r->path = path ? strdup(path) : NULL;
+	at = grace_begin_frame(&r->step);
+	grace_put_step(&r->step, step);
+	grace_end_frame(&r->step, at);
+	if ((path && r->path == NULL) || r->step.oom || grace_put_creds(&r->creds) != 0) {
+		grace_node_req_free(r);
+		return -1;
+	}
+	return 0;
+}
+
+void grace_node_req_free(struct grace_node_req *r)
+{
+	free(r->creds.p);
+	free(r->step.p);
+	free(r->path);
+	memset(r, 0, sizeof(*r));
+}
+
+/* One request on sock: the credentials frame (slurmstepd's ids, then the
+ * deadline, the install's code and PATH), the step's frame, then the
+ * records until the child closes. 0: answered (out filled); -1: no answer
+ * by the deadline; 1: the server could not take the step (out->err says
+ * why). */
+static int grace_node_exchange(int sock, const struct grace_node_req *r,
+			       const struct timespec *until, struct grace_outcome *out)
 {
 	struct grace_wbuf b = { 0 };
 	size_t at, n = 0;
@@ -882,30 +929,18 @@ static int grace_node_run(struct grace_context *ctx, const struct grace_step *st
 	int timed_out, rc = 1;
 
 	at = grace_begin_frame(&b);
-	if (grace_put_creds(&b) != 0) {
-		free(b.p);
-		snprintf(out->err, sizeof(out->err), "cannot read slurmstepd's credentials");
-		grace_node_close(ctx);
-		return 1;
-	}
-	/* slurmstepd's own PATH, which its children (pyxis' enroot) search and
-	 * the forked helper of checker=step inherits; the node checker started
-	 * with a fixed one. */
-	grace_put_request_tail(&b, (uint32_t)grace_ms_left(until), step->code, getenv("PATH"));
+	grace_put(&b, r->creds.p, r->creds.n);
+	grace_put_request_tail(&b, (uint32_t)grace_ms_left(until), r->code, r->path);
 	grace_end_frame(&b, at);
-	at = grace_begin_frame(&b);
-	grace_put_step(&b, step);
-	grace_end_frame(&b, at);
-	if (b.oom || grace_node_send(ctx->checker_fd, &b, until) != 0) {
+	grace_put(&b, r->step.p, r->step.n);
+	if (b.oom || grace_node_send(sock, &b, until) != 0) {
 		free(b.p);
 		snprintf(out->err, sizeof(out->err), "the node checker did not take the step "
 			 "(%s)", b.oom ? "out of memory" : "it is gone");
-		grace_node_close(ctx);
 		return 1;
 	}
 	free(b.p);
-	timed_out = grace_read_records(ctx->checker_fd, until, &buf, &n, out);
-	grace_node_close(ctx);
+	timed_out = grace_read_records(sock, until, &buf, &n, out);
 	if (timed_out) {
 		/* Its child stops itself at the same deadline (its own timer). */
 		rc = -1;
@@ -923,6 +958,24 @@ static int grace_node_run(struct grace_context *ctx, const struct grace_step *st
 			 "the step");
 	}
 	free(buf);
+	return rc;
+}
+
+static int grace_node_run(struct grace_context *ctx, const struct grace_step *step,
+			  const struct timespec *until, struct grace_outcome *out)
+{
+	struct grace_node_req r;
+	int rc;
+
+	if (grace_node_req_make(&r, step) != 0) {
+		snprintf(out->err, sizeof(out->err), "cannot read slurmstepd's credentials "
+			 "or encode the step");
+		grace_node_close(ctx);
+		return 1;
+	}
+	rc = grace_node_exchange(ctx->checker_fd, &r, until, out);
+	grace_node_req_free(&r);
+	grace_node_close(ctx);
 	return rc;
 }
 
@@ -1140,4 +1193,17 @@ int grace_afterpull_ask(int sock, const struct timespec *started, unsigned int t
 	grace_decode_ended(buf, n, -1, out);
 	free(buf);
 	return 0;
+}
+
+int grace_afterpull_ask_node(int sock, const struct grace_node_req *r,
+			     const struct timespec *until, struct grace_outcome *out)
+{
+	int rc;
+
+	memset(out, 0, sizeof(*out));
+	out->rc = -1;
+	rc = grace_node_exchange(sock, r, until, out);
+	if (rc == 1 && out->failure == NULL)
+		out->failure = GRACE_FAIL_CHECKER;
+	return rc;
 }

@@ -330,8 +330,11 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
 			/* The extern step runs no user command: no check to start. */
 			checked = spank_get_item(sp, S_JOB_STEPID, &step_id) != ESPANK_SUCCESS ||
 				  step_id != SLURM_EXTERN_CONT;
-			if (checked && context.checker_node)
+			if (checked && context.checker_node) {
 				grace_node_connect(&context, sp);
+				/* and, beside pyxis, one for the after-pull judgement */
+				grace_afterpull_early(&context);
+			}
 			/* prestart=on beside checker=node: only if the node
 			 * checker cannot be reached (it has the interpreter). */
 			if (checked && context.prestart && context.checker_fd < 0)

@@ -449,6 +449,8 @@ int grace_stepd_user_init(struct grace_context *ctx, spank_t sp)
 
 		if (grace_afterpull_prepare(ctx, &s.step, &s.box, why, sizeof(why)) != 0)
 			grace_fail(ctx, &s, GRACE_FAIL_INTERNAL, why);
+	} else {
+		grace_afterpull_exit(); /* refused: the node checker's connection goes */
 	}
 	return 0;
 }

@@ -69,4 +69,26 @@ int grace_get_creds(struct grace_cursor *c, struct grace_creds *out);
  * else -1 (out->err and out->failure set). */
 int grace_decode(const char *buf, size_t n, struct grace_outcome *out);
 
+/*
+ * A node checker request made in one place and sent from another
+ * (grace_helper.c): what slurmstepd was at user_init (its ids, its PATH),
+ * the install's code and the step's frame, encoded while the step's argv
+ * and environment are slurmstepd's to read - a task child forked later may
+ * find them moved (another plugin's spank_setenv reallocates the array).
+ */
+struct grace_node_req {
+	struct grace_wbuf creds; /* grace_put_creds */
+	struct grace_wbuf step;  /* one frame: grace_put_step */
+	char *path;              /* slurmstepd's PATH, or NULL (unset) */
+	const char *code;        /* the install's code (the step's, static) */
+};
+
+/* 0, or -1 (nothing held). */
+int grace_node_req_make(struct grace_node_req *r, const struct grace_step *step);
+void grace_node_req_free(struct grace_node_req *r);
+/* The after-pull request on sock (grace_afterpull_dial's): 0 answered (out
+ * filled), -1 no answer by until, 1 the node checker did not take it. */
+int grace_afterpull_ask_node(int sock, const struct grace_node_req *r,
+			     const struct timespec *until, struct grace_outcome *out);
+
 #endif

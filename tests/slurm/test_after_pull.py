@@ -18,8 +18,12 @@ a root is tests/test_after_pull.py's.
 
 from __future__ import annotations
 
+import os
 import re
+import shutil
+import signal
 import subprocess
+import threading
 from pathlib import Path
 
 import pytest
@@ -208,4 +212,81 @@ def test_no_verdict_follows_on_error(pulls: Pulls, liar: str, hooks_plugin: Path
                 assert len(refused) == 1 and "Exec format error" not in res.stderr, res.stderr
     finally:
         px.use()
+        px.slurm.restore_and_check_node()
+
+
+# -- checker=node: the judgement is the node checker's -------------------------
+
+#: An enroot start hook (hooks.d, run as the job's user while pyxis'
+#: task_init starts the container, before ours): says it is there, then
+#: holds until the test says go (bounded: 60 s).
+HOLD_HOOK = """#!/bin/sh
+touch "{dir}/held"
+i=0
+while [ ! -e "{dir}/go" ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
+exit 0
+"""
+
+
+@pytest.mark.parametrize("on_error", ["allow", "deny"])
+def test_node_checker_gone_before_the_task_asks(pulls: Pulls, liar: str,  # noqa: F811
+                                                on_error: str) -> None:
+    """With the node checker up (the default checker=node), slurmstepd
+    dials it a second connection in slurm_spank_init and the first task
+    asks there: no interpreter of slurmstepd's own. If the server is gone
+    by then (killed while pyxis started the container), no verdict:
+    on_error decides, once, and the audit line names the node checker.
+    Without that connection the helper would have judged the step."""
+    from .test_nodecheck import _server, _servers, _wait
+
+    px = pulls.pyxis
+    hold = px.work / "hold"
+    hook = px.work / "enroot" / "etc" / "enroot" / "hooks.d" / "99-grace-test-hold.sh"
+    assert hook.parent.is_dir(), hook.parent
+    shutil.rmtree(hold, ignore_errors=True)
+    hold.mkdir(mode=0o777)
+    hold.chmod(0o777)
+    hook.write_text(HOLD_HOOK.format(dir=hold))
+    hook.chmod(0o755)
+    server = _server(px.slurm)
+    ours = "required " + px.slurm.plugin_line(
+        px.slurm.plugin, f"config={px.slurm.configs['base']}", f"audit={px.slurm.audit_log}",
+        f"on_error={on_error}", "timeout_ms=5000")
+    theirs = f"required {px.plugin} runtime_path={px.work / 'pyxis-runtime'}"
+    px.slurm.cluster.set_plugstack([theirs, ours])
+    before = len(px.slurm.audit_lines())
+    done: list[subprocess.CompletedProcess[str]] = []
+    step = threading.Thread(target=lambda: done.append(px.slurm.cluster.run(
+        ["srun", "-N1", "-n2", f"--container-image={liar}", "tool"], env=px.env(),
+        timeout=180)))
+    try:
+        step.start()
+        _wait(lambda: (hold / "held").exists(), timeout=120)
+        os.kill(server, signal.SIGKILL)
+        _wait(lambda: server not in _servers(px.slurm))
+        (hold / "go").touch()
+        step.join(timeout=200)
+        assert done, "the step did not end"
+        res = done[0]
+        assert res.returncode != 0 and "Traceback" not in res.stderr
+        records = px.records(before)
+        assert [r["action"] for r in records] == [
+            "allow", "allow" if on_error == "allow" else "reject"], records
+        assert [r.get("phase") for r in records] == ["before_pull", "after_pull"]
+        assert "node checker" in str(records[1]["error"]), records[1]
+        refused = [line for line in res.stderr.splitlines()
+                   if "could not judge the container pyxis unpacked" in line]
+        if on_error == "allow":
+            assert not refused and "Exec format error" in res.stderr, res.stderr
+        else:
+            assert len(refused) == 1 and "Exec format error" not in res.stderr, res.stderr
+    finally:
+        (hold / "go").touch()
+        step.join(timeout=200)
+        hook.unlink(missing_ok=True)
+        # A new node checker for the tests after this one.
+        old = _servers(px.slurm)
+        px.use()
+        px.slurm.cluster.restart_slurmd()
+        _wait(lambda: bool(_servers(px.slurm)) and not set(old) & set(_servers(px.slurm)))
         px.slurm.restore_and_check_node()

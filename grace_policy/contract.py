@@ -116,6 +116,8 @@ EMIT = (
     ("done", 5, "the bridge reached its end: the result is complete"),
     ("cache", 6, "a verdict-cache entry (grace_policy/verdict_cache.py format)"),
     ("fail", 7, "with rc error: the kind of failure, one of FAILURES' names"),
+    ("pull", 8, "pyxis imports this step's image in its task_init: the root it makes is "
+     "judged there (spank/grace_afterpull.c); a verdict without it was on the files"),
 )
 EMIT_CODES = {name: code for name, code, _doc in EMIT}
 
@@ -139,6 +141,7 @@ RECORDS = (
     ("rc", "R", "the return code, decimal"),
     ("miss", "M", "the lookup missed; the pre-started helper or node checker decides"),
     ("stale", "V", "node checker: it runs another install, or a changed one: why"),
+    ("pull", "P", "PULL was emitted"),
     ("end", "Z", "the helper reached its end (last; nothing is trusted without it)"),
 )
 RECORD = {name: letter for name, letter, _doc in RECORDS}

@@ -118,6 +118,11 @@ class Outcome:
     #: With action error: the kind of failure (contract.PYTHON_FAILURES),
     #: handed to C as a code of its own, never left for C to read in the reason.
     failure: str = contract.FAIL_CHECK
+    #: The verdict is on a registry image's manifest: pyxis pulls it after
+    #: this check, and C has the root it makes judged in task_init. Without
+    #: it a verdict was on the files themselves (a reused --container-name
+    #: container): nothing to judge again.
+    pull: bool = False
 
     @classmethod
     def failed(cls, reason: str, failure: str = contract.FAIL_CHECK) -> Outcome:
@@ -197,6 +202,7 @@ def run_step(step: StepInput) -> Outcome:
     argv, env, cwd = list(step.argv), step.env, step.cwd or "/"
     container, image, program = step.container, None, step.argv[0] if step.argv else None
     inside: dict[str, Any] = {"image": image}
+    pulled = False
     if step.container_kind:
         # Judged inside the container (C found it, on Slurm's and pyxis' word).
         # The step's budget starts now: reading the image is part of its check.
@@ -223,6 +229,7 @@ def run_step(step: StepInput) -> Outcome:
         inside = {"image": image, "budget": budget, "limit": todo.limit}
         if todo.registry is not None:  # pulled by pyxis after the check: its manifest
             inside["registry"] = todo.registry
+            pulled = True
     judge = decide
     if step.batch and not step.container_kind:
         # The job's script: its lines are read too (grace_policy/batch/). A
@@ -238,7 +245,7 @@ def run_step(step: StepInput) -> Outcome:
                           user_lowered_mode=step.user_mode, container=container, who=who,
                           **inside)
     verdict = judge(policy, request, probes=probes)
-    out = Outcome(action=verdict.action)
+    out = Outcome(action=verdict.action, pull=pulled)
     if verdict.action not in ("allow", "warn", "reject"):
         return Outcome.failed(f"core returned an unknown action {verdict.action!r}")
     if "grace_policy.config" in sys.modules:
@@ -261,7 +268,7 @@ def run_step(step: StepInput) -> Outcome:
         # slurmstepd has since taken root back. A late line would contradict
         # what was done, and nothing from here is applied any more.
         return Outcome.failed("the check finished after the plugin's timeout; discarded")
-    out.audit, problem = _audit(step, verdict, elapsed_ms, program)
+    out.audit, problem = _audit(step, verdict, elapsed_ms, program, pulled)
     if problem:
         out.log.append(_one_line(problem))
     try:
@@ -358,7 +365,8 @@ def _cache_entry(step: StepInput, policy: Any, verdict: Verdict,
 
 
 def _audit(step: StepInput, verdict: Verdict, elapsed_ms: float,
-           program: str | None = None) -> tuple[str | None, str | None]:
+           program: str | None = None, pulled: bool = False
+           ) -> tuple[str | None, str | None]:
     """(line, problem): the decision line for C to write to the descriptor
     root opened, or None and why not.
 
@@ -377,23 +385,25 @@ def _audit(step: StepInput, verdict: Verdict, elapsed_ms: float,
         return render_decision(
             verdict, job_id=step.job_id, step_id=step.step_name, uid=step.uid,
             node=step.node or None, elapsed_ms=elapsed_ms, program=program,
-            phase=_phase(step)), None
+            phase=_phase(step, pulled)), None
     except Exception as exc:  # a bug in building the record must not fail the step
         return None, f"audit log {step.audit_path}: {type(exc).__name__}: {exc}"
 
 
-def _phase(step: StepInput) -> str | None:
+def _phase(step: StepInput, pulled: bool) -> str | None:
     """Which of a registry image's two judgements this is (audit.PHASES):
-    every pyxis step of an image that is not a local file is judged in
-    user_init (the manifest, or a named container's root) and, once pyxis
-    has made the container, again from task_init (``after_pull`` in its
-    args, spank/grace_afterpull.c)."""
+    a pyxis step whose image pyxis will pull is judged in user_init by its
+    manifest (``pulled``: the outcome's ``pull``) and, once pyxis has made
+    the container, again from task_init (``after_pull`` in its args,
+    spank/grace_afterpull.c). A reused --container-name container is judged
+    once, in its root: no phase."""
     if step.container_kind != "pyxis" or step.container_local:
         return None
     from .container.plan import option_lines
 
-    return "after_pull" if option_lines(step.container_args).get("after_pull") \
-        else "before_pull"
+    if option_lines(step.container_args).get("after_pull"):
+        return "after_pull"
+    return "before_pull" if pulled else None
 
 
 # --------------------------------------------------------------------------
@@ -532,6 +542,8 @@ def emissions(out: Outcome) -> list[tuple[str, bytes]]:
         items.append(("cache", _c_bytes(out.cache)))
     if out.action == "error":
         items.append(("fail", out.failure.encode()))
+    if out.pull:
+        items.append(("pull", b""))
     items.append(("done", b""))
     return items
 

@@ -87,6 +87,7 @@ struct grace_result {
 	char failure[16]; /* with GRACE_RC_ERROR: the kind Python named (GRACE_EMIT_FAIL), or "" */
 	int done;
 	int oom; /* an allocation failed: the result is incomplete */
+	int pull; /* GRACE_EMIT_PULL: a registry image's manifest was judged; its files come */
 };
 
 enum grace_on_error { GRACE_ON_ERROR_ALLOW = 0, GRACE_ON_ERROR_DENY = 1 };

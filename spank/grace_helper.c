@@ -279,6 +279,8 @@ static void grace_send_outcome(int fd, const struct grace_outcome *out)
 	grace_send_list(fd, GRACE_REC_LOG, &out->result.log);
 	if (out->result.cache)
 		grace_send(fd, GRACE_REC_CACHE, out->result.cache);
+	if (out->result.pull)
+		grace_send(fd, GRACE_REC_PULL, NULL);
 	if (out->result.done)
 		grace_send(fd, GRACE_REC_DONE, NULL);
 	if (out->result.failure[0])

@@ -58,6 +58,9 @@ void grace_emit(void *result, int kind, const char *text)
 	case GRACE_EMIT_DONE:
 		r->done = 1;
 		return;
+	case GRACE_EMIT_PULL:
+		r->pull = 1;
+		return;
 	case GRACE_EMIT_FAIL:
 		if (text != NULL)
 			snprintf(r->failure, sizeof(r->failure), "%s", text);

@@ -346,7 +346,7 @@ int grace_stepd_user_init(struct grace_context *ctx, spank_t sp)
 	uint32_t job_id = 0, step_id = 0;
 	uid_t uid = (uid_t)-1;
 	char **argv = NULL, **env = NULL;
-	int argc = 0, envc = 0, rc, code_ok;
+	int argc = 0, envc = 0, rc, code_ok, whole;
 
 	memset(&s, 0, sizeof(s));
 	clock_gettime(CLOCK_MONOTONIC, &s.started);
@@ -430,6 +430,11 @@ int grace_stepd_user_init(struct grace_context *ctx, spank_t sp)
 	s.step.container_args = s.box.args[0] ? s.box.args : NULL;
 
 	rc = grace_helper_run(ctx, &s.step, &s.started, ctx->timeout_ms, &out);
+	/* Python judged the files themselves (a reused --container-name
+	 * container): nothing for task_init to judge again. No verdict (a
+	 * failure, on_error): the root pyxis makes is still judged. */
+	whole = rc == 0 && out.err[0] == '\0' && out.result.done && !out.result.pull &&
+		(out.rc == GRACE_RC_ALLOW || out.rc == GRACE_RC_WARN);
 	if (rc == -2) {
 		grace_fail(ctx, &s, GRACE_FAIL_INTERNAL, out.err);
 	} else if (rc == -1) {
@@ -442,7 +447,7 @@ int grace_stepd_user_init(struct grace_context *ctx, spank_t sp)
 		grace_finish(ctx, sp, &s, &out);
 	}
 	grace_outcome_free(&out);
-	if (!ctx->reject) {
+	if (!ctx->reject && !whole) {
 		/* A registry image: its files are judged once pyxis has made the
 		 * container, in task_init (grace_afterpull.c). */
 		char why[512];
@@ -450,7 +455,7 @@ int grace_stepd_user_init(struct grace_context *ctx, spank_t sp)
 		if (grace_afterpull_prepare(ctx, &s.step, &s.box, why, sizeof(why)) != 0)
 			grace_fail(ctx, &s, GRACE_FAIL_INTERNAL, why);
 	} else {
-		grace_afterpull_exit(); /* refused: the node checker's connection goes */
+		grace_afterpull_exit(); /* not needed: the node checker's connection goes */
 	}
 	return 0;
 }

@@ -280,6 +280,7 @@ int grace_decode(const char *buf, size_t n, struct grace_outcome *out)
 				out->result.oom = 1;
 			break;
 		case GRACE_REC_DONE: out->result.done = 1; break;
+		case GRACE_REC_PULL: out->result.pull = 1; break;
 		case GRACE_REC_FAIL:
 			grace_copy(out->result.failure, sizeof(out->result.failure), text, len);
 			break;

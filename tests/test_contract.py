@@ -206,9 +206,19 @@ def test_python_records_are_read_by_c(driver: Path) -> None:
                                set=[("K", "v=w")], log=["l\0x"], cache="entry\n.")
     got = _run(driver, "records", data=wire.outcome_records(out)).decode().splitlines()
     assert got == ["ended 1", "rc 2", "done 1", "oom 0", "hit 0", "miss 0", "failure -",
-                   "user " + "grace-policy: u\xe9".encode().hex(), "unset " + b"V".hex(),
-                   "set " + b"K=v=w".hex(), "log " + b"l\\0x".hex(),
+                   "pull 0", "user " + "grace-policy: u\xe9".encode().hex(),
+                   "unset " + b"V".hex(), "set " + b"K=v=w".hex(), "log " + b"l\\0x".hex(),
                    "cache " + b"entry\n.".hex(), "err -"]
+
+
+@pytest.mark.parametrize("pull", [False, True])
+def test_a_registry_manifest_verdict_says_so_to_c(driver: Path, pull: bool) -> None:
+    """The outcome's ``pull`` (pyxis pulls the image after this check, so
+    C has its root judged in task_init) reaches C as its own record;
+    without it a verdict was on the files themselves."""
+    out = slurm_bridge.Outcome(action="allow", pull=pull)
+    got = _run(driver, "records", data=wire.outcome_records(out)).decode().splitlines()
+    assert f"pull {int(pull)}" in got and "done 1" in got
 
 
 @pytest.mark.parametrize("failure", contract.PYTHON_FAILURES)

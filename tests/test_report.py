@@ -104,11 +104,13 @@ def test_the_bridge_marks_only_a_registry_images_two_judgements() -> None:
         return StepInput(None, "allow", None, "/", None, "n", ("x",), {}, 1, 0, 0, False,
                          **container)  # type: ignore[arg-type]
 
-    assert _phase(step()) is None
-    assert _phase(step(container_kind="pyxis", container_local=True)) is None
-    assert _phase(step(container_kind="pyxis")) == "before_pull"
+    assert _phase(step(), pulled=False) is None
+    assert _phase(step(container_kind="pyxis", container_local=True), pulled=False) is None
+    assert _phase(step(container_kind="pyxis"), pulled=True) == "before_pull"
+    # A reused --container-name container: its root judged once, no pull.
+    assert _phase(step(container_kind="pyxis"), pulled=False) is None
     after = step(container_kind="pyxis", container_args="mounts=\nafter_pull=1\n")
-    assert _phase(after) == "after_pull"
+    assert _phase(after, pulled=False) == "after_pull"
     assert "phase" not in json.loads(_line())
 
 

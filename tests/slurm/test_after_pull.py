@@ -290,3 +290,40 @@ def test_node_checker_gone_before_the_task_asks(pulls: Pulls, liar: str,  # noqa
         px.slurm.cluster.restart_slurmd()
         _wait(lambda: bool(_servers(px.slurm)) and not set(old) & set(_servers(px.slurm)))
         px.slurm.restore_and_check_node()
+
+
+def test_existing_named_container_with_a_registry_image_is_judged_once(
+        pulls: Pulls) -> None:  # noqa: F811
+    """``--container-image=REGISTRY#... --container-name=NAME`` with NAME
+    already made: pyxis reuses the container and pulls nothing, so the
+    check in user_init judged its root as it is, and that verdict says so
+    to C (no ``pull`` emission): no second judgement in task_init, and a
+    warning is printed once, not twice. The first step, which made the
+    container, was a pull: judged before and after it."""
+    px = pulls.pyxis
+    px.use()
+    name = "reg-named"
+    env = px.env()
+    root = Path(env.get("XDG_DATA_HOME") or f"{env['HOME']}/.local/share") / "enroot" \
+        / f"pyxis_{name}"
+    shutil.rmtree(root, ignore_errors=True)
+    image = f"--container-image={pulls.ref('amd')}"
+    try:
+        before = len(px.slurm.audit_lines())
+        res = px.srun([image, f"--container-name={name}", "tool"])
+        assert res.returncode == 0, res.stderr
+        assert [r.get("phase") for r in px.records(before)] == ["before_pull", "after_pull"]
+        assert (root / "opt/app/bin/tool").is_file()
+        # An aarch64 program copied in by hand; warn mode: it runs and fails.
+        shutil.copyfile(px.work / "src" / "foreign", root / "opt/app/bin/tool")
+        before = len(px.slurm.audit_lines())
+        res = px.srun(["-p", "warnp", "-n2", image, f"--container-name={name}", "tool"])
+        assert res.returncode != 0
+        records = px.records(before)
+        assert [(r["action"], r.get("phase")) for r in records] == [("warn", None)], records
+        assert records[0]["image"] == str(root), records[0]
+        said = [line for line in res.stderr.splitlines()
+                if f"{PREFIX}ERROR exe-arch-mismatch: {root}:/opt/app/bin/tool" in line]
+        assert len(said) == 1, res.stderr
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -126,6 +127,13 @@ def test_job_scoped_named_container(pyxis: Pyxis) -> None:
     job only. Two steps of one batch job: the first makes it, a program of
     the other architecture is copied in, the second is refused at its path."""
     slurm = pyxis.slurm
+    # The epilog of a job that just ended reads plugstack.conf when it runs:
+    # with container_scope=job already there, pyxis' epilog cleans up for
+    # that earlier job (as its user, enroot list) and, failing, drains the
+    # node. Not before it is done: the node idle again (bounded).
+    deadline = time.monotonic() + 60
+    while slurm.cluster.node_state() != "idle" and time.monotonic() < deadline:
+        time.sleep(0.3)
     ours = "required " + slurm.plugin_line(
         slurm.plugin, f"config={slurm.configs['base']}", f"audit={slurm.audit_log}")
     slurm.cluster.set_plugstack([

@@ -154,7 +154,11 @@ def import_cached(found: Resolved, machine: str, env: Mapping[str, str],
     if shutil.which("enroot", path=search) is None:
         raise CacheError("enroot is not on PATH here")
     deadline = time.monotonic() + PULL_TIMEOUT
-    scratch = tempfile.mkdtemp(prefix="grace-cache-")
+    try:
+        scratch = tempfile.mkdtemp(prefix="grace-cache-")
+    except OSError as exc:
+        raise CacheError(f"no scratch directory for the import ({exc.strerror or exc})"
+                         ) from None
     private = os.path.join(scratch, "cache")
     try:
         os.mkdir(private, 0o700)
@@ -194,10 +198,8 @@ def _fill(private: str, found: Resolved, cache: str, zstd: str,
         raise CacheError(f"cached config {config[:12]} is not this image's config "
                          "(truncated, damaged or other bytes)")
     fd = os.open(os.path.join(private, config), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o640)
-    try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
     names = [config]
     for digest, diff_id in zip(found.layers, found.diff_ids):
         name = _name(digest) or ""

@@ -59,8 +59,11 @@ def images(tmp_path_factory: pytest.TempPathFactory, compile_cache: object
         oci_image(work / "layout", "liar", {"x86_64": arm})
         oci_image(work / "layout", "liar3", {"x86_64": arm},
                   more=[{"etc/one": b"1\n"}, {"etc/two": b"2\n"}])
+        # "listed": a two-platform list whose amd64 entry holds aarch64 files.
+        oci_image(work / "layout", "listed", {"aarch64": arm, "x86_64": arm})
         registry.push(work / "layout", "liar", "lab/img")
         registry.push(work / "layout", "liar3", "lab/img")
+        registry.push(work / "layout", "listed", "lab/img", multi=True)
         yield Images(registry, work / "layout")
     finally:
         registry.stop()
@@ -223,3 +226,24 @@ def test_pull_names_what_it_judged(enroot_site: Path, images: Images, tmp_path: 
     out = json.loads(got.stdout)
     assert out["registry"]["contents"] == "pull"
     assert out["registry"]["digest"].startswith("sha256:")
+
+
+def test_a_list_entry_is_imported_from_the_cache_by_its_digest(
+        enroot_site: Path, images: Images, tmp_path: Path) -> None:
+    """A tag that is a manifest list: the pull and the cache import both
+    name the node's entry by its digest, which --json reports."""
+    home = tmp_path / "home"
+    got = _check(enroot_site, home, "--image", images.ref("listed"), "--pull", "--json", "--",
+                 "/opt/app/tool")
+    assert got.returncode == 2, got.stdout + got.stderr
+    pulled = json.loads(got.stdout)["registry"]
+    assert pulled["contents"] == "pull" and pulled["list_digest"].startswith("sha256:")
+    assert pulled["digest"] != pulled["list_digest"]
+    mark = images.registry.mark()
+    got = _check(enroot_site, home, "--image", images.ref("listed"), "--json", "--",
+                 "/opt/app/tool")
+    assert got.returncode == 2, got.stdout + got.stderr
+    cached = json.loads(got.stdout)["registry"]
+    assert (cached["contents"], cached["digest"]) == ("cache", pulled["digest"])
+    gets = images.registry.blob_gets(mark)
+    assert len(gets) == 1, f"only the config, read by the manifest check: {gets}"

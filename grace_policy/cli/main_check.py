@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from ..node import NodeProfile
     from ..policy import Policy
     from ..python.nodeinterp import Basis
+    from ..registry.cache import Holding
+    from ..registry.manifest import Resolved
+    from ..registry.pull import Pulled
     from ..registry.step import RegistryStep
 
 
@@ -58,11 +61,15 @@ def configure_parser(sub: argparse._SubParsersAction, name: str, help_text: str)
                              "(docker://[USER@][REGISTRY#]IMAGE[:TAG], REGISTRY#IMAGE:TAG): "
                              "its platforms and architecture verdict from the registry's "
                              "manifest and config, as `enroot import` run by you would read "
-                             "them (your environment, enroot.conf, .credentials)")
+                             "them (your environment, enroot.conf, .credentials); and its "
+                             "files too when your enroot cache already holds every layer of "
+                             "that manifest (each checked, none fetched; an import's time "
+                             "and $TMPDIR space)")
     parser.add_argument("--pull", action="store_true",
-                        help="with a registry --image: also judge its files, pulled for the "
-                             "node's architecture by your own `enroot import` into $TMPDIR "
-                             "(as large as the image; removed afterwards), like a local .sqsh")
+                        help="with a registry --image: also judge its files, the manifest "
+                             "judged pulled by its digest by your own `enroot import` into "
+                             "$TMPDIR (as large as the image; removed afterwards), like a "
+                             "local .sqsh")
     gpus = parser.add_mutually_exclusive_group()
     gpus.add_argument("--gpus", metavar="N",
                       help="the step gets N GPUs on its node, as with srun/sbatch --gpus=N "
@@ -204,49 +211,48 @@ def _open_image(path: str):  # type: ignore[no-untyped-def]
 
 def execute(args: argparse.Namespace, rest: list[str] | None) -> int:
     registry = _registry_step(args.image) if getattr(args, "image", None) else None
-    if registry is not None and not getattr(args, "pull", False):
-        return _execute_registry(args, rest, registry)
-    if registry is None and getattr(args, "pull", False):
-        raise UsageError("--pull: only with a registry --image (docker://... or REGISTRY#IMAGE)")
     if registry is not None:
-        pulled = _pull(args, registry)
-        try:
-            return _execute_local(args, rest, _open_pulled(pulled, registry))
-        finally:
-            pulled.remove()
+        return _execute_registry(args, rest, registry)
+    if getattr(args, "pull", False):
+        raise UsageError("--pull: only with a registry --image (docker://... or REGISTRY#IMAGE)")
     image = _open_image(args.image) if getattr(args, "image", None) else None
     return _execute_local(args, rest, image)
 
 
-def _pull(args: argparse.Namespace, step: RegistryStep):  # type: ignore[no-untyped-def]
+def _pull(step: RegistryStep, found: Resolved | None, machine: str) -> Pulled:
     """The image's squashfs, as the user's own ``enroot import`` for the
-    node's architecture writes it (:mod:`grace_policy.registry.pull`)."""
-    from ..compiled import load_policy
+    node's architecture writes it (:mod:`grace_policy.registry.pull`): the
+    manifest the check judged, by its digest, when there is one."""
     from ..messages import escape
-    from ..policy import ConfigError
-    from ..registry.pull import PullError, enroot_import
+    from ..registry.pull import PullError, enroot_import, enroot_uri, pinned_uri
 
+    uri = pinned_uri(step.reference, found.digest) if found is not None and found.digest \
+        else enroot_uri(step.given)
     try:
-        machine = build_node(args, load_policy(args.config)).machine
-    except ConfigError:
-        machine = os.uname().machine  # the config error is reported by the check itself
-    try:
-        return enroot_import(step.given, machine, os.environ)
+        return enroot_import(uri, machine, os.environ)
     except PullError as exc:
         raise UsageError(f"--pull {escape(step.reference.shown())}: {escape(str(exc))}"
                          ) from None
 
 
-def _open_pulled(pulled, step: RegistryStep):  # type: ignore[no-untyped-def]
+def _open_pulled(pulled: Pulled, step: RegistryStep):  # type: ignore[no-untyped-def]
     """The pulled squashfs as an image named by its reference: findings
     name what the user asked for, not a scratch file."""
     from .._record import replace
 
-    return replace(_open_image(pulled.path), path=step.reference.shown())
+    try:
+        return replace(_open_image(pulled.path), path=step.reference.shown())
+    except BaseException:
+        pulled.remove()
+        raise
 
 
 def _execute_local(args: argparse.Namespace, rest: list[str] | None,
-                   image) -> int:  # type: ignore[no-untyped-def]
+                   image, registry: tuple[dict[str, object], list[str]] | None = None
+                   ) -> int:  # type: ignore[no-untyped-def]
+    """The verdict for CMD on the host or in a local image. ``registry``:
+    (the ``registry`` object of ``--json``, the lines said before the
+    verdict) when the image is a registry image's files (pulled or cached)."""
     from ..compiled import load_policy
     from ..decide import StepRequest, decide
     from ..policy import ConfigError
@@ -297,8 +303,12 @@ def _execute_local(args: argparse.Namespace, rest: list[str] | None,
         out["command"] = command
         if assumed is not None:
             out["assumed_interpreter"] = {**assumed.to_json(), "text": assumed.text(node)}
+        if registry is not None:
+            out["registry"] = registry[0]
         print(json.dumps(out, indent=2))
     elif not crashed:
+        for line in registry[1] if registry is not None else ():
+            print(line)
         for line in _human(verdict, policy, node, command):
             print(line)
         if assumed is not None:
@@ -334,8 +344,11 @@ def _registry_step(text: str) -> RegistryStep | None:
 
 def _execute_registry(args: argparse.Namespace, rest: list[str] | None,
                       step: RegistryStep) -> int:
-    """The login-node question for a registry image: what the plugin will
-    decide from the manifest and config alone (nothing is pulled)."""
+    """The login-node question for a registry image. The manifest and config
+    first (what the plugin decides before the pull); then its files, when
+    ``--pull`` asks for them or the user's enroot cache already holds every
+    layer (:mod:`grace_policy.registry.cache`), judged as a local image;
+    else the manifest answer, with one line on what would judge the files."""
     from ..compiled import load_policy
     from ..decide import StepRequest, decide
     from ..messages import PREFIX, escape
@@ -343,45 +356,119 @@ def _execute_registry(args: argparse.Namespace, rest: list[str] | None,
 
     if args.batch is not None:
         raise UsageError("--batch with a registry --image: not supported yet")
-    command = _command(args, rest, ("(the image's entrypoint)",))
     try:
         policy = load_policy(args.config)
     except ConfigError as exc:
         return report_config_error(exc)
     node = build_node(args, policy)
+    command = _command(args, rest, ("(the image's entrypoint)",))
     note_unknown_partition(args, policy)
     who = None
     if policy.exemptions:
         from ..exempt import Who
 
         who = Who.current()
-    verdict = decide(policy, StepRequest(partition=args.partition, argv=command, env=job_env(args),
-                                         cwd="/", node=node, who=who, registry=step))
+    verdict = decide(policy, StepRequest(partition=args.partition, argv=command,
+                                         env=job_env(args), cwd="/", node=node, who=who,
+                                         registry=step))
     found = step.seen.get("found")
+    said = _manifest_lines(step, found)
+    if getattr(args, "pull", False):
+        pulled = _pull(step, found, node.machine)
+        digest = found.digest if found is not None and found.digest else ""
+        said.append(f"{PREFIX}judged the files of "
+                    f"{'manifest ' + escape(digest) if digest else 'the tag'}, pulled by your "
+                    "own `enroot import`")
+        return _judge_files(args, rest, step, pulled,
+                            ({**_registry_json(step, found), "contents": "pull"}, said))
+    hint, held = "", None
+    if found is not None and found.digest:
+        pulled, hint, held = _from_cache(step, found, node.machine)
+        if pulled is not None:
+            said.append(f"{PREFIX}judged the files of manifest {escape(found.digest)} from "
+                        f"your enroot cache ({escape(held.path)}, {held.layers} layer(s); "
+                        "no layer fetched)")
+            info = {**_registry_json(step, found), "contents": "cache",
+                    "cache": {"path": held.path, "layers": held.layers, "held": held.held}}
+            return _judge_files(args, rest, step, pulled, (info, said))
     if args.json:
         out = verdict.to_json()
         out["node"] = node_json(node)
         out["command"] = command
         if found is not None:
-            out["registry"] = {
-                "reference": step.reference.shown(), "digest": found.digest,
-                "list_digest": found.list_digest, "platforms": list(found.image_platforms()),
-                "architecture": found.arch, "os": found.os, "env": list(found.env),
-                "entrypoint": list(found.entrypoint), "cmd": list(found.cmd)}
+            out["registry"] = {**_registry_json(step, found), "contents": "manifest"}
+            if held is not None:
+                out["registry"]["cache"] = {"path": held.path, "layers": held.layers,
+                                            "held": held.held, "note": hint}
         print(json.dumps(out, indent=2))
         return EXIT_FOR_ACTION.get(verdict.action, EX_SOFTWARE)
-    if found is not None:
-        has = ", ".join(found.image_platforms()) or "no platform"
-        print(f"{PREFIX}image {escape(step.reference.shown())}: platforms {escape(has)}")
-        if found.digest:
-            print(f"{PREFIX}for this node enroot imports manifest {escape(found.digest)} "
-                  f"({escape(found.os or 'linux')}/{escape(found.arch or '?')}); entrypoint "
-                  f"{escape(json.dumps(list(found.entrypoint)))}, cmd "
-                  f"{escape(json.dumps(list(found.cmd)))}, env "
-                  f"{escape(json.dumps(list(found.env)))}")
+    for line in said:
+        print(line)
     for line in _human(verdict, policy, node, command):
         print(line)
+    if hint:
+        print(f"{PREFIX}note: {escape(hint)}")
     return EXIT_FOR_ACTION.get(verdict.action, EX_SOFTWARE)
+
+
+def _judge_files(args: argparse.Namespace, rest: list[str] | None, step: RegistryStep,
+                 pulled: Pulled, registry: tuple[dict[str, object], list[str]]) -> int:
+    """The verdict on the squashfs enroot wrote (pulled or from the cache),
+    as for a local image, said with what it is; the scratch is removed."""
+    image = _open_pulled(pulled, step)
+    try:
+        return _execute_local(args, rest, image, registry)
+    finally:
+        pulled.remove()
+
+
+def _registry_json(step: RegistryStep, found: Resolved | None) -> dict[str, object]:
+    if found is None:
+        return {"reference": step.reference.shown(), "digest": None}
+    return {"reference": step.reference.shown(), "digest": found.digest or None,
+            "list_digest": found.list_digest, "platforms": list(found.image_platforms()),
+            "architecture": found.arch, "os": found.os, "env": list(found.env),
+            "entrypoint": list(found.entrypoint), "cmd": list(found.cmd)}
+
+
+def _manifest_lines(step: RegistryStep, found: Resolved | None) -> list[str]:
+    from ..messages import PREFIX, escape
+
+    if found is None:
+        return []
+    has = ", ".join(found.image_platforms()) or "no platform"
+    lines = [f"{PREFIX}image {escape(step.reference.shown())}: platforms {escape(has)}"]
+    if found.digest:
+        lines.append(f"{PREFIX}for this node enroot imports manifest {escape(found.digest)} "
+                     f"({escape(found.os or 'linux')}/{escape(found.arch or '?')}); entrypoint "
+                     f"{escape(json.dumps(list(found.entrypoint)))}, cmd "
+                     f"{escape(json.dumps(list(found.cmd)))}, env "
+                     f"{escape(json.dumps(list(found.env)))}")
+    return lines
+
+
+def _from_cache(step: RegistryStep, found: Resolved, machine: str
+                ) -> tuple[Pulled | None, str, Holding]:
+    """(the squashfs enroot wrote from the user's cache, or None; the note
+    for the manifest answer when None; what the cache holds)."""
+    from ..registry.cache import CacheError, import_cached, look
+
+    held = look(found, step.settings.env)
+    rerun = "--pull would judge the files"
+    if held.unusable:
+        return None, f"the image's files were not judged ({held.unusable}); {rerun}", held
+    if not held.complete:
+        what = f"{held.held} of its {held.layers} layer(s)"
+        if held.layers and held.held == held.layers:
+            what = "its layers but not its config"
+        return None, (f"judged from the manifest and config only: your enroot cache "
+                      f"({held.path}) holds {what} of manifest {found.digest}; {rerun}"), held
+    try:
+        return import_cached(found, machine, os.environ, held), "", held
+    except CacheError as exc:
+        return None, (f"judged from the manifest and config only: your enroot cache "
+                      f"({held.path}) was not used for manifest {found.digest}: {exc}; "
+                      f"{rerun}"), held
 
 
 def _node_interpreter(command: list[str], env: dict[str, str], cwd: str,

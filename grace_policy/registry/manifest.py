@@ -60,6 +60,13 @@ class Resolved:
     cmd: tuple[str, ...] = ()
     #: The digest of the manifest list, when the tag is one.
     list_digest: str = ""
+    #: The chosen manifest's config digest, its layers' digests in the
+    #: manifest's order and the config's ``rootfs.diff_ids`` (the sha256 of
+    #: each layer uncompressed): what says whether enroot's cache holds this
+    #: image (:mod:`.cache`). Strings only; () when the manifest has none.
+    config_digest: str = ""
+    layers: tuple[str, ...] = ()
+    diff_ids: tuple[str, ...] = ()
 
     def image_platforms(self) -> tuple[str, ...]:
         """The platforms the image has: its list's, or its config's."""
@@ -195,14 +202,32 @@ def resolve(ref: Reference, machine: str, settings: Settings, budget: Budget) ->
         entrypoint=_strings(inner.get("Entrypoint")),  # type: ignore[union-attr]
         cmd=_strings(inner.get("Cmd")),  # type: ignore[union-attr]
         list_digest=list_digest,
+        config_digest=config_digest,
+        layers=_layer_digests(layers),
+        diff_ids=_diff_ids(conf.get("rootfs")),
     )
+
+
+def _layer_digests(layers: list[object]) -> tuple[str, ...]:
+    """Each layer's digest ("" for an entry without one); () for more layers
+    than :data:`MAX_ENTRIES` (nothing then says the cache holds them all)."""
+    if len(layers) > MAX_ENTRIES:
+        return ()
+    return tuple(str(entry["digest"]) if isinstance(entry, dict)
+                 and isinstance(entry.get("digest"), str) else "" for entry in layers)
+
+
+def _diff_ids(rootfs: object) -> tuple[str, ...]:
+    if not isinstance(rootfs, dict):
+        return ()
+    return _strings(rootfs.get("diff_ids"), MAX_ENTRIES)
 
 
 def _word(value: object) -> str:
     return value[:64] if isinstance(value, str) else ""
 
 
-def _strings(value: object) -> tuple[str, ...]:
+def _strings(value: object, most: int = 256) -> tuple[str, ...]:
     if not isinstance(value, list):
         return ()
-    return tuple(v for v in value[:256] if isinstance(v, str))
+    return tuple(v for v in value[:most] if isinstance(v, str))

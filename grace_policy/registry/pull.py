@@ -6,7 +6,10 @@ runs. A person asking from a login node may pay for a pull, so ``--pull``
 runs the user's own ``enroot import`` (the enroot pyxis runs on the node,
 with the user's environment, ``enroot.conf`` and ``.credentials``) for the
 node's architecture into a scratch directory, and the squashfs it writes is
-judged like any local ``.sqsh``. Running enroot itself, rather than a
+judged like any local ``.sqsh``. It names the manifest the check resolved by
+its digest (:func:`pinned_uri`), so the files judged are the ones the
+output names even if the tag moves meanwhile. :mod:`.cache` runs the same
+import from the user's enroot cache, without ``--pull``. Running enroot itself, rather than a
 second downloader of ours, keeps every registry rule (auth, proxies,
 ``ENROOT_ALLOW_HTTP``, the choice of manifest, layer order and whiteouts)
 the one the node will follow.
@@ -22,6 +25,8 @@ import subprocess
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from .reference import Reference
 
 #: A pull of a large image (several GB) on a slow link: an hour, then stop.
 PULL_TIMEOUT = 3600.0
@@ -50,30 +55,45 @@ def enroot_uri(given: str) -> str:
     return given if "://" in given else f"docker://{given}"
 
 
-def enroot_import(given: str, machine: str, env: Mapping[str, str]) -> Pulled:
-    """``enroot import --arch MACHINE`` of ``given`` into a new scratch
-    directory (under ``$TMPDIR``). Raises :class:`PullError`."""
+def pinned_uri(ref: Reference, digest: str) -> str:
+    """The URI of one manifest: enroot asks the registry for ``digest``
+    itself, so a tag moved since the manifest check imports nothing else.
+    ``USER@`` stays (the credentials enroot picks); none: enroot infers it
+    from ``.credentials`` as for the tag."""
+    user = f"{ref.user}@" if ref.user else ""
+    return f"docker://{user}{ref.registry}#{ref.image}@{digest}"
+
+
+def enroot_import(uri: str, machine: str, env: Mapping[str, str], *,
+                  scratch: str | None = None) -> Pulled:
+    """``enroot import --arch MACHINE URI`` into ``scratch`` (a new
+    directory under ``$TMPDIR`` when None, removed on failure; a given one
+    is the caller's to remove). Raises :class:`PullError`."""
     enroot = shutil.which("enroot", path=env.get("PATH", os.defpath))
     if enroot is None:
         raise PullError("--pull runs your own `enroot import`, and enroot is not on PATH "
                         "here; run it where enroot is installed, or leave out --pull")
-    scratch = tempfile.mkdtemp(prefix="grace-pull-")
-    out = os.path.join(scratch, "image.sqsh")
+    where = scratch if scratch is not None else tempfile.mkdtemp(prefix="grace-pull-")
+    out = os.path.join(where, "image.sqsh")
+
+    def failed() -> None:
+        if scratch is None:
+            shutil.rmtree(where, ignore_errors=True)
+
     try:
-        done = subprocess.run([enroot, "import", "--arch", machine, "--output", out,
-                               enroot_uri(given)],
-                              env=dict(env), cwd=scratch, stdin=subprocess.DEVNULL,
+        done = subprocess.run([enroot, "import", "--arch", machine, "--output", out, uri],
+                              env=dict(env), cwd=where, stdin=subprocess.DEVNULL,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                               timeout=PULL_TIMEOUT, check=False)
     except subprocess.TimeoutExpired:
-        shutil.rmtree(scratch, ignore_errors=True)
+        failed()
         raise PullError(f"`enroot import` did not finish in {PULL_TIMEOUT:.0f} s") from None
     except OSError as exc:
-        shutil.rmtree(scratch, ignore_errors=True)
+        failed()
         raise PullError(f"cannot run enroot: {exc.strerror}") from None
     if done.returncode != 0 or not os.path.isfile(out):
-        shutil.rmtree(scratch, ignore_errors=True)
+        failed()
         said = done.stdout.decode(errors="replace").strip().splitlines()[-ERROR_LINES:]
         raise PullError(f"`enroot import` failed (exit {done.returncode}): "
                         + (" / ".join(line.strip() for line in said) or "no output"))
-    return Pulled(out, scratch)
+    return Pulled(out, where)

@@ -24,7 +24,7 @@ import socket
 import subprocess
 import tarfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -165,22 +165,30 @@ def _layer(root: Path | None, files: Mapping[str, bytes]) -> tuple[bytes, str]:
 
 
 def _manifest(layout: Path, arch: str, root: Path | None, files: Mapping[str, bytes],
-              env: list[str]) -> dict[str, object]:
+              env: list[str], more: Sequence[Mapping[str, bytes]] = ()) -> dict[str, object]:
     layer, diff_id = _layer(root, files)
     layer_digest, layer_size = _blob(layout, layer)
+    layers = [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+               "digest": layer_digest, "size": layer_size}]
+    diff_ids = [diff_id]
+    for extra in more:
+        data, extra_id = _layer(None, extra)
+        digest, size = _blob(layout, data)
+        layers.append({"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
+                       "digest": digest, "size": size})
+        diff_ids.append(extra_id)
     config = {
         "architecture": PLATFORM[arch], "os": "linux",
         "config": {"Env": env, "Cmd": ["/bin/sh"]},
-        "rootfs": {"type": "layers", "diff_ids": [diff_id]},
-        "history": [{"created_by": "grace-policy tests"}],
+        "rootfs": {"type": "layers", "diff_ids": diff_ids},
+        "history": [{"created_by": "grace-policy tests"}] * len(layers),
     }
     config_digest, config_size = _blob(layout, json.dumps(config).encode())
     manifest = {
         "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
         "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
                    "digest": config_digest, "size": config_size},
-        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar+gzip",
-                    "digest": layer_digest, "size": layer_size}],
+        "layers": layers,
     }
     digest, size = _blob(layout, json.dumps(manifest).encode())
     return {"mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": digest,
@@ -190,16 +198,19 @@ def _manifest(layout: Path, arch: str, root: Path | None, files: Mapping[str, by
 
 def oci_image(layout: Path, tag: str, arches: Mapping[str, Path | None], *,
               files: Mapping[str, bytes] | None = None,
-              env: list[str] | None = None) -> dict[str, str]:
+              env: list[str] | None = None,
+              more: Sequence[Mapping[str, bytes]] = ()) -> dict[str, str]:
     """An OCI layout with ``tag``: one manifest when ``arches`` has one
     entry, else an index of one manifest per architecture (in the given
-    order). ``arches``: architecture -> root directory to pack (or None).
-    Returns architecture -> the digest of its layer (what a pull fetches)."""
+    order). ``arches``: architecture -> root directory to pack (or None);
+    ``more``: the files of further layers, each a layer of its own.
+    Returns architecture -> the digest of its (first) layer (what a pull
+    fetches)."""
     layout.mkdir(parents=True, exist_ok=True)
     (layout / "oci-layout").write_text('{"imageLayoutVersion": "1.0.0"}')
     env = env if env is not None else ["PATH=/usr/bin:/bin"]
-    entries = [_manifest(layout, arch, root, files or {"etc/hostname": arch.encode()}, env)
-               for arch, root in arches.items()]
+    entries = [_manifest(layout, arch, root, files or {"etc/hostname": arch.encode()}, env,
+                         more) for arch, root in arches.items()]
     layers = {arch: str(e.pop("layer")) for arch, e in zip(arches, entries)}
     if len(entries) == 1:
         top = dict(entries[0])
@@ -219,3 +230,17 @@ def oci_image(layout: Path, tag: str, arches: Mapping[str, Path | None], *,
                         != tag] + [top]
     index_path.write_text(json.dumps(old))
     return layers
+
+
+def single_manifest(layout: Path, tag: str) -> tuple[str, dict[str, object]]:
+    """(digest, manifest) of a one-platform ``tag`` in the layout, as the
+    registry serves it after the push (skopeo's v2s2 conversion keeps the
+    layer and config digests, not the manifest's: the caller asks the
+    registry for that)."""
+    index = json.loads((layout / "index.json").read_text())
+    for entry in index["manifests"]:
+        if entry.get("annotations", {}).get("org.opencontainers.image.ref.name") == tag:
+            digest = entry["digest"]
+            blob = layout / "blobs" / "sha256" / digest.split(":", 1)[1]
+            return digest, json.loads(blob.read_text())
+    raise KeyError(tag)

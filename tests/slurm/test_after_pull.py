@@ -284,11 +284,14 @@ def test_node_checker_gone_before_the_task_asks(pulls: Pulls, liar: str,  # noqa
         (hold / "go").touch()
         step.join(timeout=200)
         hook.unlink(missing_ok=True)
-        # A new node checker for the tests after this one.
+        # A new node checker for the tests after this one, from slurmd
+        # started as the fixtures start it: our base line alone, pyxis not
+        # loaded in slurmd itself.
         old = _servers(px.slurm)
-        px.use()
+        px.slurm.use("base")
         px.slurm.cluster.restart_slurmd()
         _wait(lambda: bool(_servers(px.slurm)) and not set(old) & set(_servers(px.slurm)))
+        px.use()
         px.slurm.restore_and_check_node()
 
 

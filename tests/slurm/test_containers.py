@@ -153,8 +153,14 @@ def pyxis(slurm: SlurmEnv) -> Iterator[Pyxis]:
             link.unlink()
         link.symlink_to(tool)
     # srun (as the user) dlopen()s the plugin: a copy outside root's cache.
+    # A new file, renamed over the old: a slurmd started with pyxis in
+    # plugstack.conf has the old one mapped, and rewriting it in place
+    # (truncate, write) drops the relocated pages of that mapping - slurmd
+    # then crashed in pyxis' destructor at its exit.
     local = work / "spank_pyxis.so"
-    shutil.copy2(plugin, local)
+    fresh = work / "spank_pyxis.so.new"
+    shutil.copy2(plugin, fresh)
+    os.replace(fresh, local)
 
     src = work / "src" / "side_effect.c"
     src.write_text(SIDE_EFFECT_C)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 
 from .common import (
     EX_SOFTWARE,
@@ -228,6 +229,8 @@ def _pull(step: RegistryStep, found: Resolved | None, machine: str) -> Pulled:
 
     uri = pinned_uri(step.reference, found.digest) if found is not None and found.digest \
         else enroot_uri(step.given)
+    _progress("--pull: your own `enroot import` is fetching and unpacking the image; "
+              "this takes as long as the job's pull would")
     try:
         return enroot_import(uri, machine, os.environ)
     except PullError as exc:
@@ -447,6 +450,15 @@ def _manifest_lines(step: RegistryStep, found: Resolved | None) -> list[str]:
     return lines
 
 
+def _progress(line: str) -> None:
+    """A line while a long import runs, for a person at a terminal only
+    (stderr; never in --json or a script's capture)."""
+    if sys.stderr.isatty():
+        from ..messages import PREFIX
+
+        print(f"{PREFIX}{line}", file=sys.stderr, flush=True)
+
+
 def _from_cache(step: RegistryStep, found: Resolved, machine: str
                 ) -> tuple[Pulled | None, str, Holding]:
     """(the squashfs enroot wrote from the user's cache, or None; the note
@@ -463,6 +475,8 @@ def _from_cache(step: RegistryStep, found: Resolved, machine: str
             what = "its layers but not its config"
         return None, (f"judged from the manifest and config only: your enroot cache "
                       f"({held.path}) holds {what} of manifest {found.digest}; {rerun}"), held
+    _progress("judging the files from your enroot cache: `enroot import` is unpacking "
+              f"{held.layers} cached layer(s); this takes as long as unpacking the image")
     try:
         return import_cached(found, machine, os.environ, held), "", held
     except CacheError as exc:

@@ -247,3 +247,42 @@ def test_a_list_entry_is_imported_from_the_cache_by_its_digest(
     assert (cached["contents"], cached["digest"]) == ("cache", pulled["digest"])
     gets = images.registry.blob_gets(mark)
     assert len(gets) == 1, f"only the config, read by the manifest check: {gets}"
+
+
+def test_a_terminal_is_told_while_the_cache_is_unpacked(
+        enroot_site: Path, images: Images, tmp_path: Path) -> None:
+    """An import from the cache takes as long as unpacking the image: a
+    person at a terminal gets one line on stderr before it starts; a
+    script's capture (the other tests) gets none."""
+    import pty
+
+    home = tmp_path / "home"
+    _filled(enroot_site, images, "liar", home)
+    quiet = _check(enroot_site, home, "--image", images.ref("liar"), "--", "/opt/app/tool")
+    assert "unpacking" not in quiet.stderr, quiet.stderr
+    main, side = pty.openpty()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "ENROOT_"))}
+    env.update(PYTHONPATH=str(REPO), HOME=str(home), TMPDIR=str(home),
+               PATH=f"{enroot_site / 'bin'}:{os.environ['PATH']}", ENROOT_ALLOW_HTTP="y")
+    try:
+        got = subprocess.run([sys.executable, "-m", "grace_policy", "check", "--arch", "x86_64",
+                              "--page-size", "4096", "--glibc", "2.36", "--image",
+                              images.ref("liar"), "--", "/opt/app/tool"],
+                             stdout=subprocess.PIPE, stderr=side, text=True, timeout=600,
+                             cwd=REPO, env=env)
+        os.close(side)
+        said = b""
+        while True:
+            try:
+                chunk = os.read(main, 4096)
+            except OSError:  # EIO: the terminal's other side is closed
+                break
+            if not chunk:
+                break
+            said += chunk
+    finally:
+        os.close(main)
+    assert got.returncode == 2, got.stdout
+    lines = [line for line in said.decode().splitlines() if "unpacking" in line]
+    assert len(lines) == 1 and lines[0].startswith(PREFIX), said
+    assert "1 cached layer(s)" in lines[0]

@@ -183,6 +183,26 @@ def _use_hooks(px: Pyxis, plugin: Path, *extra: str) -> None:
     px.slurm.cluster.set_plugstack([theirs, ours])
 
 
+def _followed_on_error(records: list[dict[str, object]],
+                       res: subprocess.CompletedProcess[str], on_error: str
+                       ) -> list[dict[str, object]]:
+    """A step whose after-pull judgement gave no verdict: the manifest's
+    allow, then on_error's outcome, both lines marked as one step's (C
+    writes the second); deny refuses every task with one line, allow lets
+    them fail as predicted. Returns the records."""
+    assert res.returncode != 0 and "Traceback" not in res.stderr
+    assert [r["action"] for r in records] == [
+        "allow", "allow" if on_error == "allow" else "reject"], records
+    assert [r.get("phase") for r in records] == ["before_pull", "after_pull"]
+    refused = [line for line in res.stderr.splitlines()
+               if "could not judge the container pyxis unpacked" in line]
+    if on_error == "allow":
+        assert not refused and "Exec format error" in res.stderr, res.stderr
+    else:
+        assert len(refused) == 1 and "Exec format error" not in res.stderr, res.stderr
+    return records
+
+
 @pytest.mark.parametrize("hook", ["die", "hang"])
 def test_no_verdict_follows_on_error(pulls: Pulls, liar: str, hooks_plugin: Path,  # noqa: F811
                                      hook: str) -> None:
@@ -197,19 +217,8 @@ def test_no_verdict_follows_on_error(pulls: Pulls, liar: str, hooks_plugin: Path
             before = len(px.slurm.audit_lines())
             res = px.slurm.cluster.run(["srun", "-N1", "-n2", f"--container-image={liar}",
                                         "tool"], env=px.env(), timeout=180)
-            assert res.returncode != 0 and "Traceback" not in res.stderr
-            records = px.records(before)
-            assert [r["action"] for r in records] == [
-                "allow", "allow" if on_error == "allow" else "reject"], records
+            records = _followed_on_error(px.records(before), res, on_error)
             assert records[1]["error"], records[1]
-            # One step for grace-policy report: the C-written line is marked too.
-            assert [r.get("phase") for r in records] == ["before_pull", "after_pull"]
-            refused = [line for line in res.stderr.splitlines()
-                       if "could not judge the container pyxis unpacked" in line]
-            if on_error == "allow":
-                assert not refused and "Exec format error" in res.stderr, res.stderr
-            else:
-                assert len(refused) == 1 and "Exec format error" not in res.stderr, res.stderr
     finally:
         px.use()
         px.slurm.restore_and_check_node()
@@ -267,19 +276,8 @@ def test_node_checker_gone_before_the_task_asks(pulls: Pulls, liar: str,  # noqa
         (hold / "go").touch()
         step.join(timeout=200)
         assert done, "the step did not end"
-        res = done[0]
-        assert res.returncode != 0 and "Traceback" not in res.stderr
-        records = px.records(before)
-        assert [r["action"] for r in records] == [
-            "allow", "allow" if on_error == "allow" else "reject"], records
-        assert [r.get("phase") for r in records] == ["before_pull", "after_pull"]
+        records = _followed_on_error(px.records(before), done[0], on_error)
         assert "node checker" in str(records[1]["error"]), records[1]
-        refused = [line for line in res.stderr.splitlines()
-                   if "could not judge the container pyxis unpacked" in line]
-        if on_error == "allow":
-            assert not refused and "Exec format error" in res.stderr, res.stderr
-        else:
-            assert len(refused) == 1 and "Exec format error" not in res.stderr, res.stderr
     finally:
         (hold / "go").touch()
         step.join(timeout=200)

@@ -188,3 +188,33 @@ def test_mounts_are_seen_where_the_runtime_mounts_them(x86_root: Path, tmp_path:
     assert [r for r in files.records() if r[0] not in ("v", "i")] == \
         [("s", str(sqsh), fsprobe.signature(os.stat(sqsh)))]
 
+
+def test_the_host_and_an_image_never_read_through_each_other(x86_root: Path,
+                                                             tmp_path: Path) -> None:
+    """The check's files are an object: judging an image makes another one
+    (``files.inside``) and nothing is swapped, so a host check after an
+    image check (and an image check after a host one) reads its own files
+    while both write into the one record (issue 28)."""
+    if HOST.machine != "x86_64":
+        pytest.skip("runs the x86_64 image's programs as the host's")
+    import shutil
+
+    host_only = tmp_path / "host-only"
+    shutil.copy2("/bin/true", host_only)
+    image = open_image(str(x86_root), budget=roomy())
+    files = fsprobe.Files.recorded()
+    inside = files.inside(image.view)
+    assert inside.isfile("/usr/bin/hello") and not inside.isfile(str(host_only))
+    assert files.isfile(str(host_only)) and files.view is None and inside.log is files.log
+
+    first = check(CheckInput(["hello"], image.step_env({}), "/", HOST, image=image, files=files))
+    host = check(CheckInput([str(host_only)], {"PATH": "/usr/bin"}, str(tmp_path), HOST,
+                            files=files))
+    again = check(CheckInput([str(host_only)], image.step_env({}), "/", HOST, image=image,
+                             files=files))
+    assert first.issues == () and host.issues == ()
+    assert [i.rule for i in again.issues] == ["exe-not-found"]  # the host's file is not there
+    assert files.view is None
+    recorded = {path for _op, path, _answer in files.records()}
+    assert str(host_only) in recorded and str(x86_root) in recorded
+    assert "/usr/bin/hello" not in recorded  # no inner path reaches the record

@@ -34,7 +34,7 @@ from grace_policy.budget import Budget
 from grace_policy.cuda.fatbin import read_fatbins
 t1 = time.perf_counter()
 budget = Budget()
-info = read_fatbins(path, fsprobe, budget)
+info = read_fatbins(path, fsprobe.HOST, budget)
 t2 = time.perf_counter()
 print(json.dumps({"import_ms": (t1 - t0) * 1e3, "read_ms": (t2 - t1) * 1e3,
                   "entries": len(info.entries), "fatbins": info.fatbins,

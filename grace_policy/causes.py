@@ -26,8 +26,10 @@ def path_causes(
     path: str,
     env: Mapping[str, str],
     leaked_prefixes: Iterable[str] = (),
+    files: fsprobe.Files = fsprobe.HOST,
 ) -> tuple[str, ...]:
-    """Causes for ``path``, most specific first; ``system`` or nothing last."""
+    """Causes for ``path``, most specific first; ``system`` or nothing last.
+    ``files``: the check's, where conda and venv markers are looked for."""
     causes: list[str] = []
     if any(_under(path, p) for p in leaked_prefixes):
         causes.append("leaked-env")
@@ -45,10 +47,10 @@ def path_causes(
         causes.append("pip-wheel")
     directory = os.path.dirname(path)
     for _ in range(8):
-        if _looks_conda(directory):
+        if _looks_conda(directory, files):
             causes.append("conda")
             break
-        if _looks_venv(directory):
+        if _looks_venv(directory, files):
             causes.append("venv")
             break
         parent = os.path.dirname(directory)
@@ -65,9 +67,9 @@ def path_causes(
     return tuple(dict.fromkeys(causes))
 
 
-def _looks_conda(root: str) -> bool:
-    return fsprobe.isdir(os.path.join(root, "conda-meta"))
+def _looks_conda(root: str, files: fsprobe.Files) -> bool:
+    return files.isdir(os.path.join(root, "conda-meta"))
 
 
-def _looks_venv(root: str) -> bool:
-    return fsprobe.isfile(os.path.join(root, "pyvenv.cfg"))
+def _looks_venv(root: str, files: fsprobe.Files) -> bool:
+    return files.isfile(os.path.join(root, "pyvenv.cfg"))

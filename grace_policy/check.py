@@ -15,13 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from . import envleak, fsprobe
+from . import envleak
 from ._record import dataclass, field, replace
 from .budget import OUT_OF_MEMORY, Budget, BudgetExceeded
 from .causes import path_causes
 from .context import StepContext
 from .elf import EM_386, ET_DYN, ET_EXEC, ElfError, ElfInfo, read_elf
 from .findings import EnvChanges, Issue
+from .fsprobe import HOST, Files
 from .launch import Hop, build_path, c_string, follow
 from .layout import code_page_issues, page_issues
 from .loader import Loading, LoadTree, Process
@@ -100,6 +101,9 @@ class CheckInput:
     env_rules: EnvPolicy = field(default_factory=EnvPolicy)
     #: The package index of the partition, for torch-build remedies.
     cuda_index: str | None = None
+    #: The host's files and the record of what the check asks (an image
+    #: step reads ``files.inside(image.view)``); default: unrecorded.
+    files: Files = field(default=HOST, compare=False)
 
 
 def check_step(argv: Sequence[str], env: Mapping[str, str], cwd: str, node: NodeProfile, *,
@@ -123,14 +127,13 @@ def check(step: CheckInput) -> StepReport:
     # first byte: grace_policy/image/open.py); a check given none goes on
     # with that one rather than starting a second allowance.
     budget = step.budget or getattr(image.view, "budget", None) or Budget()
-    with fsprobe.using(image.view):
-        report = _check_step(replace(step, budget=budget))
+    report = _check_step(replace(step, budget=budget, files=step.files.inside(image.view)))
     return replace(report, issues=image_issues(report.issues, image))
 
 
 def _check_step(step: CheckInput) -> StepReport:
     argv, node, image, cuda_index = step.argv, step.node, step.image, step.cuda_index
-    budget = step.budget or Budget()
+    budget, files = step.budget or Budget(), step.files
     env_vars, env_strip = step.env_rules.vars, step.env_rules.strip
     issues: list[Issue] = []
     state: dict[str, object] = {}
@@ -141,19 +144,19 @@ def _check_step(step: CheckInput) -> StepReport:
         if image is not None:
             from .image.step import arch_issue, image_node
 
-            mismatch = arch_issue(image, argv, env, node, budget)
+            mismatch = arch_issue(image, argv, env, node, budget, files)
             if mismatch is not None:
                 # Every file of the image is foreign: one finding says it all.
                 return StepReport((mismatch,), changes, None)
-            node = image_node(node, budget)
-        leak = envleak.plan(env, node, names=env_vars, strip=env_strip, budget=budget)
+            node = image_node(node, budget, files)
+        leak = envleak.plan(env, node, names=env_vars, strip=env_strip, budget=budget,
+                            files=files)
         changes = leak.changes
         issues.extend(leak.issues)
         step_env = leak.changes.apply(env)
-        ctx = StepContext(node=node, env=step_env, cwd=cwd, budget=budget,
-                          view=image.view if image is not None else None, image=image,
-                          cuda_index=cuda_index, read=fsprobe.recording(),
-                          gpu=gpu_check(node, step_env, budget, cuda_index))
+        ctx = StepContext(node=node, env=step_env, cwd=cwd, budget=budget, files=files,
+                          image=image, cuda_index=cuda_index,
+                          gpu=gpu_check(node, step_env, budget, cuda_index, files))
         _check(argv, ctx, issues, state, leak.foreign_prefixes)
     except (BudgetExceeded, MemoryError) as exc:
         # What was held is freed as the stack unwinds: the report is small.
@@ -167,17 +170,17 @@ def _check_step(step: CheckInput) -> StepReport:
 
 
 def gpu_check(node: NodeProfile, env: Mapping[str, str], budget: Budget,
-              cuda_index: str | None) -> GpuCheck | None:
+              cuda_index: str | None, files: Files = HOST) -> GpuCheck | None:
     """The GPU judgement of a step that has GPUs (the one decision
     ``torch-cpu-only`` uses), else None: a step without GPUs imports
     nothing of :mod:`grace_policy.cuda` and reads no fat binary."""
     from .python.gpus import step_gpus
 
-    if step_gpus(env) is None:
+    if step_gpus(env, files) is None:
         return None
     from .cuda.stepcheck import for_step
 
-    found = for_step(node, env, budget, cuda_index)
+    found = for_step(node, env, budget, cuda_index, files)
     return found if found.known else None
 
 
@@ -187,10 +190,10 @@ def _opt_str(value: object) -> str | None:
 
 def _check(argv: Sequence[str], ctx: StepContext, issues: list[Issue],
            state: dict[str, object], leaked: tuple[str, ...]) -> None:
-    job_env, cwd, budget = ctx.env, ctx.cwd, ctx.budget
+    job_env, cwd, budget, files = ctx.env, ctx.cwd, ctx.budget, ctx.files
 
     def causes(path: str) -> tuple[str, ...]:
-        return path_causes(path, job_env, leaked)
+        return path_causes(path, job_env, leaked, files)
 
     name = c_string(argv[0]) if argv else ""
     if not name:
@@ -202,7 +205,7 @@ def _check(argv: Sequence[str], ctx: StepContext, issues: list[Issue],
         # runc, not slurmstepd, finds the program (image/runc.py).
         from .image.runc import look_path
 
-        exe, runc_error = look_path(name, job_env, cwd, budget)
+        exe, runc_error = look_path(name, job_env, cwd, budget, files)
         if exe is None:
             state["exe"] = name
             rule = "exe-not-found" if runc_error and ("not found" in runc_error
@@ -212,11 +215,11 @@ def _check(argv: Sequence[str], ctx: StepContext, issues: list[Issue],
                                 facts=(("name", name), ("PATH", job_env.get("PATH", "")))))
             return
     else:
-        exe = build_path(name, job_env, cwd, budget)
+        exe = build_path(name, job_env, cwd, budget, files)
     if exe is None:  # only for an empty name, handled above; kept for safety
         return
     state["exe"] = exe
-    hops = follow(exe, job_env, cwd, budget)
+    hops = follow(exe, job_env, cwd, budget, files)
     state["hops"] = hops
     last = hops[-1]
     script = hops[0].path if len(hops) > 1 else None
@@ -233,7 +236,7 @@ def _check(argv: Sequence[str], ctx: StepContext, issues: list[Issue],
         state["tree"] = check_elf(last.path, ctx, issues, causes, Started(via_script=script),
                                   kept)
         process = kept.get("process")
-        if process is not None and may_run_python(last.path) and not _blocked(
+        if process is not None and may_run_python(last.path, files) and not _blocked(
                 issues[before:]):
             from .python.step import python_issues
 
@@ -297,27 +300,28 @@ def check_elf(path: str, ctx: StepContext, issues: list[Issue], causes: Causes,
     ``keep``: receives the loader's ``process``, for what the program will
     dlopen later (a Python interpreter's extension modules).
     """
-    node, env, cwd, budget = ctx.node, ctx.env, ctx.cwd, ctx.budget
+    node, env, cwd, budget, files = ctx.node, ctx.env, ctx.cwd, ctx.budget, ctx.files
     how = how or _PROGRAM
     via_script, as_program = how.via_script, how.as_program
     try:
-        info = read_elf(path, budget=budget)
+        info = read_elf(path, budget=budget, files=files)
     except (ElfError, OSError) as exc:
         reason = exc.reason if isinstance(exc, ElfError) else (exc.strerror or str(exc))
         issues.append(Issue("elf-invalid", path,
                             f"slurmstepd: error: execve(): {path}: Exec format error ({reason})",
                             causes=causes(path), facts=(("detail", reason),)))
         return None
-    if not node.root_is_native and node_owns(node, path):
+    if not node.root_is_native and node_owns(node, path, files):
         # Judging another architecture's node from here: the node has its own
         # build of system programs at the same path, as it has of system
         # libraries (which the loader model counts as present by name).
         # An interpreter there still imports the user's files on shared
         # storage: the Python step goes on with the node's own build.
-        if keep is not None and may_run_python(path):
+        if keep is not None and may_run_python(path, files):
             from .python.nodeinterp import node_process
 
-            keep["process"] = node_process(path, info, node, env, cwd, budget)
+            keep["process"] = node_process(path, info, node, env,
+                                           Loading(cwd=cwd, budget=budget, files=files))
         return None
     if node.machine == "x86_64" and info.machine == EM_386:
         # x86_64 kernels run i386 programs; they need the 32-bit loader and
@@ -348,16 +352,16 @@ def check_elf(path: str, ctx: StepContext, issues: list[Issue], causes: Causes,
 
     # The executable's own layout first: it is known before the (possibly
     # long) library search, and survives a budget that runs out there.
-    for issue in page_issues(path, info, node, mapped_by_kernel=as_program, budget=budget):
-        issues.append(_with_causes(issue, causes(path), node))
-    for issue in code_page_issues(path, info, node, budget):
-        issues.append(_with_causes(issue, causes(path), node))
+    loading = Loading(cwd=cwd, budget=budget, exec_origin=as_program, files=files)
+    for issue in page_issues(path, info, node, mapped_by_kernel=as_program, how=loading):
+        issues.append(_with_causes(issue, causes(path), node, files))
+    for issue in code_page_issues(path, info, node, loading):
+        issues.append(_with_causes(issue, causes(path), node, files))
     gpu = ctx.gpu
     if gpu is not None:
-        issues.extend(_with_causes(i, causes(path), node) for i in gpu.file(path, info))
+        issues.extend(_with_causes(i, causes(path), node, files) for i in gpu.file(path, info))
 
-    process = Process(path, info, node, env, Loading(cwd=cwd, budget=budget,
-                                                     exec_origin=as_program))
+    process = Process(path, info, node, env, loading)
     tree = process.tree
     if keep is not None:
         keep["process"] = process
@@ -367,13 +371,13 @@ def check_elf(path: str, ctx: StepContext, issues: list[Issue], causes: Causes,
         budget.tick()
         kernel = obj.found_via == "interp"
         for issue in page_issues(obj.path, obj.info, node, mapped_by_kernel=kernel,
-                                 budget=budget, name=obj.name):
-            issues.append(_with_causes(issue, causes(obj.path), node))
+                                 how=loading, name=obj.name):
+            issues.append(_with_causes(issue, causes(obj.path), node, files))
         if not kernel:
-            for issue in code_page_issues(obj.path, obj.info, node, budget):
-                issues.append(_with_causes(issue, causes(obj.path), node))
+            for issue in code_page_issues(obj.path, obj.info, node, loading):
+                issues.append(_with_causes(issue, causes(obj.path), node, files))
             if gpu is not None:
-                issues.extend(_with_causes(i, causes(obj.path), node) for i in gpu.file(
+                issues.extend(_with_causes(i, causes(obj.path), node, files) for i in gpu.file(
                     obj.path, obj.info, process.searcher.to_host(obj.path)))
     for miss in tree.missing:
         budget.tick()
@@ -422,9 +426,10 @@ def check_elf(path: str, ctx: StepContext, issues: list[Issue], causes: Causes,
     return tree
 
 
-def _with_causes(issue: Issue, causes: tuple[str, ...], node: NodeProfile) -> Issue:
+def _with_causes(issue: Issue, causes: tuple[str, ...], node: NodeProfile,
+                 files: Files) -> Issue:
     facts = issue.facts
-    if issue.rule.startswith("page-") and node_owns(node, issue.path):
+    if issue.rule.startswith("page-") and node_owns(node, issue.path, files):
         # The node's own system files are built for its page size; a page
         # finding on one means a simulated node or a broken image, neither of
         # which the user can fix: the admin sees it in the audit log. A venv's
@@ -465,7 +470,7 @@ def environment_report(python: str, ctx: StepContext, *, imports: Sequence[str] 
     node, env, budget, cuda_index = ctx.node, ctx.env, ctx.budget, ctx.cuda_index
 
     def causes(path: str) -> tuple[str, ...]:
-        return path_causes(path, env)
+        return path_causes(path, env, (), ctx.files)
 
     issues: list[Issue] = []
     kept: dict[str, object] = {}
@@ -475,7 +480,7 @@ def environment_report(python: str, ctx: StepContext, *, imports: Sequence[str] 
         # are the ones its packages' kernels will meet.
         from .cuda.stepcheck import for_step
 
-        gpu = for_step(node, env, budget, cuda_index)
+        gpu = for_step(node, env, budget, cuda_index, ctx.files)
     ctx = replace(ctx, gpu=gpu)
     check_elf(python, ctx, issues, causes, keep=kept)
     process = kept.get("process")

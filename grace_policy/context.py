@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from ._record import dataclass, field
+from .fsprobe import HOST, Files
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -33,10 +34,9 @@ class StepContext:
     cwd: str
     #: The check's allowance of time, files and bytes.
     budget: Budget
-    #: The files: None for this host, else the image's view
-    #: (:mod:`grace_policy.image.view`); :mod:`grace_policy.fsprobe` reads
-    #: through it while the check runs.
-    view: object = None
+    #: The files the check reads (this host's, or the image's view) and the
+    #: record of every question asked (:class:`grace_policy.fsprobe.Files`).
+    files: Files = field(default=HOST, compare=False)
     #: The image the step runs in (names every finding), None on the host.
     image: Image | None = None
     #: The package index of the partition, for torch-build remedies.
@@ -45,5 +45,3 @@ class StepContext:
     #: None for a step without GPUs (nothing of :mod:`grace_policy.cuda` is
     #: imported then).
     gpu: GpuCheck | None = field(default=None, compare=False)
-    #: What the check read (fsprobe's record), when one is kept.
-    read: list[tuple[str, str, str]] | None = field(default=None, compare=False)

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from ._record import dataclass, replace
 from .budget import OUT_OF_MEMORY, Budget, BudgetExceeded
 from .findings import ACTIONS, SEVERITY_RANK, EnvChanges, Finding, Verdict
+from .fsprobe import HOST, Files
 from .node import NodeProfile, detect
 from .policy import Policy
 
@@ -147,15 +148,13 @@ def decide(policy: Policy, step: StepRequest, *,
                                skipped=f"image not readable: {exc.reason}", image=step.image)
             step = replace(step, image=opened, budget=budget)
         if probes is None:
-            verdict = _decide(policy, mode, step)
+            verdict = _decide(policy, mode, step, HOST)
         else:
-            from . import fsprobe
-
-            fsprobe.start()
+            files = Files.recorded()
             try:
-                verdict = _decide(policy, mode, step)
+                verdict = _decide(policy, mode, step, files)
             finally:
-                probes.extend(fsprobe.stop())
+                probes.extend(files.records())
         if step.image is None and step.argv and _wraps_an_image(step.argv[0]) \
                 and verdict.error is None and verdict.skipped is None \
                 and not any(f.severity == "error" for f in verdict.findings):
@@ -220,7 +219,7 @@ def _apptainer(policy: Policy, mode: str, step: StepRequest, host: Verdict) -> V
     if todo.image is None:
         return replace(host, skipped=todo.skipped)
     inner = _decide(policy, mode, replace(step, argv=list(todo.argv), env=todo.env,
-                                          cwd=todo.cwd, image=todo.image, budget=budget))
+                                          cwd=todo.cwd, image=todo.image, budget=budget), HOST)
     if not host.findings and not host.exempted:
         return inner
     findings = (*host.findings, *inner.findings)
@@ -229,9 +228,10 @@ def _apptainer(policy: Policy, mode: str, step: StepRequest, host: Verdict) -> V
                    exempted=(*host.exempted, *inner.exempted))
 
 
-def _decide(policy: Policy, mode: str, step: StepRequest) -> Verdict:
+def _decide(policy: Policy, mode: str, step: StepRequest, files: Files) -> Verdict:
     """The check of a step whose image, if any, is open (``step.image`` is
-    an :class:`~grace_policy.image.Image` or None)."""
+    an :class:`~grace_policy.image.Image` or None), reading the host's
+    ``files`` (the image's view is taken from there)."""
     from .check import CheckInput, check
 
     partition = step.partition
@@ -240,7 +240,7 @@ def _decide(policy: Policy, mode: str, step: StepRequest) -> Verdict:
     part = policy.partition(partition)
     report = check(CheckInput(step.argv, step.env, step.cwd, node,
                               budget=step.budget or step_budget(policy), image=image,
-                              env_rules=policy.env,
+                              env_rules=policy.env, files=files,
                               cuda_index=part.cuda_index if part is not None else None))
     shown = image.path if image is not None else None
     if not report.issues and report.limit is None:

@@ -208,21 +208,22 @@ class _Reader:
         return data
 
 
-def open_regular(path: str) -> tuple[fsprobe.HostFile, os.stat_result]:
+def open_regular(path: str, files: fsprobe.Files = fsprobe.HOST
+                 ) -> tuple[fsprobe.HostFile, os.stat_result]:
     """Open a regular file without blocking and without touching devices:
     ``(file, stat)`` with ``file.pread(length, offset)`` and ``file.close()``,
-    through the check's view (:func:`grace_policy.fsprobe.open_regular`).
+    in the check's ``files`` (:meth:`grace_policy.fsprobe.Files.open_regular`).
     Anything but a regular file is an :class:`ElfError` (``not_elf``); open
     errors stay ``OSError``."""
     try:
-        return fsprobe.open_regular(path)  # type: ignore[no-any-return]
+        return files.open_regular(path)  # type: ignore[no-any-return]
     except fsprobe.NotRegular:
         raise ElfError("not a regular file", not_elf=True) from None
 
 
-def read_head(path: str, length: int = 256) -> bytes:
+def read_head(path: str, length: int = 256, files: fsprobe.Files = fsprobe.HOST) -> bytes:
     """First bytes of a regular file (for ``#!`` and magic checks)."""
-    fh, _ = open_regular(path)
+    fh, _ = open_regular(path, files)
     try:
         return fh.pread(length, 0)
     finally:
@@ -230,16 +231,17 @@ def read_head(path: str, length: int = 256) -> bytes:
 
 
 def read_elf(path: str, *, max_bytes: int = DEFAULT_MAX_BYTES,
-             budget: Charge | None = None) -> ElfInfo:
+             budget: Charge | None = None, files: fsprobe.Files = fsprobe.HOST) -> ElfInfo:
     """Read the loader-relevant facts of ``path``.
 
     Raises :class:`ElfError` for anything that is not a readable ELF object,
     and ``OSError`` when the file cannot be opened. ``budget`` (a
     :class:`grace_policy.budget.Budget`) is charged every byte read, so a
     whole check stays under its byte cap and deadline; whatever it raises
-    (``BudgetExceeded``) propagates.
+    (``BudgetExceeded``) propagates. ``files``: where ``path`` is (the
+    check's host or image files).
     """
-    fh, st = open_regular(path)
+    fh, st = open_regular(path, files)
     try:
         return _parse(_Reader(fh, st.st_size, max_bytes, budget), path)
     finally:

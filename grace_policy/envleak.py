@@ -54,28 +54,29 @@ def _prefixes(env: Mapping[str, str], names: Sequence[str]) -> dict[str, str]:
 
 
 def judge_prefix(prefix: str, node: NodeProfile, env: Mapping[str, str],
-                 budget: Budget | None = None) -> str | None:
+                 budget: Budget | None = None,
+                 files: fsprobe.Files = fsprobe.HOST) -> str | None:
     """Why the environment at ``prefix`` cannot run here, or None if it can.
 
     Judged by its interpreter, followed like execve would (symlinks, ``#!``):
     that is what uv, pip and ``python`` from PATH would start.
     """
-    if not fsprobe.isdir(prefix):
+    if not files.isdir(prefix):
         return f"{prefix} does not exist on this node"
     for name in ("bin/python", "bin/python3"):
         candidate = os.path.join(prefix, name)
-        if not fsprobe.lexists(candidate):
+        if not files.lexists(candidate):
             continue
-        hops = follow(candidate, env, "/", budget)
+        hops = follow(candidate, env, "/", budget, files)
         last = hops[-1]
         if last.kind == "missing":
             return f"its interpreter {candidate} points at {last.path}, which is missing here"
         if last.kind != "elf":
             return None
-        if not node.root_is_native and node_owns(node, last.path):
+        if not node.root_is_native and node_owns(node, last.path, files):
             return None  # judged from another architecture: the node has its own
         try:
-            info = read_elf(last.path, budget=budget)
+            info = read_elf(last.path, budget=budget, files=files)
         except (ElfError, OSError):
             return None
         if not node.runs(info):
@@ -93,7 +94,8 @@ def _strip_paths(value: str, prefixes: Sequence[str]) -> str:
 
 
 def plan(env: Mapping[str, str], node: NodeProfile, *, names: Sequence[str] = DEFAULT_VARS,
-         strip: str = "foreign", budget: Budget | None = None) -> EnvPlan:
+         strip: str = "foreign", budget: Budget | None = None,
+         files: fsprobe.Files = fsprobe.HOST) -> EnvPlan:
     """What to remove from the step environment. ``strip`` is ``foreign``
     (only environments that cannot run here), ``always`` or ``never``."""
     present = [n for n in names if n in env]
@@ -102,7 +104,7 @@ def plan(env: Mapping[str, str], node: NodeProfile, *, names: Sequence[str] = DE
     prefixes = _prefixes(env, names)
     foreign: dict[str, str] = {}
     for prefix in dict.fromkeys(prefixes.values()):
-        reason = judge_prefix(prefix, node, env, budget)
+        reason = judge_prefix(prefix, node, env, budget, files)
         if reason is not None:
             foreign[prefix] = reason
 

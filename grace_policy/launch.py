@@ -89,7 +89,7 @@ def _c_cut(text: str, limit: int = PATH_MAX - 1) -> str:
 
 
 def build_path(name: str, env: Mapping[str, str], cwd: str,
-               budget: Budget | None = None) -> str | None:
+               budget: Budget | None = None, files: fsprobe.Files = fsprobe.HOST) -> str | None:
     """The file slurmstepd's ``_build_path`` + execve will run, as a path on
     this host (relative results joined to ``cwd``); None only for an empty
     name. The file need not exist: a name not found in PATH is what execve
@@ -110,7 +110,7 @@ def build_path(name: str, env: Mapping[str, str], cwd: str,
             candidate = _c_cut(f"{directory}/{name}")
             host = candidate if candidate.startswith("/") else os.path.join(cwd, candidate)
             try:
-                st = fsprobe.stat(host)
+                st = files.stat(host)
             except (OSError, ValueError):
                 continue
             if not stat.S_ISDIR(st.st_mode):
@@ -120,7 +120,8 @@ def build_path(name: str, env: Mapping[str, str], cwd: str,
     return os.path.join(cwd, _c_cut(name))
 
 
-def which(name: str, path: str | None, cwd: str, budget: Budget | None = None) -> str | None:
+def which(name: str, path: str | None, cwd: str, budget: Budget | None = None,
+          files: fsprobe.Files = fsprobe.HOST) -> str | None:
     """``execvp`` as ``/usr/bin/env`` uses it: a name with ``/`` as is, else
     the first PATH entry holding an executable regular file (entries that
     fail with EACCES are passed over); empty entries mean the cwd."""
@@ -135,7 +136,7 @@ def which(name: str, path: str | None, cwd: str, budget: Budget | None = None) -
         if not candidate.startswith("/"):
             candidate = os.path.join(cwd, candidate)
         try:
-            if fsprobe.isfile(candidate) and fsprobe.executable(candidate):
+            if files.isfile(candidate) and files.executable(candidate):
                 return candidate
         except ValueError:
             continue
@@ -195,7 +196,7 @@ def parse_shebang(head: bytes) -> tuple[str, str | None] | None:
     return interp, (arg.decode("utf-8", "surrogateescape") if arg is not None else None)
 
 
-def _split_string(text: str, env: Mapping[str, str]) -> list[str]:
+def _split_string(text: str, env: Mapping[str, str], files: fsprobe.Files) -> list[str]:
     """``env -S``: split like coreutils (quotes, backslashes, ``#`` comments,
     ``${VAR}``); on a syntax error env fails, here: plain whitespace split."""
     import re
@@ -203,7 +204,7 @@ def _split_string(text: str, env: Mapping[str, str]) -> list[str]:
 
     def expand(match: re.Match[str]) -> str:
         value = env.get(match.group(1))
-        fsprobe.note_env(match.group(1), value)  # an input of the verdict too
+        files.note_env(match.group(1), value)  # an input of the verdict too
         return value or ""
 
     text = re.sub(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}", expand, text)
@@ -213,8 +214,8 @@ def _split_string(text: str, env: Mapping[str, str]) -> list[str]:
         return text.split()
 
 
-def env_command(arg: str | None, script: str, env: Mapping[str, str]
-                ) -> tuple[str | None, str | None]:
+def env_command(arg: str | None, script: str, env: Mapping[str, str],
+                files: fsprobe.Files = fsprobe.HOST) -> tuple[str | None, str | None]:
     """What ``/usr/bin/env`` started from ``#!/usr/bin/env [ARG]`` runs.
 
     The kernel passes ``ARG`` as one word and the script's path after it, so
@@ -247,7 +248,7 @@ def env_command(arg: str | None, script: str, env: Mapping[str, str]
             elif name == "unset" and value == "PATH":
                 path = None
             elif name == "split-string":
-                args[i:i] = _split_string(value, env)
+                args[i:i] = _split_string(value, env, files)
             continue
         if word.startswith("-") and len(word) > 1:
             inserted: list[str] = []
@@ -263,7 +264,7 @@ def env_command(arg: str | None, script: str, env: Mapping[str, str]
                     if flag == "u" and value == "PATH":
                         path = None
                     elif flag == "S":
-                        inserted = _split_string(value, env)
+                        inserted = _split_string(value, env, files)
                     break
                 if flag == "i":
                     path = None
@@ -287,7 +288,7 @@ def env_target(arg: str | None, rest: list[str]) -> str | None:
 
 
 def follow(path: str, env: Mapping[str, str], cwd: str,
-           budget: Budget | None = None) -> list[Hop]:
+           budget: Budget | None = None, files: fsprobe.Files = fsprobe.HOST) -> list[Hop]:
     """The chain of files execve opens for ``path``: scripts, then the ELF
     (or the hop that ends it: missing, unreadable, format, loop)."""
     hops: list[Hop] = []
@@ -297,7 +298,7 @@ def follow(path: str, env: Mapping[str, str], cwd: str,
     while len(hops) < _MAX_HOPS:
         if budget is not None:
             budget.tick()
-        hop = _classify(current, budget)
+        hop = _classify(current, budget, files)
         hops.append(hop)
         if hop.kind != "script":
             return hops
@@ -313,16 +314,16 @@ def follow(path: str, env: Mapping[str, str], cwd: str,
         if not target.startswith("/"):
             target = os.path.join(cwd, target)
         if os.path.basename(target) == "env":
-            command, lookup_path = env_command(hop.interp_arg, current, env)
+            command, lookup_path = env_command(hop.interp_arg, current, env, files)
             if command is not None:
                 # env is itself a program execve must run: it has to be an
                 # ELF file of the node before the command it starts matters.
-                env_hop = _classify(target, budget)
+                env_hop = _classify(target, budget, files)
                 if env_hop.kind != "elf":
                     hops.append(env_hop)
                     return hops
                 hops.append(Hop(target, "env"))
-                found = which(command, lookup_path, cwd, budget)
+                found = which(command, lookup_path, cwd, budget, files)
                 if found is None:
                     hops.append(Hop(command, "missing", detail="not found in PATH by env"))
                     return hops
@@ -339,11 +340,11 @@ def follow(path: str, env: Mapping[str, str], cwd: str,
     return hops
 
 
-def _classify(path: str, budget: Budget | None = None) -> Hop:
+def _classify(path: str, budget: Budget | None = None, files: fsprobe.Files = fsprobe.HOST) -> Hop:
     if budget is not None:
         budget.take_file()
     try:
-        fh, st = open_regular(path)
+        fh, st = open_regular(path, files)
     except FileNotFoundError:
         return Hop(path, "missing", detail="No such file or directory")
     except NotADirectoryError:
@@ -351,12 +352,12 @@ def _classify(path: str, budget: Budget | None = None) -> Hop:
     except PermissionError:
         return Hop(path, "unreadable", detail="Permission denied")
     except OSError as exc:
-        if exc.errno is not None and fsprobe.isdir(path):
+        if exc.errno is not None and files.isdir(path):
             return Hop(path, "unreadable", detail="Is a directory")
         return Hop(path, "unreadable", detail=exc.strerror or "cannot open")
     except (ElfError, ValueError):  # FIFO, device, directory; NUL in the path
         # execve refuses anything but a regular file with EACCES.
-        kind = "directory" if fsprobe.isdir(path) else "not a regular file"
+        kind = "directory" if files.isdir(path) else "not a regular file"
         return Hop(path, "not-regular", detail=f"Permission denied ({kind})")
     try:
         if budget is not None:
@@ -366,7 +367,7 @@ def _classify(path: str, budget: Budget | None = None) -> Hop:
         return Hop(path, "unreadable", detail=exc.strerror or "cannot read")
     finally:
         fh.close()
-    if not st.st_mode & 0o111 or not fsprobe.executable(path):
+    if not st.st_mode & 0o111 or not files.executable(path):
         return Hop(path, "not-executable", detail="Permission denied")
     if head.startswith(b"\x7fELF"):
         return Hop(path, "elf")

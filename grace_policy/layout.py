@@ -14,7 +14,7 @@ from .node import NodeProfile
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from .budget import Budget
+    from .loader import Loading
 
 #: glibc up to this version also requires p_align to be a multiple of the page.
 OLD_GLIBC = (2, 34)
@@ -26,12 +26,13 @@ def _seg(seg: LoadSegment) -> str:
 
 
 def page_issues(path: str, info: ElfInfo, node: NodeProfile, *, mapped_by_kernel: bool,
-                budget: Budget | None = None, name: str | None = None) -> list[Issue]:
+                how: Loading | None = None, name: str | None = None) -> list[Issue]:
     """Page-size problems of one file on ``node``.
 
     ``mapped_by_kernel``: the executable and its PT_INTERP are mapped by
     execve, which does not look at p_align; libraries are mapped by ld.so.
-    ``budget`` is charged for the few file bytes the .bss rule reads.
+    ``how``: the check's files, where the .bss rule reads its few bytes,
+    and its budget, charged for them (None: this host, unbounded).
     ``name``: what ld.so was asked to load (the DT_NEEDED text), which its
     error message names instead of the path (seen on a 64 KiB kernel with
     glibc 2.31 and 2.36); a dlopen or ``ld.so FILE`` names the path.
@@ -82,7 +83,7 @@ def page_issues(path: str, info: ElfInfo, node: NodeProfile, *, mapped_by_kernel
         # Only a file that loads at all can have its .bss overwritten.
         # info.path is where the file was read (a node image's copy), path
         # the node's name for it.
-        for a, b, hit in bss_clobbers(info.path or path, info, page, budget):
+        for a, b, hit in bss_clobbers(info.path or path, info, page, how):
             clobbered.add((a, b))
             issues.append(Issue(
                 "page-bss-clobber", path,
@@ -124,7 +125,7 @@ def page_issues(path: str, info: ElfInfo, node: NodeProfile, *, mapped_by_kernel
     return issues
 
 
-def code_page_issues(path: str, info: ElfInfo, node: NodeProfile, budget: Budget
+def code_page_issues(path: str, info: ElfInfo, node: NodeProfile, how: Loading
                      ) -> list[Issue]:
     """Page sizes compiled into the code of one object (embedded jemalloc).
     On 4 KiB nodes nothing can be compiled for smaller pages, and the module
@@ -133,7 +134,7 @@ def code_page_issues(path: str, info: ElfInfo, node: NodeProfile, budget: Budget
         return []
     from .pagecode import compiled_page_issues
 
-    return compiled_page_issues(path, info, node, budget)
+    return compiled_page_issues(path, info, node, how)
 
 
 @dataclass(frozen=True)
@@ -156,7 +157,7 @@ def _up(x: int, page: int) -> int:
     return _down(x + page - 1, page)
 
 
-def bss_clobbers(path: str, info: ElfInfo, page: int, budget: Budget | None = None
+def bss_clobbers(path: str, info: ElfInfo, page: int, how: Loading | None = None
                  ) -> list[tuple[LoadSegment, LoadSegment, BssHit]]:
     """(earlier segment, the later one that overwrites it, what is lost) for
     each segment whose zero-fill region ends up holding non-zero bytes.
@@ -187,7 +188,7 @@ def bss_clobbers(path: str, info: ElfInfo, page: int, budget: Budget | None = No
         hi = min(zero_end, max(_up(b.vaddr + b.filesz, page) for b in later))
         if hi - lo > page * 2:  # not a shared page: a crafted layout, left to others
             continue
-        memory = _replay(path, loads[i:], lo, hi, page, budget)
+        memory = _replay(path, loads[i:], (lo, hi), page, how)
         if memory is None:
             continue
         nonzero = len(memory) - memory.count(0)
@@ -202,14 +203,16 @@ def bss_clobbers(path: str, info: ElfInfo, page: int, budget: Budget | None = No
     return out
 
 
-def _replay(path: str, loads: tuple[LoadSegment, ...], lo: int, hi: int, page: int,
-            budget: Budget | None) -> bytearray | None:
-    """The bytes of ``[lo, hi)`` after mapping ``loads`` in order (the first
-    is the segment whose zero fill is watched); None if the file cannot be
-    read (another rule reports that)."""
+def _replay(path: str, loads: tuple[LoadSegment, ...], span: tuple[int, int], page: int,
+            how: Loading | None) -> bytearray | None:
+    """The bytes of ``span`` (``[lo, hi)``) after mapping ``loads`` in order
+    (the first is the segment whose zero fill is watched); None if the file
+    cannot be read (another rule reports that)."""
+    lo, hi = span
+    budget = how.budget if how is not None else None
     memory = bytearray(hi - lo)
     try:
-        fh, st = open_regular(path)
+        fh, st = open_regular(path, how.files) if how is not None else open_regular(path)
     except (OSError, ElfError):
         return None
     try:

@@ -196,10 +196,10 @@ def parse(data: bytes) -> LdCache:
     return LdCache(raw=raw, make=make)
 
 
-def load(path: str) -> LdCache:
+def load(path: str, files: fsprobe.Files = fsprobe.HOST) -> LdCache:
     try:
         # Recorded by its identity: the verdict depends on this file.
-        data = fsprobe.read_file(path, MAX_CACHE_BYTES)
+        data = files.read_file(path, MAX_CACHE_BYTES)
     except OSError:
         return LdCache([])
     return parse(data)

@@ -211,36 +211,37 @@ class _Map:
             self.names.add(info.soname)
 
 
-def host_path(node: NodeProfile, path: str, cwd: str = "/") -> str:
+def host_path(node: NodeProfile, path: str, cwd: str = "/",
+              files: fsprobe.Files = fsprobe.HOST) -> str:
     """A node path as a path on this host.
 
     Relative paths are relative to the job's cwd. With a node image, a
     path is looked up in the image first and on this host after (shared
     storage such as /home is the same on both), as ``qemu -L`` does.
     Module-level so the Python-step model (grace_policy/python/) reads
-    node paths by the same rule as the loader.
+    node paths by the same rule as the loader. ``files``: the check's.
     """
     if not path.startswith("/"):
         return os.path.join(cwd, path)
     if node.root in ("", "/"):
         return path
     inside = node.in_root(path)
-    return inside if fsprobe.lexists(inside) else path
+    return inside if files.lexists(inside) else path
 
 
 class _Searcher:
-    def __init__(self, node: NodeProfile, env: Mapping[str, str], cwd: str,
-                 budget: Budget | None, cache: ldcache.LdCache | None) -> None:
+    def __init__(self, node: NodeProfile, env: Mapping[str, str], how: Loading) -> None:
         self.node = node
         self.env = env
-        self.cwd = cwd
-        self.budget = budget
-        self._cache = cache
+        self.cwd = how.cwd
+        self.budget = how.budget
+        self.files = how.files
+        self._cache = how.cache
         self._hwcaps: tuple[str, ...] | None = None
         self._subdirs: dict[str, list[str]] = {}
         self._lib: str | None = None
         self._path_lists: dict[tuple[str, str | None, str], list[str]] = {}
-        self._system_dirs = system_dirs(node)
+        self._system_dirs = system_dirs(node, how.files)
         self.platform = loader_platform(node)
         self._legacy = legacy_hwcap_subdirs(node)
         self._legacy_first = tuple(dict.fromkeys(c.split("/", 1)[0] for c in self._legacy))
@@ -254,7 +255,7 @@ class _Searcher:
             # Like every other path: the image's file first, then the host's
             # (what qemu -L does); entries of another architecture are
             # dropped by their flags.
-            self._cache = ldcache.load(self.to_host("/etc/ld.so.cache"))
+            self._cache = ldcache.load(self.to_host("/etc/ld.so.cache"), self.files)
         return self._cache
 
     def hwcaps(self) -> tuple[str, ...]:
@@ -292,7 +293,7 @@ class _Searcher:
     @property
     def lib(self) -> str:
         if self._lib is None:
-            self._lib = lib_token(self.node)
+            self._lib = lib_token(self.node, self.files)
         return self._lib
 
     def path_list(self, text: str, origin: str | None, seps: str = ":") -> list[str]:
@@ -338,11 +339,11 @@ class _Searcher:
             return known
         out: list[str] = []
         levels = self.hwcaps()
-        if levels and fsprobe.isdir(self.to_host(prefix + "glibc-hwcaps")):
+        if levels and self.files.isdir(self.to_host(prefix + "glibc-hwcaps")):
             out += [f"{prefix}glibc-hwcaps/{sub}/" for sub in levels]
         if self._legacy:
             present = {first for first in self._legacy_first
-                       if fsprobe.isdir(self.to_host(prefix + first))}
+                       if self.files.isdir(self.to_host(prefix + first))}
             if present:
                 out += [f"{prefix}{combo}/" for combo in self._legacy
                         if combo.split("/", 1)[0] in present]
@@ -351,7 +352,7 @@ class _Searcher:
         return out
 
     def to_host(self, path: str) -> str:
-        return host_path(self.node, path, self.cwd)
+        return host_path(self.node, path, self.cwd, self.files)
 
     # -- verifying one candidate (open_verify) -----------------------------------
 
@@ -369,7 +370,7 @@ class _Searcher:
             self.budget.tick()
         host_path = self.to_host(path)
         try:
-            info = read_elf(host_path, budget=self.budget)
+            info = read_elf(host_path, budget=self.budget, files=self.files)
             if self.budget is not None:
                 self.budget.take_file()
         except FileNotFoundError:
@@ -386,7 +387,7 @@ class _Searcher:
             if self.budget is not None:
                 self.budget.take_file()
             if exc.reason == "not a regular file":
-                if fsprobe.isdir(host_path):
+                if self.files.isdir(host_path):
                     # open(2) succeeds on a directory, read(2) fails: fatal.
                     return "fatal", None, _EISDIR, ""
                 return "fatal", None, "not a regular file", ""
@@ -419,7 +420,7 @@ class _Searcher:
         """open_verify's header tests alone, for a file our reader rejected."""
         try:
             # open_regular: never block on a FIFO swapped in since the first read
-            ident = read_head(host_path, 20)
+            ident = read_head(host_path, 20, self.files)
         except (OSError, ElfError):
             return "fatal", None, otherwise, ""
         node = self.node
@@ -528,7 +529,7 @@ class _Searcher:
                 for directory in self._system_dirs:
                     path = f"{directory}/{name}"
                     searched.append(path)
-                    if fsprobe.exists(path):
+                    if self.files.exists(path):
                         return "found", path, None, skipped, searched, "system dir (by name)"
             else:
                 found = try_dirs(list(self._system_dirs), "system dir")
@@ -562,17 +563,17 @@ def _encoding_error(node: NodeProfile) -> str:
     return f"ELF file data encoding not {order}"
 
 
-def lib_token(node: NodeProfile) -> str:
+def lib_token(node: NodeProfile, files: fsprobe.Files = fsprobe.HOST) -> str:
     """``$LIB``: compiled into ld.so from the same ``slibdir`` as its system
     directories, so it follows them: ``lib/<triplet>`` for Debian-style glibc
     (also the cross glibc in /usr/aarch64-linux-gnu, whose files sit in a
     plain ``lib/``: qemu shows ``lib/aarch64-linux-gnu``), ``lib64`` for Red
     Hat-style."""
-    first = system_dirs(node)[0]
+    first = system_dirs(node, files)[0]
     return first.lstrip("/") if first.startswith("/lib/") else node.lib
 
 
-def system_dirs(node: NodeProfile) -> tuple[str, ...]:
+def system_dirs(node: NodeProfile, files: fsprobe.Files = fsprobe.HOST) -> tuple[str, ...]:
     """glibc's built-in search path for the node's layout, as node paths.
 
     Debian-style (multiarch) glibc searches ``/lib/<triplet>``,
@@ -582,14 +583,14 @@ def system_dirs(node: NodeProfile) -> tuple[str, ...]:
     """
     if not node.root_is_native:
         host = NodeProfile(machine=_host_machine(), page_size=node.page_size, glibc=None)
-        return system_dirs(host)
+        return system_dirs(host, files)
     triplet = node.multiarch
-    if fsprobe.isdir(node.in_root(f"/lib/{triplet}")) or fsprobe.isdir(
+    if files.isdir(node.in_root(f"/lib/{triplet}")) or files.isdir(
         node.in_root(f"/usr/lib/{triplet}")
     ):
         return (f"/lib/{triplet}", f"/usr/lib/{triplet}", "/lib", "/usr/lib")
-    if node.lib == "lib64" and (fsprobe.isdir(node.in_root("/lib64"))
-                                or fsprobe.isdir(node.in_root("/usr/lib64"))):
+    if node.lib == "lib64" and (files.isdir(node.in_root("/lib64"))
+                                or files.isdir(node.in_root("/usr/lib64"))):
         return ("/lib64", "/usr/lib64")
     return (f"/lib/{triplet}", f"/usr/lib/{triplet}", "/lib", "/usr/lib")
 
@@ -720,9 +721,9 @@ def supported_hwcaps(node: NodeProfile) -> tuple[str, ...]:
     return tuple(reversed(out))
 
 
-def _file_id(path: str) -> tuple[int, int] | None:
+def _file_id(path: str, files: fsprobe.Files) -> tuple[int, int] | None:
     try:
-        st = fsprobe.stat(path)
+        st = files.stat(path)
     except OSError:
         return None
     return st.st_dev, st.st_ino
@@ -743,6 +744,8 @@ class Loading:
     exec_origin: bool = True
     #: The ld.so.cache to use instead of the node's.
     cache: ldcache.LdCache | None = None
+    #: The files the program is read from (the check's: host or image).
+    files: fsprobe.Files = field(default=fsprobe.HOST, compare=False)
 
 
 _EXEC = Loading()
@@ -763,7 +766,7 @@ class Process:
     def __init__(self, exe_path: str, exe_info: ElfInfo, node: NodeProfile,
                  env: Mapping[str, str], how: Loading | None = None) -> None:
         how = how or _EXEC
-        cwd, budget, cache, exec_origin = how.cwd, how.budget, how.cache, how.exec_origin
+        cwd, budget, exec_origin = how.cwd, how.budget, how.exec_origin
         self.node = node
         self.cwd = cwd
         self.budget = budget
@@ -772,16 +775,17 @@ class Process:
         self.by_file: dict[tuple[int, int], _Map] = {}
         #: Keys added since the dlopen in progress began (undone if it fails).
         self._added: list[tuple[str, object]] | None = None
-        self.searcher = _Searcher(node, env, cwd, budget, cache)
+        self.files = files = how.files
+        self.searcher = _Searcher(node, env, how)
         host_exe = self.searcher.to_host(exe_path)
         if exec_origin:
-            origin = os.path.dirname(fsprobe.realpath(host_exe))
+            origin = os.path.dirname(files.realpath(host_exe))
             if node.root not in ("", "/") and origin.startswith(node.root.rstrip("/") + "/"):
                 origin = origin[len(node.root.rstrip("/")):]
         else:
             absolute = exe_path if exe_path.startswith("/") else os.path.join(cwd, exe_path)
             origin = os.path.dirname(absolute) or "/"
-        main = _Map(exe_path, exe_path, exe_info, None, origin, _file_id(host_exe))
+        main = _Map(exe_path, exe_path, exe_info, None, origin, _file_id(host_exe, files))
 
         self.add(main)
         objects: list[LoadedObject] = [
@@ -796,13 +800,13 @@ class Process:
             # Whatever runs this object has the node's loader mapped already (a
             # library listed on its own, or dlopened): its soname is taken.
             interp = next((p for p in CANONICAL_INTERP.get(node.machine, ())
-                           if fsprobe.exists(self.searcher.to_host(p))), None)
+                           if files.exists(self.searcher.to_host(p))), None)
         rtld_loaded = False
         if interp:
             status, info, reason, _machine = self.searcher.verify(interp)
             if status == "ok" and info is not None:
                 rtld = _Map(interp, interp, info, None, os.path.dirname(interp),
-                            _file_id(self.searcher.to_host(interp)))
+                            _file_id(self.searcher.to_host(interp), files))
                 self.add(rtld)
                 rtld_loaded = True
             elif not node.root_is_native and interp in CANONICAL_INTERP.get(node.machine, ()):
@@ -820,7 +824,7 @@ class Process:
                 status, info, _reason, _machine = self.searcher.verify(path)
                 if status == "ok" and info is not None:
                     rtld = _Map(path, path, info, None, os.path.dirname(path),
-                                _file_id(self.searcher.to_host(path)))
+                                _file_id(self.searcher.to_host(path), files))
                     rtld.names.discard(path)
                     self.add(rtld)
                     rtld_loaded = True
@@ -878,7 +882,7 @@ class Process:
         fatal: list[Fatal] = []
         edges: list[tuple[str, str]] = []
         host = self.searcher.to_host(path)
-        fid = _file_id(host)
+        fid = _file_id(host, self.files)
         if fid is not None and fid in self.by_file:
             return LoadTree((), (), (), ())
         origin = os.path.dirname(path if path.startswith("/") else os.path.join(self.cwd, path))
@@ -972,7 +976,7 @@ class Process:
                     edges.append((loader.path, path))
                     continue
                 host_path = self.searcher.to_host(path)
-                fid = _file_id(host_path)
+                fid = _file_id(host_path, self.files)
                 same = self.by_file.get(fid) if fid is not None else None
                 if same is not None:
                     same.names.add(name)

@@ -56,6 +56,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:  # typing costs ms to import; annotations are strings anyway
     from typing import Protocol
 
+    from .fsprobe import Files
+
     class ElfIdent(Protocol):
         """What a loader reads first of an ELF file: an
         :class:`~grace_policy.elf.ElfInfo`, or :class:`Ident` from a bare
@@ -285,14 +287,16 @@ def is_system_path(path: str) -> bool:
     return path.startswith(SYSTEM_PREFIXES)
 
 
-def node_owns(node: NodeProfile, path: str) -> bool:
+def node_owns(node: NodeProfile, path: str, files: Files | None = None) -> bool:
     """Whether the node has its own build at ``path``: a system path, or a
     link into one (a venv's ``bin/python`` made from the system python).
     Never inside an image (``node.in_image``): its system files are the
     image's, built wherever the image was built, and they are what the step
-    runs."""
+    runs. ``files``: the check's (None: this host, unrecorded)."""
     if node.in_image:
         return False
-    from . import fsprobe
-
-    return is_system_path(path) or is_system_path(fsprobe.realpath(path))
+    if is_system_path(path):
+        return True
+    if files is None:
+        from .fsprobe import HOST as files
+    return is_system_path(files.realpath(path))

@@ -50,6 +50,7 @@ if TYPE_CHECKING:
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from .budget import Budget
+    from .loader import Loading
 
 EM_AARCH64 = 183
 SHT_PROGBITS = 1
@@ -338,12 +339,14 @@ def _compare_before(word, branch_at: int, start: int  # type: ignore[no-untyped-
     return None
 
 
-def read_compiled_page(path: str, budget: Budget | None = None) -> int | None:
-    """The page size jemalloc was built for, if ``path`` embeds one and its
-    start-up check can be read; 0 when there is no jemalloc message; None
-    when unsure (or the reading would cost too much of ``budget``)."""
+def read_compiled_page(path: str, budget: Budget | None = None,
+                       files: fsprobe.Files = fsprobe.HOST) -> int | None:
+    """The page size jemalloc was built for, if ``path`` (in ``files``)
+    embeds one and its start-up check can be read; 0 when there is no
+    jemalloc message; None when unsure (or the reading would cost too much
+    of ``budget``)."""
     try:
-        st = fsprobe.stat(path)
+        st = files.stat(path)
     except OSError:
         return None
     key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
@@ -351,7 +354,7 @@ def read_compiled_page(path: str, budget: Budget | None = None) -> int | None:
     if known is not None:
         return known if known >= 0 else None
     try:
-        fh, st = open_regular(path)
+        fh, st = open_regular(path, files)
     except (OSError, ElfError):
         return None
     try:
@@ -436,7 +439,7 @@ def _package(path: str) -> str | None:
 
 
 def compiled_page_issues(path: str, info: ElfInfo, node: NodeProfile,
-                         budget: Budget | None = None) -> list[Issue]:
+                         how: Loading | None = None) -> list[Issue]:
     """The ``page-size-compiled`` issue for one ELF file (executable, library
     or Python extension module) on ``node``, or nothing.
 
@@ -450,7 +453,8 @@ def compiled_page_issues(path: str, info: ElfInfo, node: NodeProfile,
             or is_system_path(path)):
         return []
     # Read where the ELF facts were read (a node image's copy of ``path``).
-    compiled = read_compiled_page(info.path or path, budget)
+    compiled = (read_compiled_page(info.path or path, how.budget, how.files) if how is not None
+                else read_compiled_page(info.path or path))
     if not compiled or compiled >= page:
         return []
     package = _package(path)

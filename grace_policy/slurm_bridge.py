@@ -206,23 +206,23 @@ def run_step(step: StepInput) -> Outcome:
     if step.container_kind:
         # Judged inside the container (C found it, on Slurm's and pyxis' word).
         # The step's budget starts now: reading the image is part of its check.
-        from . import fsprobe
         from .container import ContainerStep
         from .container.plan import plan
         from .decide import step_budget
+        from .fsprobe import Files
 
         # What the plan reads on the host (enroot, its configuration, the
         # user's mounts.d and environ.d) is part of the verdict: recorded, so
         # a cached allow is replayed only while every one of them is unchanged.
         budget = step_budget(policy)
-        fsprobe.start()
+        files = Files.recorded()
         try:
             todo = plan(ContainerStep(step.container_kind, step.container_image,
                                       step.container_local, step.container or step.container_kind,
                                       argv, env, cwd, args=step.container_args, batch=step.batch),
-                        budget=budget)
+                        budget, files)
         finally:
-            probes.extend(fsprobe.stop())
+            probes.extend(files.records())
         container, image = todo.skipped, todo.image
         argv, env, cwd = list(todo.argv), todo.env, todo.cwd
         program = argv[0] if argv else None  # the program in the image
@@ -339,7 +339,7 @@ def _cache_entry(step: StepInput, policy: Any, verdict: Verdict,
         env=step.env, env_names=(*READ_VARS, *policy.env.vars))
     if step.container_kind and step.container_image:
         # Judged in this image: the record holds the image file's identity
-        # (fsprobe.using), never paths inside it; C replays it for the same
+        # (fsprobe.Files.inside), never paths inside it; C replays it for the same
         # KIND:IMAGE only, and only with the same runtime options ("cargs":
         # pyxis' mounts, workdir and home mount, exactly as C read them),
         # which C requires of every container entry (grace_cache.c).

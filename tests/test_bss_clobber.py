@@ -20,6 +20,7 @@ from fixtures.build import AARCH64_SYSROOT, ElfBuilder, qemu_aarch64, src
 from grace_policy.budget import Budget
 from grace_policy.elf import read_elf
 from grace_policy.layout import bss_clobbers, page_issues
+from grace_policy.loader import Loading
 from grace_policy.node import NodeProfile
 
 K4, K16, K64 = 4096, 16384, 65536
@@ -28,7 +29,7 @@ K4, K16, K64 = 4096, 16384, 65536
 def rules(path: Path, page: int, glibc: tuple[int, int] = (2, 36)) -> list[str]:
     node = NodeProfile(machine="aarch64", page_size=page, glibc=glibc, root_is_native=False)
     return [i.rule for i in page_issues(str(path), read_elf(str(path)), node,
-                                        mapped_by_kernel=False, budget=Budget())]
+                                        mapped_by_kernel=False, how=Loading(budget=Budget()))]
 
 
 def patchelf() -> str:

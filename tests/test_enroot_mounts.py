@@ -162,10 +162,10 @@ def test_a_fifo_in_the_users_config_never_blocks_the_check(site: Path, tmp_path:
         "from grace_policy import fsprobe\n"
         "from grace_policy.container.enroot import enroot_environ, enroot_mounts\n"
         "env = {'HOME': sys.argv[1]}\n"
-        "fsprobe.start()\n"
-        "got = enroot_mounts(env, search=sys.argv[2])\n"
-        "enroot_environ(env, search=sys.argv[2])\n"
-        "rec = fsprobe.stop()\n"
+        "files = fsprobe.Files.recorded()\n"
+        "got = enroot_mounts(env, search=sys.argv[2], files=files)\n"
+        "enroot_environ(env, search=sys.argv[2], files=files)\n"
+        "rec = files.records()\n"
         "print(('/data', '/data') in got)\n"
         "print(sorted({op for op, p, a in rec if p.endswith('00-pipe.fstab')}),"
         " [a for op, p, a in rec if p.endswith('00-pipe.fstab')][:1])\n")
@@ -190,11 +190,9 @@ def test_every_enroot_file_read_is_in_the_record(site: Path, tmp_path: Path) -> 
     (home / ".config/enroot/mounts.d").mkdir(parents=True)
     mine = home / ".config/enroot/mounts.d/10-mine.fstab"
     mine.write_text("/data /data none bind\n")
-    fsprobe.start()
-    try:
-        enroot_mounts({"HOME": str(home)}, search=str(site / "bin"))
-    finally:
-        rec = fsprobe.stop()
+    files = fsprobe.Files.recorded()
+    enroot_mounts({"HOME": str(home)}, search=str(site / "bin"), files=files)
+    rec = files.records()
     asked = {(op, path) for op, path, _a in rec}
     assert ("s", str(site / "bin/enroot")) in asked
     assert ("D", str(home / ".config/enroot/mounts.d")) in asked
@@ -220,11 +218,9 @@ def test_the_job_variables_enroot_follows_are_in_the_record(
     (other / "mounts.d/x.fstab").write_text("${MYBIN} /usr/bin none bind\n")
     job = {"HOME": str(home), "SLURM_STEP_ID": "3"}
     monkeypatch.setenv("PATH", str(site / "bin"))  # the enroot pyxis runs
-    fsprobe.start()
-    try:
-        base = mounts({}, job)
-    finally:
-        rec = fsprobe.stop()
+    files = fsprobe.Files.recorded()
+    base = mounts({}, job, files=files)
+    rec = files.records()
     env_read = {p: a for op, p, a in rec if op == "v"}
     assert env_read["HOME"] == "=" + str(home)
     assert env_read["ENROOT_CONFIG_PATH"] == "-"

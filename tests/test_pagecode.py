@@ -30,8 +30,9 @@ from fixtures.build import AARCH64_SYSROOT, ElfBuilder, qemu_aarch64, src
 from grace_policy import a64, pagecode
 from grace_policy._record import replace
 from grace_policy.budget import Budget
-from grace_policy.check import check_step
+from grace_policy.check import CheckInput, check, check_step
 from grace_policy.elf import read_elf
+from grace_policy.loader import Loading
 from grace_policy.node import NodeProfile
 from grace_policy.rules import Catalogue
 
@@ -236,9 +237,10 @@ def test_real_wheels_are_read_as_objdump_reads_them(wheel, member: str, page: in
     assert objdump_page(path, reading) == {page}
     info = read_elf(str(path))
     for node_page, fires in ((K4, False), (K16, page < K16), (K64, True)):
-        issues = pagecode.compiled_page_issues(str(path), info, grace(node_page), Budget())
+        issues = pagecode.compiled_page_issues(str(path), info, grace(node_page),
+                                               Loading(budget=Budget()))
         assert [i.rule for i in issues] == (["page-size-compiled"] if fires else [])
-    issue = pagecode.compiled_page_issues(str(path), info, grace(), Budget())[0]
+    issue = pagecode.compiled_page_issues(str(path), info, grace(), Loading(budget=Budget()))[0]
     package = member.split("/")[0]
     assert f"'{package}>={pagecode.FIXED_IN[package]}'" in issue.fact("fix_hint")
     assert "<jemalloc>: Unsupported system page size" in issue.predicted_error
@@ -302,7 +304,8 @@ def test_jemalloc_builds_read_and_run(jemalloc_programs: dict[int, Path]) -> Non
             assert refused == (run.returncode == 3), (run.returncode, run.stderr)
             if refused:
                 assert run.stdout.strip() == "malloc failed"
-            issues = pagecode.compiled_page_issues(str(exe), info, grace(page), Budget())
+            issues = pagecode.compiled_page_issues(str(exe), info, grace(page),
+                                                   Loading(budget=Budget()))
             # What the rule predicts is what jemalloc does, page size by page size.
             assert bool(issues) == refused == (page > compiled), (compiled, page)
             if issues:
@@ -368,7 +371,8 @@ def test_real_imports_fail_exactly_where_the_rule_says(wheel, member: str,  # ty
                               str(root / "usr" / "bin" / "python3.11"), "-I", "-c", code],
                              capture_output=True, text=True, timeout=600, check=False)
         imported = run.returncode == 0 and run.stdout.strip() == "IMPORTED"
-        issues = pagecode.compiled_page_issues(str(module), info, grace(page), Budget())
+        issues = pagecode.compiled_page_issues(str(module), info, grace(page),
+                                               Loading(budget=Budget()))
         assert imported != bool(issues), (page, run.returncode, run.stdout, run.stderr[-500:])
         if not imported and wheel is POLARS_4K:
             # polars: jemalloc's message (twice), Rust's allocation failure, SIGABRT.
@@ -410,7 +414,7 @@ def test_a_small_budget_makes_the_rule_silent_not_the_check_fail(tmp_path: Path)
                 "duckdb.cpython-311-aarch64-linux-gnu.so", path)
     small = Budget(max_bytes=8 * 1024 * 1024)
     info = read_elf(str(path))
-    assert pagecode.compiled_page_issues(str(path), info, grace(), small) == []
+    assert pagecode.compiled_page_issues(str(path), info, grace(), Loading(budget=small)) == []
     assert small.bytes_left > 0                # silent, without using the budget up
     assert pagecode.read_compiled_page(str(path), Budget()) == K16  # not cached as "none"
 
@@ -514,7 +518,8 @@ def test_truncated_and_damaged_copies_never_raise(tmp_path: Path) -> None:
         assert pagecode.read_compiled_page(str(path), Budget()) in (None, 0)
         # The headers as read from the whole file, the bytes from the cut copy.
         cut_info = replace(info, path=str(path))
-        assert pagecode.compiled_page_issues(str(path), cut_info, grace(), Budget()) == []
+        assert pagecode.compiled_page_issues(str(path), cut_info, grace(),
+                                             Loading(budget=Budget())) == []
     # Section header fields pointing anywhere: no exception, no reading.
     for i, (field, value) in enumerate(((0x28, len(whole) - 8), (0x3C, 0xFFFF), (0x3E, 0xFFF0))):
         data = bytearray(whole)
@@ -530,7 +535,8 @@ def test_truncated_and_damaged_copies_never_raise(tmp_path: Path) -> None:
 def test_a_clean_verdict_records_the_identity_of_what_the_rule_read(
         jemalloc_programs: dict[int, Path], tmp_path: Path) -> None:
     """The plugin replays a clean verdict only while every file it read has
-    the same identity (fsprobe): the file the code scan read is among them,
+    the same identity (the check's fsprobe.Files record): the file the code
+    scan read is among them,
     so a cached verdict never outlives a rebuilt program."""
     from grace_policy import fsprobe
 
@@ -538,12 +544,11 @@ def test_a_clean_verdict_records_the_identity_of_what_the_rule_read(
     shutil.copy(jemalloc_programs[K64], exe)
     os.chmod(exe, 0o755)
     pagecode._known.clear()
-    fsprobe.start()
-    try:
-        budget = Budget()
-        report = check_step([str(exe)], {"PATH": "/usr/bin"}, str(tmp_path), grace(), budget=budget)
-    finally:
-        probes = fsprobe.stop()
+    files = fsprobe.Files.recorded()
+    budget = Budget()
+    report = check(CheckInput([str(exe)], {"PATH": "/usr/bin"}, str(tmp_path), grace(),
+                              budget=budget, files=files))
+    probes = files.records()
     assert report.issues == () and report.limit is None
     from elftools.elf.elffile import ELFFile
 

@@ -22,6 +22,7 @@ from grace_policy import pagecode
 from grace_policy.budget import Budget
 from grace_policy.elf import read_elf
 from grace_policy.layout import page_issues
+from grace_policy.loader import Loading
 from grace_policy.node import NodeProfile
 
 images = pytest.importorskip("vm.images", reason="needs tests/vm (issue 10's kernels)")
@@ -104,13 +105,15 @@ def test_real_kernel_does_what_the_rules_predict(cases: Path, kernel: str) -> No
     node = NodeProfile(machine="aarch64", page_size=page, glibc=(2, 36), root_is_native=False)
     for lg in (12, 16):
         exe = cases / f"use-lg{lg}"
-        predicted = pagecode.compiled_page_issues(str(exe), read_elf(str(exe)), node, Budget())
+        predicted = pagecode.compiled_page_issues(str(exe), read_elf(str(exe)), node,
+                                                  Loading(budget=Budget()))
         assert (rc[f"use-lg{lg}"] == 3) == bool(predicted), (lg, console)
     assert console.count("<jemalloc>: Unsupported system page size") >= 1
     for name, lib in (("bss-patched", cases / "bss" / "libbss.so"),
                       ("bss-orig", cases / "bssorig" / "libbss.so")):
         rules = [i.rule for i in page_issues(str(lib), read_elf(str(lib)), node,
-                                             mapped_by_kernel=False, budget=Budget())]
+                                             mapped_by_kernel=False,
+                                             how=Loading(budget=Budget()))]
         assert (rc[name] == 1) == ("page-bss-clobber" in rules), (name, console)
     assert rc["use-lg12"] == 3 and rc["bss-patched"] == 1   # both failures really happen
 
@@ -172,6 +175,6 @@ def test_real_kernel_imports_fail_where_the_rule_says(tmp_path: Path, kernel: st
     for name, (corpus, member, _statement) in wheels.items():
         module = corpus.root / "site-packages" / member
         predicted = pagecode.compiled_page_issues(str(module), read_elf(str(module)), node,
-                                                  Budget())
+                                                  Loading(budget=Budget()))
         assert (rc[name] != 0) == bool(predicted), (name, console)
     assert rc["polars"] == 134 and "<jemalloc>: Unsupported system page size" in console

@@ -36,8 +36,8 @@ def _root(tmp_path: Path) -> Path:
 
 def _look(root: Path, name: str, path: str | None, cwd: str = "/"):  # type: ignore[no-untyped-def]
     env = {} if path is None else {"PATH": path}
-    with fsprobe.using(DirView(str(root), name=str(root.parent))):
-        return look_path(name, env, cwd)
+    files = fsprobe.Files().inside(DirView(str(root), name=str(root.parent)))
+    return look_path(name, env, cwd, None, files)
 
 
 def test_bare_names_follow_path_as_go_lookpath(tmp_path: Path) -> None:

@@ -135,22 +135,20 @@ def test_a_file_swapped_between_stat_and_open_is_never_cached(tmp_path: Path,
     shutil.copy("/usr/bin/true", target)
     other = tmp_path / "other"
     shutil.copy("/usr/bin/false", other)
-    real_stat = fsprobe.stat
+    real_stat = fsprobe.Files.stat
 
-    def stat_then_swap(path: str):
-        st = real_stat(path)
+    def stat_then_swap(self: fsprobe.Files, path: str):
+        st = real_stat(self, path)
         if path == str(target) and other.exists():
             os.replace(other, target)  # the file the open will see
         return st
 
-    monkeypatch.setattr(fsprobe, "stat", stat_then_swap)
-    fsprobe.start()
-    try:
-        from grace_policy.elf import read_elf
+    monkeypatch.setattr(fsprobe.Files, "stat", stat_then_swap)
+    files = fsprobe.Files.recorded()
+    from grace_policy.elf import read_elf
 
-        read_elf(str(target))
-    finally:
-        records = fsprobe.stop()
+    read_elf(str(target), files=files)
+    records = files.records()
     assert ("s", str(target), fsprobe.CHANGED) in records
     assert not fsprobe.still_true(records)
 
@@ -163,12 +161,12 @@ def test_a_listed_directory_is_replayed_by_identity_and_times(tmp_path) -> None:
     site = tmp_path / "site-packages"
     site.mkdir()
     (site / "a.py").write_text("")
-    fsprobe.start()
-    names = fsprobe.listdir(str(site))
-    entries = fsprobe.scandir(str(site))
+    files = fsprobe.Files.recorded()
+    names = files.listdir(str(site))
+    entries = files.scandir(str(site))
     with pytest.raises(OSError):
-        fsprobe.listdir(str(tmp_path / "missing"))
-    records = fsprobe.stop()
+        files.listdir(str(tmp_path / "missing"))
+    records = files.records()
     assert names == ["a.py"] and [e.name for e in entries] == ["a.py"]
     assert [op for op, _p, _a in records] == ["D", "D"]
     assert fsprobe.still_true(records)
@@ -192,11 +190,10 @@ def test_a_python_step_records_its_own_arguments_as_c_reads_them(tmp_path) -> No
     tool = venv / "bin" / "tool"
     tool.write_text(f"#!{venv}/bin/python\nimport json\n")
     tool.chmod(0o755)
-    fsprobe.start()
+    records: list[tuple[str, str, str]] = []
     verdict = decide(Policy(), StepRequest(partition=None, argv=[str(tool), "--epochs", "3"],
                                            env={"PATH": "/usr/bin", "HOME": str(tmp_path)},
-                                           cwd=str(tmp_path), node=None))
-    records = fsprobe.stop()
+                                           cwd=str(tmp_path), node=None), probes=records)
     assert verdict.action == "allow", verdict.findings
     inputs = [(name, value) for op, name, value in records if op == "i"]
     # The #! line names the script: none of the step's own words decides
@@ -208,11 +205,10 @@ def test_a_python_step_records_its_own_arguments_as_c_reads_them(tmp_path) -> No
 def test_a_shell_step_records_no_arguments(tmp_path) -> None:  # type: ignore[no-untyped-def]
     # 'srun bash -c ...' loops: what bash's environment holds does not depend
     # on the command string, so one cache entry serves them all.
-    fsprobe.start()
+    records: list[tuple[str, str, str]] = []
     verdict = decide(Policy(), StepRequest(partition=None, argv=["/bin/bash", "-c", "echo 1"],
                                            env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path)},
-                                           cwd=str(tmp_path), node=None))
-    records = fsprobe.stop()
+                                           cwd=str(tmp_path), node=None), probes=records)
     assert verdict.action == "allow", verdict.findings
     assert not [r for r in records if r[0] == "i"], records
     assert ("v", "PYTHONPATH", "-") in records  # but the variables its python would read

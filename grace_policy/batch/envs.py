@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 _SMALL = 64 * 1024
 
 
-def venv_of_activate(path: str, budget: Budget) -> str | None:
+def venv_of_activate(path: str, budget: Budget, files: fsprobe.Files = fsprobe.HOST) -> str | None:
     """The ``VIRTUAL_ENV`` a venv's ``bin/activate`` sets, or None if ``path``
     is not one. virtualenv and ``python -m venv`` write the prefix literally
     (``VIRTUAL_ENV="/p"`` or ``VIRTUAL_ENV='/p'``); newer ones compute it
@@ -25,7 +25,7 @@ def venv_of_activate(path: str, budget: Budget) -> str | None:
     ...)``), which is the directory above ``bin/`` of the path as sourced
     (bash does not resolve the symlink). The file is read through its
     symlinks, non-blocking and bounded (a FIFO or /dev/zero is no activate)."""
-    text = read_text(path, _SMALL, budget)
+    text = read_text(path, _SMALL, budget, files)
     if text is None or "deactivate" not in text:
         return None
     for line in text.splitlines():
@@ -57,17 +57,18 @@ def conda_root(values: dict[str, str | None]) -> str | None:
     return None
 
 
-def _condarc_envs_dirs(home: str | None, root: str | None, budget: Budget) -> list[str]:
+def _condarc_envs_dirs(home: str | None, root: str | None, budget: Budget,
+                       files: fsprobe.Files) -> list[str]:
     """``envs_dirs`` of the user's and the installation's ``.condarc`` (the
     simple YAML list form conda writes: ``envs_dirs:`` then ``- DIR`` lines)."""
     out: list[str] = []
-    files = []
+    rcs = []
     if root:
-        files.append(f"{root}/.condarc")
+        rcs.append(f"{root}/.condarc")
     if home:
-        files += [f"{home}/.condarc", f"{home}/.config/conda/.condarc"]
-    for rc in files:
-        text = read_text(rc, _SMALL, budget)
+        rcs += [f"{home}/.condarc", f"{home}/.config/conda/.condarc"]
+    for rc in rcs:
+        text = read_text(rc, _SMALL, budget, files)
         if not text:
             continue
         inside = False
@@ -89,7 +90,7 @@ def _condarc_envs_dirs(home: str | None, root: str | None, budget: Budget) -> li
 
 
 def conda_prefix(name: str, values: dict[str, str | None], cwd: str,
-                 budget: Budget) -> str | None:
+                 budget: Budget, files: fsprobe.Files = fsprobe.HOST) -> str | None:
     """The prefix ``conda activate NAME`` activates: a path (it has a ``/``)
     is the prefix itself; ``base`` the installation; otherwise the first
     ``envs_dirs`` entry holding NAME: ``.condarc``'s, then ROOT/envs,
@@ -100,10 +101,10 @@ def conda_prefix(name: str, values: dict[str, str | None], cwd: str,
         path = name if name.startswith("/") else os.path.join(cwd, name)
         if name.startswith("~/") and home:
             path = home + name[1:]
-        return os.path.normpath(path) if fsprobe.isdir(path) else None
+        return os.path.normpath(path) if files.isdir(path) else None
     if name == "base":
         return root
-    dirs = _condarc_envs_dirs(home, root, budget)
+    dirs = _condarc_envs_dirs(home, root, budget, files)
     if root:
         dirs.append(f"{root}/envs")
     if home:
@@ -111,15 +112,15 @@ def conda_prefix(name: str, values: dict[str, str | None], cwd: str,
     for d in dirs:
         budget.tick()
         candidate = f"{d}/{name}"
-        if fsprobe.isdir(f"{candidate}/conda-meta") or fsprobe.isdir(f"{candidate}/bin"):
+        if files.isdir(f"{candidate}/conda-meta") or files.isdir(f"{candidate}/bin"):
             return candidate
     return None
 
 
-def has_activate_hooks(prefix: str) -> bool:
+def has_activate_hooks(prefix: str, files: fsprobe.Files = fsprobe.HOST) -> bool:
     """An environment with ``etc/conda/activate.d`` scripts runs them on
     activation: what they set is unknown to a reader."""
     try:
-        return bool(fsprobe.listdir(f"{prefix}/etc/conda/activate.d"))
+        return bool(files.listdir(f"{prefix}/etc/conda/activate.d"))
     except OSError:
         return False

@@ -73,6 +73,8 @@ class Start:
     script: str = ""
     shell: str = "bash"
     login: bool = False
+    #: The files the script's paths are looked up in (this host's).
+    files: fsprobe.Files = field(default=fsprobe.HOST, compare=False)
 
 
 @dataclass
@@ -139,15 +141,15 @@ def _short(node: Any) -> str:
     return text if len(text) <= TEXT_CHARS else text[:TEXT_CHARS - 3] + "..."
 
 
-def _same_dir(a: str, b: str) -> bool:
+def _same_dir(a: str, b: str, files: fsprobe.Files) -> bool:
     try:
-        one, two = fsprobe.stat(a), fsprobe.stat(b)
+        one, two = files.stat(a), files.stat(b)
     except (OSError, ValueError):
         return False
     return (one.st_dev, one.st_ino) == (two.st_dev, two.st_ino)
 
 
-def _start_dirs(shell: ShellVars, cwd: str) -> str:
+def _start_dirs(shell: ShellVars, cwd: str, files: fsprobe.Files) -> str:
     """PWD and OLDPWD as the shell sets them at start-up (bash's
     ``set_pwd``, dash's ``getpwd``): the inherited PWD when it is absolute
     and names the directory the shell starts in (kept as written), else that
@@ -157,17 +159,17 @@ def _start_dirs(shell: ShellVars, cwd: str) -> str:
     starts from). Slurm starts the script in the job's directory
     (``--chdir`` or the submit directory) with the submitting shell's PWD."""
     inherited = shell.get("PWD")
-    if inherited and inherited.startswith("/") and _same_dir(inherited, cwd):
+    if inherited and inherited.startswith("/") and _same_dir(inherited, cwd, files):
         here = os.path.normpath(inherited)
     else:
         try:
-            here = fsprobe.realpath(cwd)
+            here = files.realpath(cwd)
         except (OSError, ValueError):
             here = cwd
         shell.values["PWD"] = here
     shell.exported.add("PWD")
     old = shell.get("OLDPWD")
-    if old is None or not fsprobe.isdir(os.path.join(here, old)):
+    if old is None or not files.isdir(os.path.join(here, old)):
         shell.values.pop("OLDPWD", None)
     shell.exported.add("OLDPWD")
     return here
@@ -176,12 +178,13 @@ def _start_dirs(shell: ShellVars, cwd: str) -> str:
 class Reader:
     def __init__(self, source: bytes, tree: Any, start: Start, budget: Budget) -> None:
         self.budget = budget
+        self.files = start.files
         self.source = source
         self.tree = tree
         self.dialect = start.shell
         env = start.env
         shell = ShellVars(dict(env), set(env), tuple(start.args), start.script)
-        cwd = _start_dirs(shell, start.cwd)
+        cwd = _start_dirs(shell, start.cwd, start.files)
         self.state = _State(shell, cwd)
         self.out = Reading()
         self.first_command_seen = False
@@ -570,7 +573,8 @@ class Reader:
                 cmd = hashed[0]
         if "/" not in cmd and path != env.get("PATH"):
             # The child's PATH is not the one bash searched: judge the file found.
-            found = which(cmd, path, state.cwd, self.budget) if path is not None else None
+            found = (which(cmd, path, state.cwd, self.budget, self.files) if path is not None
+                     else None)
             if found is None:
                 if path is None:
                     self.out.unknown += 1
@@ -645,7 +649,7 @@ class Reader:
             return
         path = target if target.startswith("/") else os.path.join(state.cwd, target)
         path = os.path.normpath(path)
-        if not fsprobe.isdir(path):
+        if not self.files.isdir(path):
             self._uncertain_at(state, line, f"'cd {target}': no such directory here")
             return
         state.shell.set("OLDPWD", state.cwd)
@@ -659,10 +663,10 @@ class Reader:
                 return None
             return name if name.startswith("/") else os.path.join(base or "/", name)
         # bash looks a name without '/' up in PATH, then in the cwd.
-        found = which(name, state.shell.get("PATH"), state.cwd or "/", self.budget)
+        found = which(name, state.shell.get("PATH"), state.cwd or "/", self.budget, self.files)
         if found is not None:
             return found
-        if state.cwd and fsprobe.isfile(os.path.join(state.cwd, name)):
+        if state.cwd and self.files.isfile(os.path.join(state.cwd, name)):
             return os.path.join(state.cwd, name)
         return None
 
@@ -683,12 +687,12 @@ class Reader:
             state.functions.discard("conda")
             return
         if base == "activate":
-            if fsprobe.isfile(os.path.join(parent, "conda")):
+            if self.files.isfile(os.path.join(parent, "conda")):
                 # conda's own bin/activate: 'source activate [NAME]'
                 state.shell.set("CONDA_EXE", os.path.join(parent, "conda"), export=True)
                 self._conda(["conda", "activate", *(args[1:] or ["base"])], state, line)
                 return
-            venv = envs.venv_of_activate(path, self.budget)
+            venv = envs.venv_of_activate(path, self.budget, self.files)
             if venv is not None:
                 self._activate_venv(venv, state)
                 return
@@ -724,7 +728,7 @@ class Reader:
             return False
         exe = match.group(1)
         found = exe if "/" in exe else which(exe, state.shell.get("PATH"), state.cwd or "/",
-                                             self.budget)
+                                             self.budget, self.files)
         if found is None or os.path.basename(found) not in _CONDA:
             return False
         if os.path.basename(found) == "micromamba":
@@ -755,7 +759,7 @@ class Reader:
         values = dict(shell.values)
         if words[0] == "micromamba" and not values.get("MAMBA_ROOT_PREFIX"):
             values["MAMBA_ROOT_PREFIX"] = None
-        prefix = envs.conda_prefix(name, values, state.cwd or "/", self.budget)
+        prefix = envs.conda_prefix(name, values, state.cwd or "/", self.budget, self.files)
         if prefix is None:
             self._uncertain_at(state, line, f"'conda activate {name}': no such environment "
                                "found (conda would fail)")
@@ -770,7 +774,7 @@ class Reader:
         level = shell.get("CONDA_SHLVL") or "0"
         shell.set("CONDA_SHLVL", str(int(level) + 1) if builtins.is_digits(level) else None,
                   export=True)
-        if envs.has_activate_hooks(prefix):
+        if envs.has_activate_hooks(prefix, self.files):
             self._uncertain_at(state, line, f"{prefix}/etc/conda/activate.d runs scripts "
                                "on activation")
         return True

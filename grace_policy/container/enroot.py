@@ -38,7 +38,8 @@ substitution, an fstab line it cannot split) is left out: the file at that
 path is then judged in the image, as before this module.
 
 Every file and directory here is the user's or the site's, read on the
-host through :mod:`grace_policy.fsprobe` (never the image's view): regular
+host through the check's :class:`~grace_policy.fsprobe.Files` (``files.host()``,
+never the image's view): regular
 files only, opened without blocking (a FIFO in ``mounts.d`` is left out
 instead of holding the check to its deadline), and each answer written
 into the check's record, so a cached verdict is replayed only while
@@ -72,39 +73,37 @@ _MAX_FILE = 256 * 1024
 _MAX_FILES = 64
 
 
-def _read(path: str) -> str | None:
+def _read(path: str, files: fsprobe.Files) -> str | None:
     """A whole small regular file, or None (missing, too large, not a
     regular file: a FIFO or a device is never opened for reading)."""
-    with fsprobe.using(None):  # the host's file, whatever view a caller set
-        try:
-            fh, st = fsprobe.open_regular(path)
-        except OSError:
+    try:
+        fh, st = files.open_regular(path)
+    except OSError:
+        return None
+    try:
+        if st.st_size > _MAX_FILE:
             return None
-        try:
-            if st.st_size > _MAX_FILE:
-                return None
-            data = fh.pread(_MAX_FILE + 1, 0)
-        except OSError:
-            return None
-        finally:
-            fh.close()
+        data = fh.pread(_MAX_FILE + 1, 0)
+    except OSError:
+        return None
+    finally:
+        fh.close()
     if len(data) > _MAX_FILE:
         return None
     return data.decode("utf-8", "replace")  # type: ignore[no-any-return]
 
 
-def _runnable(path: str) -> bool:
+def _runnable(path: str, files: fsprobe.Files) -> bool:
     """A regular file the job's user may run (recorded by its identity)."""
-    with fsprobe.using(None):
-        return fsprobe.isfile(path) and fsprobe.executable(path)
+    return files.isfile(path) and files.executable(path)
 
 
-def _enroot_script(search: str | None) -> str | None:
+def _enroot_script(search: str | None, files: fsprobe.Files) -> str | None:
     for entry in (search or _DEFAULT_PATH).split(":"):
         if not entry.startswith("/"):
             continue
         path = os.path.join(entry, "enroot")
-        if _runnable(path):
+        if _runnable(path, files):
             return path
     return None
 
@@ -125,10 +124,10 @@ def _quoted_path(line: str, head: str) -> str | None:
     return rest[1:-1]
 
 
-def _baked(script: str) -> tuple[str | None, str | None]:
+def _baked(script: str, files: fsprobe.Files) -> tuple[str | None, str | None]:
     """(enroot.conf path, default ENROOT_SYSCONF_PATH) from the script."""
     conf = sysconf = None
-    for line in (_read(script) or "").splitlines():
+    for line in (_read(script, files) or "").splitlines():
         conf = conf or _quoted_path(line, "config::init ")
         if line.startswith("config::export ENROOT_SYSCONF_PATH ") and sysconf is None:
             sysconf = _quoted_path(line, "config::export ENROOT_SYSCONF_PATH ")
@@ -174,9 +173,9 @@ def _expand(value: str, env: Mapping[str, str]) -> str | None:
 
 
 def _load(path: str, settings: dict[str, str], env: Mapping[str, str],
-          job: Mapping[str, str]) -> None:
+          job: Mapping[str, str], files: fsprobe.Files) -> None:
     """One config file, read as ``IFS=$' \\t=' read -r key value`` does."""
-    for line in (_read(path) or "").splitlines():
+    for line in (_read(path, files) or "").splitlines():
         line = line.strip(" \t")
         cut = next((i for i, c in enumerate(line) if c in " \t="), -1)
         if cut <= 0:
@@ -184,13 +183,13 @@ def _load(path: str, settings: dict[str, str], env: Mapping[str, str],
         key, value = line[:cut], line[cut:].lstrip(" \t=")
         if not _is_key(key) or key in settings or not value:
             continue
-        expanded = _expand(value, NotedEnv({**env, **settings}, job))
+        expanded = _expand(value, NotedEnv({**env, **settings}, job, files))
         if expanded is not None:
             settings[key] = expanded
 
 
-def _fstab(path: str, env: Mapping[str, str]) -> list[tuple[str, str]]:
-    return fstab_binds(_read(path) or "", env)
+def _fstab(path: str, env: Mapping[str, str], files: fsprobe.Files) -> list[tuple[str, str]]:
+    return fstab_binds(_read(path, files) or "", env)
 
 
 def fstab_binds(text: str, env: Mapping[str, str]) -> list[tuple[str, str]]:
@@ -216,11 +215,10 @@ def fstab_binds(text: str, env: Mapping[str, str]) -> list[tuple[str, str]]:
     return out
 
 
-def _files(directory: str, suffix: str) -> list[str]:
+def _files(directory: str, suffix: str, files: fsprobe.Files) -> list[str]:
     """``DIR/*SUFFIX`` in name order, as bash's glob lists them."""
     try:
-        with fsprobe.using(None):
-            names = sorted(n for n in fsprobe.listdir(directory) if n.endswith(suffix))
+        names = sorted(n for n in files.listdir(directory) if n.endswith(suffix))
     except OSError:
         return []
     return [os.path.join(directory, n) for n in names[:_MAX_FILES]]
@@ -234,13 +232,15 @@ class NotedEnv(Mapping[str, str]):
     enroot.conf or an fstab, pyxis' ``PYXIS_CONTAINER_MOUNT_HOME``), so a
     cached verdict is replayed only while each of them holds. Only names
     looked up are recorded, never the whole environment: the SLURM_*
-    variables of every step differ and would end every hit."""
+    variables of every step differ and would end every hit. ``files``:
+    whose record they go to (the check's)."""
 
-    def __init__(self, data: Mapping[str, str], job: Mapping[str, str]) -> None:
-        self._data, self._job = data, job
+    def __init__(self, data: Mapping[str, str], job: Mapping[str, str],
+                 files: fsprobe.Files) -> None:
+        self._data, self._job, self._files = data, job, files
 
     def __getitem__(self, name: str) -> str:
-        fsprobe.note_env(name, self._job.get(name))
+        self._files.note_env(name, self._job.get(name))
         return self._data[name]
 
     def __iter__(self):  # type: ignore[no-untyped-def]
@@ -251,82 +251,87 @@ class NotedEnv(Mapping[str, str]):
 
 
 def _settings(job_env: Mapping[str, str], mount_home: bool | None,
-              remap_root: bool | None, search: str | None
+              remap_root: bool | None, search: str | None, files: fsprobe.Files
               ) -> tuple[dict[str, str], dict[str, str]] | None:
     """(enroot's ENROOT_* settings, the environment enroot runs with), or
     None when no ``enroot`` is found."""
-    script = _enroot_script(search if search is not None else os.environ.get("PATH"))
+    script = _enroot_script(search if search is not None else os.environ.get("PATH"), files)
     if script is None:
         return None
-    conf, sysconf = _baked(script)
+    conf, sysconf = _baked(script, files)
     env = {k: v for k, v in job_env.items() if k not in PYXIS_DENIED}
     for name, value in (("ENROOT_MOUNT_HOME", mount_home), ("ENROOT_REMAP_ROOT", remap_root)):
         if value is not None:
             env[name] = "y" if value else "n"
     settings = {k: v for k, v in env.items() if _is_key(k)}
     if conf:
-        _load(conf, settings, env, job_env)
-        for dropin in _files(conf + ".d", ".conf"):
-            _load(dropin, settings, env, job_env)
+        _load(conf, settings, env, job_env, files)
+        for dropin in _files(conf + ".d", ".conf", files):
+            _load(dropin, settings, env, job_env, files)
     if sysconf and "ENROOT_SYSCONF_PATH" not in settings:
         settings["ENROOT_SYSCONF_PATH"] = sysconf
-    noted = NotedEnv(env, job_env)
+    noted = NotedEnv(env, job_env, files)
     home = noted.get("HOME", "")
     xdg = noted.get("XDG_CONFIG_HOME") or (f"{home}/.config" if home else "")
     if "ENROOT_CONFIG_PATH" not in settings and xdg:
         settings["ENROOT_CONFIG_PATH"] = f"{xdg}/enroot"
     settings = {k: v for k, v in settings.items() if v not in _FALSE}
-    return NotedEnv(settings, job_env), NotedEnv({**env, **settings}, job_env)
+    return NotedEnv(settings, job_env, files), NotedEnv({**env, **settings}, job_env, files)
 
 
-def _config_files(settings: Mapping[str, str], sub: str, suffix: str) -> list[str]:
+def _config_files(settings: Mapping[str, str], sub: str, suffix: str,
+                  files: fsprobe.Files) -> list[str]:
     """``SUB/*SUFFIX`` of the site's, then the user's enroot configuration."""
     out: list[str] = []
     for key in ("ENROOT_SYSCONF_PATH", "ENROOT_CONFIG_PATH"):
         where = settings.get(key, "")
         if where.startswith("/"):
-            out.extend(_files(os.path.join(where, sub), suffix))
+            out.extend(_files(os.path.join(where, sub), suffix, files))
     return out
 
 
 def enroot_mounts(job_env: Mapping[str, str], mount_home: bool | None = None,
-                  remap_root: bool | None = None, *, search: str | None = None
-                  ) -> list[tuple[str, str]] | None:
+                  remap_root: bool | None = None, *, search: str | None = None,
+                  files: fsprobe.Files = fsprobe.HOST) -> list[tuple[str, str]] | None:
     """(inner, host) of what enroot mounts from the host for a pyxis step,
     in enroot's order (a later mount at the same point wins); None when no
     ``enroot`` is found there.
     ``mount_home``/``remap_root``: pyxis' own choice (None: not given, the
     environment and enroot's configuration decide). ``search``: the PATH
-    pyxis finds ``enroot`` on (slurmstepd's)."""
-    found = _settings(job_env, mount_home, remap_root, search)
+    pyxis finds ``enroot`` on (slurmstepd's). ``files``: the check's (its
+    host side is read)."""
+    files = files.host()
+    found = _settings(job_env, mount_home, remap_root, search, files)
     if found is None:
         return None
     settings, full = found
     out: list[tuple[str, str]] = []
-    for path in _config_files(settings, "mounts.d", ".fstab"):
-        out.extend(_fstab(path, full))
+    for path in _config_files(settings, "mounts.d", ".fstab", files):
+        out.extend(_fstab(path, full, files))
     home = full.get("HOME", "")
     sysconf = settings.get("ENROOT_SYSCONF_PATH", "")
     hook = os.path.join(sysconf, "hooks.d", "10-home.sh")
     if settings.get("ENROOT_MOUNT_HOME") and home.startswith("/") and sysconf.startswith("/") \
-            and _runnable(hook):
+            and _runnable(hook, files):
         out.append(("/root" if settings.get("ENROOT_REMAP_ROOT") else home, home))
     return out
 
 
-def enroot_environ(job_env: Mapping[str, str], *, search: str | None = None
-                   ) -> list[tuple[str, str]]:
+def enroot_environ(job_env: Mapping[str, str], *, search: str | None = None,
+                   files: fsprobe.Files = fsprobe.HOST) -> list[tuple[str, str]]:
     """What ``environ.d/*.env`` of the site's and the user's configuration
     set in the container, after the image's ``/etc/environment``
     (runtime.sh ``_do_environ``; ``${VAR}`` from enroot's environment), in
-    order: a later value wins."""
+    order: a later value wins. ``files``: the check's (its host side is
+    read)."""
     from ..image.view import parse_env_lines
 
-    found = _settings(job_env, None, None, search)
+    files = files.host()
+    found = _settings(job_env, None, None, search, files)
     if found is None:
         return []
     settings, full = found
     out: list[tuple[str, str]] = []
-    for path in _config_files(settings, "environ.d", ".env"):
-        out.extend(parse_env_lines(_subst(_read(path) or "", full, bare=False)))
+    for path in _config_files(settings, "environ.d", ".env", files):
+        out.extend(parse_env_lines(_subst(_read(path, files) or "", full, bare=False)))
     return out

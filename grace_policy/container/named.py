@@ -35,9 +35,10 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
-from . import Plan
+from ..fsprobe import HOST, Files
+from . import ContainerStep, Plan
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -93,15 +94,16 @@ def _line(path: str, number: int) -> list[str]:
     return []
 
 
-def data_path(job_env: Mapping[str, str]) -> str | None:
+def data_path(job_env: Mapping[str, str], files: Files = HOST) -> str | None:
     """enroot's ENROOT_DATA_PATH for this step, or None (no ``enroot`` on
     slurmstepd's PATH, or a relative path). An enroot.conf value enroot.py
     cannot expand (a command substitution) is left out there, so the
     default is looked at instead: a directory pyxis does not use, which
-    at worst makes the step a skip or judges its image."""
+    at worst makes the step a skip or judges its image. ``files``: the
+    check's, whose host side enroot's configuration is read in."""
     from .enroot import _settings
 
-    found = _settings(job_env, None, None, None)
+    found = _settings(job_env, None, None, None, files.host())
     if found is None:
         return None
     settings, full = found
@@ -125,13 +127,16 @@ def _home() -> str:
         return ""
 
 
-def plan_named(image: str | None, reason: str, argv: Sequence[str], env: Mapping[str, str],
-               cwd: str, args: Mapping[str, str]) -> Plan | bool | Image:
+def plan_named(step: ContainerStep, args: Mapping[str, str], files: Files = HOST
+               ) -> Plan | bool | Image:
     """The container's root as an :class:`~grace_policy.image.Image` (which
     plan_pyxis judges as it judges a local image: environment, mounts,
     workdir), a skip, or - when pyxis will make the container from
     ``--container-image`` - whether that image is a local file (judged then
-    as any image). Never raises."""
+    as any image). ``files``: this host's and the check's record. Never
+    raises."""
+    image, reason, argv, env, cwd = step.image, step.reason, step.argv, step.env, step.cwd
+
     def skip(why: str) -> Plan:
         return Plan(None, tuple(argv), dict(env), cwd, skipped=f"{reason}: not judged: {why}")
 
@@ -139,10 +144,10 @@ def plan_named(image: str | None, reason: str, argv: Sequence[str], env: Mapping
     if full_name is None:
         return skip(why)
     flag = (split(args["name"]) or ("", None))[1]
-    root = _root(env, full_name)
+    root = _root(env, full_name, files)
     if root is None:
         return skip(NO_DATA_PATH)
-    exists = _exists(root)
+    exists = _exists(root, files)
     if exists is None:
         return skip(f"cannot examine the container's root {root}")
     if exists and flag == "create":
@@ -190,25 +195,28 @@ def _full_name(args: Mapping[str, str]) -> tuple[str | None, str]:
     return f"pyxis_{job}_{name}", ""
 
 
-def plan_after_pull(reason: str, argv: Sequence[str], env: Mapping[str, str], cwd: str,
-                    args: Mapping[str, str]) -> Plan | Image:
+def plan_after_pull(step: ContainerStep, args: Mapping[str, str], files: Files = HOST
+                    ) -> Plan | Image:
     """The root pyxis has just created from a registry image (its task_init,
     first task of the node; asked from ours, listed after pyxis), as an
     :class:`~grace_policy.image.Image` judged as any local image: before the
     pull only the manifest's architecture was read, and an index can say one
     architecture while the programs are another's. A root that is not where
     enroot puts it is a skip (C follows the verdict; nothing runs unjudged
-    on our word alone). Never raises."""
+    on our word alone). ``files``: this host's and the check's record.
+    Never raises."""
+    reason, argv, env, cwd = step.reason, step.argv, step.env, step.cwd
+
     def skip(why: str) -> Plan:
         return Plan(None, tuple(argv), dict(env), cwd, skipped=f"{reason}: not judged: {why}")
 
     full_name = container_name(args)
     if full_name is None:
         return skip("the name pyxis gave the container is not known here")
-    root = _root(env, full_name)
+    root = _root(env, full_name, files)
     if root is None:
         return skip(NO_DATA_PATH)
-    exists = _exists(root)
+    exists = _exists(root, files)
     if not exists:
         return skip(f"the container's root {root} is not there (pyxis did not create it "
                     "where enroot keeps containers)")
@@ -219,10 +227,10 @@ NO_DATA_PATH = ("enroot's data path is not known here (no enroot on slurmstepd's
                 "or a relative path)")
 
 
-def _root(env: Mapping[str, str], full_name: str) -> str | None:
+def _root(env: Mapping[str, str], full_name: str, files: Files) -> str | None:
     """Where enroot keeps the container ``full_name`` (its data path, as
     the enroot pyxis runs resolves it), or None when that is not known."""
-    where = data_path(env)
+    where = data_path(env, files)
     return None if where is None else f"{where.rstrip('/')}/{full_name}"
 
 
@@ -240,13 +248,11 @@ def _dir_image(root: str) -> Image:
     return Image(path=view.root, kind="dir", view=view, env=inner_env)
 
 
-def _exists(root: str) -> bool | None:
+def _exists(root: str, files: Files) -> bool | None:
     """Whether enroot finds a container there (a directory, through links:
     enroot takes its realpath), None when that cannot be told."""
-    from .. import fsprobe
-
     try:
-        return stat.S_ISDIR(fsprobe.stat(root).st_mode)
+        return stat.S_ISDIR(files.host().stat(root).st_mode)
     except FileNotFoundError:
         return False
     except NotADirectoryError:

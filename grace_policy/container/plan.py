@@ -4,13 +4,15 @@ bridge calls (C says which runtime runs the step, grace_container.c)."""
 from __future__ import annotations
 
 from ..budget import Budget, BudgetExceeded
+from ..fsprobe import HOST, Files
 from . import ContainerStep, Plan
 
 
-def plan(step: ContainerStep, budget: Budget | None = None) -> Plan:
+def plan(step: ContainerStep, budget: Budget | None = None, files: Files = HOST) -> Plan:
     """The step as it will run in its container. Never raises. ``budget``:
     the step's (the image is read under it from its first byte; running out
-    is ``Plan.limit``)."""
+    is ``Plan.limit``). ``files``: this host's, with the record of what the
+    plan reads there (enroot, its configuration, the user's mounts.d)."""
     budget = budget or Budget()
     kind, image, reason = step.kind, step.image, step.reason
     argv, env, cwd, max_inodes = step.argv, step.env, step.cwd, step.max_inodes
@@ -27,7 +29,7 @@ def plan(step: ContainerStep, budget: Budget | None = None) -> Plan:
                             skipped=f"{reason}: not judged: a pyxis option "
                                     "(--container-mounts or --container-workdir) is too long "
                                     "for the check to read")
-            return plan_pyxis(step, lines, budget)
+            return plan_pyxis(step, lines, budget, files)
         if kind == "oci":
             from .slurm_oci import plan_oci
 

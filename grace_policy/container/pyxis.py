@@ -31,6 +31,7 @@ import os
 from collections.abc import Mapping
 
 from ..budget import Budget
+from ..fsprobe import HOST, Files
 from . import ContainerStep, Plan
 
 TYPE_CHECKING = False
@@ -43,23 +44,24 @@ _DENIED = ("PATH", "LD_LIBRARY_PATH", "LD_PRELOAD")
 
 
 def mounts(args: Mapping[str, str], env: Mapping[str, str], image_fstab: str = "",
-           cwd: str | None = None) -> list[tuple[str, str]]:
+           cwd: str | None = None, files: Files = HOST) -> list[tuple[str, str]]:
     """(inner, host) of what is mounted from the host, in mount order:
     the image's ``/etc/fstab`` (``image_fstab``), enroot's own (``mounts.d``,
     the home mount; :mod:`.enroot`), then ``--container-mounts``
     (:func:`option_mounts`; ``cwd``: the job's, which pyxis runs enroot
     in). ``--container-mount-home`` / ``--no-container-mount-home`` (or
     pyxis' ``PYXIS_CONTAINER_MOUNT_HOME``) decide the home mount; without
-    either, enroot's setting does."""
+    either, enroot's setting does. ``files``: the check's, whose host side
+    enroot's files are read in and whose record notes them."""
     from .enroot import PYXIS_DENIED, NotedEnv, enroot_mounts, fstab_binds
 
-    noted = NotedEnv(env, env)  # what is read by name is part of the verdict
+    noted = NotedEnv(env, env, files)  # what is read by name is part of the verdict
     home_flag = {"1": True, "0": False}.get(args.get("mount_home", ""))
     if home_flag is None:
         home_flag = _bool(noted.get("PYXIS_CONTAINER_MOUNT_HOME"))
-    site = enroot_mounts(env, home_flag)
+    site = enroot_mounts(env, home_flag, files=files)
     out = fstab_binds(image_fstab, NotedEnv(
-        {k: v for k, v in env.items() if k not in PYXIS_DENIED}, env))
+        {k: v for k, v in env.items() if k not in PYXIS_DENIED}, env, files))
     home = noted.get("HOME")
     if site is not None:
         out.extend(site)
@@ -127,15 +129,16 @@ def _bool(value: str | None) -> bool | None:
 
 
 def plan_pyxis(step: ContainerStep, args: Mapping[str, str] | None = None,
-               budget: Budget | None = None) -> Plan:
-    """A pyxis step's plan; ``args``: pyxis' options as C read them."""
+               budget: Budget | None = None, files: Files = HOST) -> Plan:
+    """A pyxis step's plan; ``args``: pyxis' options as C read them;
+    ``files``: this host's and the check's record."""
     image, local, reason = step.image, step.local, step.reason
     argv, env, cwd, max_inodes, batch = step.argv, step.env, step.cwd, step.max_inodes, step.batch
     opened: Image | None = None
     if args and args.get("after_pull"):  # asked from task_init: the root pyxis just made
         from .named import plan_after_pull
 
-        made = plan_after_pull(reason, argv, env, cwd, args)
+        made = plan_after_pull(step, args, files)
         if isinstance(made, Plan):
             return made
         image, local, opened = made.path, True, made
@@ -143,7 +146,7 @@ def plan_pyxis(step: ContainerStep, args: Mapping[str, str] | None = None,
     if args and args.get("name"):  # --container-name: the container as it is now
         from .named import plan_named
 
-        named = plan_named(image, reason, argv, env, cwd, args)
+        named = plan_named(step, args, files)
         if isinstance(named, Plan):
             return named  # pyxis will refuse the name: a skip
         if isinstance(named, bool):
@@ -153,7 +156,7 @@ def plan_pyxis(step: ContainerStep, args: Mapping[str, str] | None = None,
     if not local and image:  # pulled by pyxis from a registry: its manifest (issue 25)
         from .registry import plan_registry
 
-        return plan_registry(image, reason, argv, env, cwd)
+        return plan_registry(step, files=files)
     if not local or not image:
         return Plan(None, tuple(argv), dict(env), cwd,
                     skipped=f"{reason}: not judged: not a local image (pyxis imports or "
@@ -181,7 +184,8 @@ def plan_pyxis(step: ContainerStep, args: Mapping[str, str] | None = None,
     inner = img.step_env(job)
     from .enroot import enroot_environ
 
-    inner.update(enroot_environ(env))  # environ.d of the site and the user, after the image's
+    # environ.d of the site and the user, after the image's
+    inner.update(enroot_environ(env, files=files))
     args = args or {}
     from ..image.view import MAX_ENV_BYTES, read_view_file
 
@@ -189,7 +193,7 @@ def plan_pyxis(step: ContainerStep, args: Mapping[str, str] | None = None,
         fstab = read_view_file(img.view, "/etc/fstab", MAX_ENV_BYTES) or b""
     except (ImageError, OSError):
         fstab = b""
-    binds = mounts(args, env, fstab.decode("utf-8", "surrogateescape"), cwd)
+    binds = mounts(args, env, fstab.decode("utf-8", "surrogateescape"), cwd, files)
     if batch and argv and argv[0].startswith("/"):
         # pyxis' user_init, batch step: slurmd's copy of the script is
         # bind-mounted read-only at the same path inside the container, which

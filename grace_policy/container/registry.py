@@ -4,17 +4,19 @@ image's manifest before the pull (:mod:`grace_policy.registry`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from ..fsprobe import HOST, Files
+from . import ContainerStep, Plan
 
-from . import Plan
 
-
-def plan_registry(image: str, reason: str, argv: Sequence[str], env: Mapping[str, str],
-                  cwd: str, *, search: str | None = None) -> Plan:
-    """A Plan carrying the reference and the settings of the enroot pyxis
-    runs (the job's environment without what pyxis withholds, enroot.conf),
-    or a skip when enroot would not take the string as a registry image."""
+def plan_registry(step: ContainerStep, *, search: str | None = None,
+                  files: Files = HOST) -> Plan:
+    """A Plan carrying the reference of ``step.image`` and the settings of
+    the enroot pyxis runs (the job's environment without what pyxis
+    withholds, enroot.conf, read in ``files``), or a skip when enroot would
+    not take the string as a registry image."""
     from ..registry.reference import parse
+
+    image, reason, argv, env, cwd = step.image or "", step.reason, step.argv, step.env, step.cwd
 
     ref = parse(image)
     if ref is None:
@@ -23,5 +25,5 @@ def plan_registry(image: str, reason: str, argv: Sequence[str], env: Mapping[str
     from ..registry.settings import for_pyxis
     from ..registry.step import RegistryStep
 
-    step = RegistryStep(ref, for_pyxis(env, search=search), image)
-    return Plan(None, tuple(argv), dict(env), cwd, registry=step)
+    found = RegistryStep(ref, for_pyxis(env, search=search, files=files), image)
+    return Plan(None, tuple(argv), dict(env), cwd, registry=found)

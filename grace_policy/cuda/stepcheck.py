@@ -49,12 +49,14 @@ class GpuCheck:
     """The GPUs of one step and every file judged for them, at most once."""
 
     def __init__(self, gpus: StepGpus, stated: bool, budget: Budget,
-                 cuda_index: str | None) -> None:
+                 cuda_index: str | None, files: fsprobe.Files = fsprobe.HOST) -> None:
         self.gpus = gpus
         #: Both facts came from the config or the command line, which the
         #: verdict cache keys on already (the config file's identity).
         self.stated = stated
         self.budget = budget
+        #: The step's files (its kernels are read there) and record.
+        self.files = files
         self.extra = index_facts(cuda_index)
         self._seen: set[str] = set()
         self._noted = False
@@ -86,9 +88,9 @@ class GpuCheck:
 
             facts = published()
             if facts is not None:
-                fsprobe.note_input(CACHE_INPUT, facts)
+                self.files.note_input(CACHE_INPUT, facts)
             else:
-                fsprobe.note_input(UNPUBLISHED_INPUT, self.describe())
+                self.files.note_input(UNPUBLISHED_INPUT, self.describe())
 
     def file(self, path: str, info: ElfInfo, host_path: str | None = None) -> list[Issue]:
         """The issues of one ELF file the step loads: ``path`` as messages
@@ -114,7 +116,7 @@ class GpuCheck:
             if runtime is not None:
                 out.append(runtime)
         self.budget.tick()
-        fat = read_fatbins(host, fsprobe, self.budget)
+        fat = read_fatbins(host, self.files, self.budget)
         if fat.has_kernels:
             self._depends()
             shown = fat if fat.path == path else replace(fat, path=path)
@@ -125,8 +127,9 @@ class GpuCheck:
 
 
 def for_step(node: NodeProfile, env: Mapping[str, str], budget: Budget,
-             cuda_index: str | None) -> GpuCheck:
-    """The GPU check of a step that has GPUs (the caller decided that)."""
+             cuda_index: str | None, files: fsprobe.Files = fsprobe.HOST) -> GpuCheck:
+    """The GPU check of a step that has GPUs (the caller decided that),
+    reading ``files`` and noting what it read in their record."""
     caps: tuple[tuple[int, int], ...] = ()
     driver = node.cuda_driver
     if node.gpu_arch is not None:
@@ -136,8 +139,9 @@ def for_step(node: NodeProfile, env: Mapping[str, str], budget: Budget,
 
         found = node_gpus()
         if not caps:
-            caps = capabilities(step_devices(env, found.gpus))
+            caps = capabilities(step_devices(env, found.gpus, files))
         if driver is None:
             driver = found.driver_cuda
     stated = node.gpu_arch is not None and node.cuda_driver is not None
-    return GpuCheck(StepGpus(capabilities=caps, driver=driver), stated, budget, cuda_index)
+    return GpuCheck(StepGpus(capabilities=caps, driver=driver), stated, budget, cuda_index,
+                    files)

@@ -48,14 +48,16 @@ def _ids(value: str) -> list[int] | None:
     return out or None
 
 
-def step_devices(env: Mapping[str, str], node: Sequence[Gpu]) -> tuple[Gpu, ...]:
+def step_devices(env: Mapping[str, str], node: Sequence[Gpu],
+                 files: fsprobe.Files = fsprobe.HOST) -> tuple[Gpu, ...]:
     """The node GPUs the step may use: empty when the step has no GPUs
-    (so nothing is judged for them), else the ones its ids name, else all."""
-    if step_gpus(env) is None:
+    (so nothing is judged for them), else the ones its ids name, else all.
+    Every variable read is noted in ``files``' record."""
+    if step_gpus(env, files) is None:
         return ()
     for name in ID_VARIABLES:
         value = env.get(name)
-        fsprobe.note_env(name, value)
+        files.note_env(name, value)
         if not value:
             continue
         ids = _ids(value)

@@ -5,7 +5,7 @@ A step started by pyxis/enroot (``--container-image``), Slurm's OCI support
 image, not on the host. :func:`open_image` gives, for an unpacked root, an
 enroot squashfs (``.sqsh``), an Apptainer SIF or an OCI bundle, an
 :class:`Image`: its view of the files (:mod:`.view`; every reader of a check
-goes through it, see :mod:`grace_policy.fsprobe`), its architecture when the
+goes through it, see :class:`grace_policy.fsprobe.Files`), its architecture when the
 image says, its environment and its identity (the image file's stat, what
 the verdict cache keys a container step on).
 

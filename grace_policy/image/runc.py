@@ -65,11 +65,11 @@ def go_quote(text: str) -> str:
     return "".join(out)
 
 
-def _find_executable(path: str, cwd: str) -> str | None:
+def _find_executable(path: str, cwd: str, files: fsprobe.Files) -> str | None:
     """Go's ``findExecutable``: None when usable, else the error's text."""
     full = path if path.startswith("/") else posixpath.join(cwd, path)
     try:
-        st = fsprobe.stat(full)
+        st = files.stat(full)
     except OSError as exc:
         code = exc.errno or errno.ENOENT
         return f"stat {path}: {os.strerror(code).lower()}"
@@ -80,12 +80,13 @@ def _find_executable(path: str, cwd: str) -> str | None:
     return "permission denied"
 
 
-def look_path(name: str, env: Mapping[str, str], cwd: str,
-              budget: Budget | None = None) -> tuple[str | None, str | None]:
-    """(the path runc will exec, as a path in the container, or None;
-    runc's error when it finds nothing). ``name`` is non-empty."""
+def look_path(name: str, env: Mapping[str, str], cwd: str, budget: Budget | None = None,
+              files: fsprobe.Files = fsprobe.HOST) -> tuple[str | None, str | None]:
+    """(the path runc will exec, as a path in the container (``files``: the
+    container's), or None; runc's error when it finds nothing). ``name`` is
+    non-empty."""
     if "/" in name:
-        err = _find_executable(name, cwd)
+        err = _find_executable(name, cwd, files)
         if err is not None:
             return None, f"{RUN_FAILED}exec: {go_quote(name)}: {err}"
         return (name if name.startswith("/") else posixpath.join(cwd, name)), None
@@ -95,7 +96,7 @@ def look_path(name: str, env: Mapping[str, str], cwd: str,
         candidate = posixpath.normpath(posixpath.join(directory or ".", name))
         if candidate.startswith("//"):  # Go's Clean keeps one leading slash
             candidate = "/" + candidate.lstrip("/")
-        if _find_executable(candidate, cwd) is None:
+        if _find_executable(candidate, cwd, files) is None:
             if not candidate.startswith("/"):
                 return None, f"{RUN_FAILED}exec: {go_quote(name)}: {ERR_DOT}"
             return candidate, None

@@ -1,8 +1,9 @@
 """A step inside an image: the node as seen from the container, the image's
 own architecture, and issues that name the image.
 
-Used by :func:`grace_policy.check.check_step` (``image=``) while the image's
-view is in use (``fsprobe.using``): every path here is a path in the image.
+Used by :func:`grace_policy.check.check_step` (``image=``) with the
+image's files (``files.inside(image.view)``): every path here is a path in
+the image.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from collections.abc import Sequence
 
 from .._record import replace
 from ..findings import Issue
+from ..fsprobe import HOST, Files
 from . import Image
 
 TYPE_CHECKING = False
@@ -45,25 +47,26 @@ MAX_LDSO_BYTES = 1 << 20
 _VERSION_MARK = b"stable release version "
 
 
-def image_node(node: NodeProfile, budget: Budget | None = None) -> NodeProfile:
+def image_node(node: NodeProfile, budget: Budget | None = None, files: Files = HOST) -> NodeProfile:
     """The node for files in an image: the node's CPU and page size, the
     image's own glibc (the loader that runs is the image's: ``ld.so``
     announces its version, "... release version 2.36."; unknown when it does
     not, which the page rules treat as the older, stricter loader); the
     files are all the image's own (no host root, no by-name system files:
     ``root_is_native``), and the loader reads the image's ld.so.cache.
-    Call inside the image's view."""
-    return replace(node, root="/", root_is_native=True, glibc=image_glibc(node, budget),
+    ``files``: the image's."""
+    return replace(node, root="/", root_is_native=True, glibc=image_glibc(node, budget, files),
                    in_image=True)
 
 
-def image_glibc(node: NodeProfile, budget: Budget | None = None) -> tuple[int, int] | None:
+def image_glibc(node: NodeProfile, budget: Budget | None = None,
+                files: Files = HOST) -> tuple[int, int] | None:
     from ..elf import ElfError, open_regular
     from ..loader import CANONICAL_INTERP
 
     for interp in CANONICAL_INTERP.get(node.machine, ()):
         try:
-            fh, st = open_regular(interp)
+            fh, st = open_regular(interp, files)
         except (OSError, ElfError):
             continue
         try:
@@ -87,10 +90,10 @@ def image_glibc(node: NodeProfile, budget: Budget | None = None) -> tuple[int, i
 
 
 def image_arch(image: Image, argv: Sequence[str], env: dict[str, str] | None = None,
-               budget: Budget | None = None) -> tuple[str, str] | None:
+               budget: Budget | None = None, files: Files = HOST) -> tuple[str, str] | None:
     """(architecture, where it shows) of the image: its declaration, else
-    the ELF machine of its shell; None when neither says. Call inside the
-    image's view."""
+    the ELF machine of its shell; None when neither says. ``files``: the
+    image's."""
     if image.arch:
         return image.arch, "the image's header" if image.kind == "sif" else "the image's config"
     from ..elf import ElfError, read_elf
@@ -103,14 +106,15 @@ def image_arch(image: Image, argv: Sequence[str], env: dict[str, str] | None = N
         if image.kind == "oci":
             from .runc import look_path
 
-            program = look_path(name, env or {}, image.cwd or "/", budget)[0] if name else None
+            program = (look_path(name, env or {}, image.cwd or "/", budget, files)[0]
+                       if name else None)
         else:
-            program = build_path(name, env or {}, "/", budget)
+            program = build_path(name, env or {}, "/", budget, files)
         if program is not None:
             witnesses.append(program)
     for path in witnesses:
         try:
-            info = read_elf(path, budget=budget)
+            info = read_elf(path, budget=budget, files=files)
         except (ElfError, OSError):
             continue
         from ..node import normalize_arch
@@ -120,9 +124,10 @@ def image_arch(image: Image, argv: Sequence[str], env: dict[str, str] | None = N
 
 
 def arch_issue(image: Image, argv: Sequence[str], env: dict[str, str], node: NodeProfile,
-               budget: Budget) -> Issue | None:
-    """``image-arch-mismatch`` when the image is for another machine."""
-    found = image_arch(image, argv, env, budget=budget)
+               budget: Budget, files: Files) -> Issue | None:
+    """``image-arch-mismatch`` when the image is for another machine
+    (``files``: the image's)."""
+    found = image_arch(image, argv, env, budget, files)
     if found is None:
         return None
     arch, where = found
@@ -130,7 +135,7 @@ def arch_issue(image: Image, argv: Sequence[str], env: dict[str, str], node: Nod
         return None
     return Issue(
         "image-arch-mismatch", image.path,
-        _runtime_error(image, argv, env, budget),
+        _runtime_error(image, argv, env, budget, files),
         causes=("image",),
         facts=(("image", image.path), ("image_arch", arch), ("file_arch", arch),
                ("node_platform", PLATFORMS.get(node.machine, f"linux/{node.machine}")),
@@ -139,7 +144,7 @@ def arch_issue(image: Image, argv: Sequence[str], env: dict[str, str], node: Nod
 
 
 def _runtime_error(image: Image, argv: Sequence[str], env: dict[str, str],
-                   budget: Budget) -> str:
+                   budget: Budget, files: Files) -> str:
     """What the runtime prints; runc names the program it failed to exec,
     found as it finds it (the container's PATH), else as given."""
     text = _RUNTIME_ERROR.get(image.kind, "Exec format error")
@@ -152,7 +157,7 @@ def _runtime_error(image: Image, argv: Sequence[str], env: dict[str, str],
         return text.replace("{program}", "/bin/sh")
     from .runc import look_path
 
-    found, error = look_path(given, env, image.cwd or "/", budget)
+    found, error = look_path(given, env, image.cwd or "/", budget, files)
     # runc's lookup fails before any exec when it finds nothing.
     return error if found is None and error else text.replace("{program}", found or given)
 

@@ -10,12 +10,13 @@ for every kind of image; a kind only says how to look up one name in one
 directory (:class:`DirView`: an unpacked root on this host; the squashfs
 reader: an image file read without mounting).
 
-:mod:`grace_policy.fsprobe` holds the view of the check in progress
-(``with fsprobe.using(view):``); nothing here is used on a host step.
+:class:`grace_policy.fsprobe.Files` reads through the view of the check in
+progress (``files.inside(view)``); nothing here is used on a host step.
 """
 
 from __future__ import annotations
 
+import copy
 import errno
 import os
 import stat as _stat
@@ -61,10 +62,10 @@ class Stat:
 class Entry:
     """One directory entry, as ``os.DirEntry`` answers (without a stat)."""
 
-    __slots__ = ("_kind", "_view", "name", "path")
+    __slots__ = ("_kind", "_tree", "name", "path")
 
     def __init__(self, name: str, path: str, kind: str, view: TreeView) -> None:
-        self.name, self.path, self._kind, self._view = name, path, kind, view
+        self.name, self.path, self._kind, self._tree = name, path, kind, view
 
     def is_symlink(self) -> bool:
         return self._kind == "l"
@@ -72,7 +73,7 @@ class Entry:
     def is_dir(self, *, follow_symlinks: bool = True) -> bool:
         if self._kind == "l" and follow_symlinks:
             try:
-                return _stat.S_ISDIR(self._view.stat(self.path).st_mode)
+                return _stat.S_ISDIR(self._tree.stat(self.path).st_mode)
             except OSError:
                 return False
         return self._kind == "d"
@@ -80,13 +81,13 @@ class Entry:
     def is_file(self, *, follow_symlinks: bool = True) -> bool:
         if self._kind == "l" and follow_symlinks:
             try:
-                return _stat.S_ISREG(self._view.stat(self.path).st_mode)
+                return _stat.S_ISREG(self._tree.stat(self.path).st_mode)
             except OSError:
                 return False
         return self._kind == "f"
 
     def stat(self, *, follow_symlinks: bool = True):  # type: ignore[no-untyped-def]
-        return (self._view.stat if follow_symlinks else self._view.lstat)(self.path)
+        return (self._tree.stat if follow_symlinks else self._tree.lstat)(self.path)
 
 
 def _kind_of(mode: int) -> str:
@@ -213,7 +214,7 @@ class TreeView:
             return False
 
     def record(self) -> list[tuple[str, str, str]]:
-        """What the verdict cache records for this view (fsprobe.using)."""
+        """What the verdict cache records for this view (fsprobe.Files.inside)."""
         return []
 
     # -- per kind -----------------------------------------------------------
@@ -366,6 +367,15 @@ class MountedView(TreeView):
                 p = os.path.dirname(p)
         self.virtual.discard("/")
         self.entered: set[int] = set()
+        #: The record of the check reading through this copy (:meth:`listen`).
+        self.log: list[tuple[str, str, str]] | None = None
+
+    def listen(self, log: list[tuple[str, str, str]] | None) -> MountedView:
+        """This view writing into ``log`` (a check's record): a copy, so the
+        record of one check never reaches another reading the same image."""
+        bound = copy.copy(self)
+        bound.log = log
+        return bound
 
     @property
     def budget(self):  # type: ignore[no-untyped-def]
@@ -380,9 +390,10 @@ class MountedView(TreeView):
         if index is not None:
             if index not in self.entered:
                 self.entered.add(index)
-                from .. import fsprobe
+                if self.log is not None:
+                    from ..fsprobe import CHANGED
 
-                fsprobe.note(self.views[index].root, None, -1)  # type: ignore[attr-defined]
+                    self.log.append(("s", self.views[index].root, CHANGED))  # type: ignore[attr-defined]
             return (index, self.views[index]._root())
         vi, inner = node  # type: ignore[misc]
         child = self.views[vi]._child(inner, name) if vi >= 0 else None

@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 
+from .. import fsprobe
 from .._record import dataclass
 from ..budget import Budget
 from .dists import record_paths
@@ -37,11 +38,13 @@ class Files:
     entries: tuple[str, ...]
 
 
-def record_files(meta_dir: str, site_dir: str, budget: Budget) -> Files | None:
+def record_files(meta_dir: str, site_dir: str, budget: Budget,
+                 reads: fsprobe.Files = fsprobe.HOST) -> Files | None:
     """The loadable files a ``.dist-info`` lists, as absolute paths inside
     ``site_dir`` (files installed elsewhere, such as scripts, are left out);
-    None when it has no readable RECORD."""
-    text = read_text(os.path.join(meta_dir, "RECORD"), MAX_RECORD_BYTES, budget)
+    None when it has no readable RECORD (read in ``reads``, the check's
+    files)."""
+    text = read_text(os.path.join(meta_dir, "RECORD"), MAX_RECORD_BYTES, budget, reads)
     if text is None:
         return None
     # A torch RECORD has ~30,000 lines and only a few hundred name a ".so":

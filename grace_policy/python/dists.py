@@ -66,15 +66,16 @@ def normalize(name: str) -> str:
 # -- bounded reads ------------------------------------------------------------
 
 
-def _read(host: str, budget: Budget, limit: int) -> str | None:
+def _read(host: str, budget: Budget, limit: int, files: fsprobe.Files) -> str | None:
     """A regular file's first ``limit`` bytes as text, or None."""
-    return read_text(host, limit, budget)
+    return read_text(host, limit, budget, files)
 
 
-def _read_head(host: str, budget: Budget, limit: int = MAX_META_BYTES) -> str | None:
+def _read_head(host: str, budget: Budget, files: fsprobe.Files,
+               limit: int = MAX_META_BYTES) -> str | None:
     """The header part of METADATA/PKG-INFO: read in chunks up to the first
     blank line (the body is the project's README, often far bigger)."""
-    data = read_until(host, limit, budget, b"\n\n")
+    data = read_until(host, limit, budget, b"\n\n", files=files)
     return None if data is None else data.decode("utf-8", "surrogateescape")
 
 
@@ -206,21 +207,22 @@ def _egg_requires(text: str | None, node: NodeProfile, version: tuple[int, int])
 # -- one distribution ---------------------------------------------------------
 
 
-def _read_dist(meta_host: str, site_dir: str, entry: str, node: NodeProfile,
-               version: tuple[int, int], budget: Budget) -> Dist | None:
-    """The distribution whose metadata is ``entry`` of ``site_dir`` (a node
-    path), read at ``meta_host`` on this host."""
+def _read_dist(meta_host: str, where: tuple[str, str], node: NodeProfile,
+               version: tuple[int, int], budget: Budget, files: fsprobe.Files) -> Dist | None:
+    """The distribution whose metadata is ``entry`` of ``site_dir`` (``where``;
+    a node path), read at ``meta_host`` in ``files``."""
+    site_dir, entry = where
     meta_node = os.path.join(site_dir, entry)
     budget.tick()
     is_dist_info = entry.endswith(".dist-info")
     stem = entry[:-len(".dist-info")] if is_dist_info else entry[:-len(".egg-info")]
     fallback_name, _, fallback_version = stem.partition("-")
     if is_dist_info:
-        meta = _read_head(os.path.join(meta_host, "METADATA"), budget)
-    elif fsprobe.isdir(meta_host):
-        meta = _read_head(os.path.join(meta_host, "PKG-INFO"), budget)
+        meta = _read_head(os.path.join(meta_host, "METADATA"), budget, files)
+    elif files.isdir(meta_host):
+        meta = _read_head(os.path.join(meta_host, "PKG-INFO"), budget, files)
     else:
-        meta = _read_head(meta_host, budget)      # an egg-info *file*
+        meta = _read_head(meta_host, budget, files)      # an egg-info *file*
     heads = _headers(meta or "")
     name = normalize((heads.get("name") or [fallback_name])[0] or fallback_name)
     if not name:
@@ -231,23 +233,23 @@ def _read_dist(meta_host: str, site_dir: str, entry: str, node: NodeProfile,
         rname, marker = requirement_name(spec)
         if rname and required(marker, node, version):
             reqs.append(rname)
-    is_dir = is_dist_info or fsprobe.isdir(meta_host)
+    is_dir = is_dist_info or files.isdir(meta_host)
     if not is_dist_info and is_dir:
         reqs += _egg_requires(_read(os.path.join(meta_host, "requires.txt"), budget,
-                                    MAX_META_BYTES), node, version)
+                                    MAX_META_BYTES, files), node, version)
     top: tuple[str, ...] = ()
     if is_dir:
         top = tuple(dict.fromkeys(
             t.split("/", 1)[0] for t in _lines(_read(os.path.join(meta_host, "top_level.txt"),
-                                                     budget, MAX_META_BYTES))
+                                                     budget, MAX_META_BYTES, files))
             if t.split("/", 1)[0] and "." not in t.split("/", 1)[0]))
         if not top and is_dist_info:
             top = _record_tops(
-                _read(os.path.join(meta_host, "RECORD"), budget, MAX_RECORD_BYTES) or "")
+                _read(os.path.join(meta_host, "RECORD"), budget, MAX_RECORD_BYTES, files) or "")
         elif not top:
-            files = _lines(_read(os.path.join(meta_host, "installed-files.txt"), budget,
-                                 MAX_RECORD_BYTES))
-            top = _top_from_paths(os.path.normpath(os.path.join(entry, f)) for f in files)
+            listed = _lines(_read(os.path.join(meta_host, "installed-files.txt"), budget,
+                                  MAX_RECORD_BYTES, files))
+            top = _top_from_paths(os.path.normpath(os.path.join(entry, f)) for f in listed)
     if not top:
         top = (name.replace("-", "_"),)
     return Dist(name=name, version=ver, meta_dir=meta_node, site_dir=site_dir, top_level=top,
@@ -255,13 +257,13 @@ def _read_dist(meta_host: str, site_dir: str, entry: str, node: NodeProfile,
 
 
 def dists_in(site_dir: str, node: NodeProfile, version: tuple[int, int], budget: Budget,
-             ) -> tuple[Dist, ...]:
+             files: fsprobe.Files = fsprobe.HOST) -> tuple[Dist, ...]:
     """Every distribution whose metadata lies in ``site_dir`` (a node path),
     sorted by metadata directory name. Unreadable or garbage metadata gives a
     distribution named after its directory; never raises (but BudgetExceeded)."""
-    host = host_path(site_dir, node)
+    host = host_path(site_dir, node, "/", files)
     try:
-        names = sorted(_listdir(host))
+        names = sorted(_listdir(host, files))
     except (OSError, ValueError):
         return ()
     out: list[Dist] = []
@@ -269,7 +271,8 @@ def dists_in(site_dir: str, node: NodeProfile, version: tuple[int, int], budget:
         if not entry.endswith(_META_SUFFIXES):
             continue
         budget.tick()
-        dist = _read_dist(os.path.join(host, entry), site_dir, entry, node, version, budget)
+        dist = _read_dist(os.path.join(host, entry), (site_dir, entry), node, version, budget,
+                          files)
         if dist is not None:
             out.append(dist)
     return tuple(out)
@@ -312,22 +315,23 @@ _records: dict[tuple[str, str], frozenset[str]] = {}
 _MAX_RECORDS = 256
 
 
-def _record_of(dist: Dist, node: NodeProfile | None, budget: Budget) -> frozenset[str]:
-    host = host_path(os.path.join(dist.meta_dir, "RECORD"), node)
+def _record_of(dist: Dist, node: NodeProfile | None, budget: Budget,
+               files: fsprobe.Files) -> frozenset[str]:
+    host = host_path(os.path.join(dist.meta_dir, "RECORD"), node, "/", files)
     try:
-        st = fsprobe.stat(host)
+        st = files.stat(host)
     except OSError:
         st = None
     if st is None:
-        files = os.path.join(dist.meta_dir, "installed-files.txt")
-        text = _read(host_path(files, node), budget, MAX_RECORD_BYTES)
+        listed = os.path.join(dist.meta_dir, "installed-files.txt")
+        text = _read(host_path(listed, node, "/", files), budget, MAX_RECORD_BYTES, files)
         entry = os.path.basename(dist.meta_dir)
         return frozenset(os.path.normpath(os.path.join(entry, f)) for f in _lines(text))
     key = (host, fsprobe.signature(st))
     got = _records.get(key)
     if got is None:
         got = frozenset(os.path.normpath(p) for p in record_paths(
-            _read(host, budget, MAX_RECORD_BYTES) or "") if p)
+            _read(host, budget, MAX_RECORD_BYTES, files) or "") if p)
         if len(_records) >= _MAX_RECORDS:
             _records.clear()      # a long-lived CLI process: stay bounded
         _records[key] = got
@@ -335,7 +339,8 @@ def _record_of(dist: Dist, node: NodeProfile | None, budget: Budget) -> frozense
 
 
 def dist_of_file(path: str, site_dir: str, dists: Iterable[Dist], budget: Budget, *,
-                 node: NodeProfile | None = None) -> Dist | None:
+                 node: NodeProfile | None = None,
+                 files: fsprobe.Files = fsprobe.HOST) -> Dist | None:
     """The distribution a file under ``site_dir`` belongs to (node paths).
 
     By its first path component: a top-level import name (``numpy/...``,
@@ -376,6 +381,6 @@ def dist_of_file(path: str, site_dir: str, dists: Iterable[Dist], budget: Budget
     pool = candidates or all_dists
     for d in pool:
         budget.tick()
-        if rel in _record_of(d, node, budget):
+        if rel in _record_of(d, node, budget, files):
             return d
     return None

@@ -90,12 +90,13 @@ def read_finder(line: str, pth: str, entries: Sequence[str], suffixes: Sequence[
     name = finder_name(line)
     if name is None:
         return None
-    node, cwd = scope.node, scope.cwd
+    node, cwd, files = scope.node, scope.cwd, scope.files
     loc = find_top_level(name, entries, suffixes, budget, scope)
     if loc.kind != "source":
         what = "is not on sys.path" if loc.kind == "missing" else f"is a {loc.kind}"
         return f"editable finder {name} (from {pth}) {what}: what it maps was not followed"
-    data = read_small(host_path(loc.path, node, cwd), MAX_FINDER_BYTES + 1, budget)
+    data = read_small(host_path(loc.path, node, cwd, files), MAX_FINDER_BYTES + 1, budget,
+                      files)
     if data is None or len(data) > MAX_FINDER_BYTES:
         return f"editable finder {loc.path} is unreadable or too big: not followed"
     parsed = parse_finder(data, loc.path)
@@ -219,7 +220,7 @@ def _with_suffix(path: str, suffix: str) -> str:
 
 
 def locate(name: str, finders: Sequence[EditableFinder], suffixes: Sequence[str],
-           node: NodeProfile, budget: Budget, cwd: str = "/") -> Located | None:
+           budget: Budget, scope: Scope) -> Located | None:
     """What the editable finders answer for ``name`` (a top-level name, or a
     dotted one the path finder did not find in its parent) when the path
     finder found nothing: the first finder mapping it, as its ``_find_spec``
@@ -228,9 +229,11 @@ def locate(name: str, finders: Sequence[EditableFinder], suffixes: Sequence[str]
     ``entry`` is the finder's site directory (its distribution lives there).
     A mapped name with no candidate is ``missing``, with the files of other
     platforms' builds as ``foreign``; None when no finder maps the name. A
-    relative mapped path is against ``cwd`` (``pathlib.Path.exists`` of it)."""
+    relative mapped path is against the scope's ``cwd`` (``pathlib.Path.exists``
+    of it); paths are the scope's node's, read in its files."""
     from .finder import BYTECODE_SUFFIXES, SOURCE_SUFFIXES
 
+    node, cwd, files = scope.node, scope.cwd, scope.files
     kinds = [(s, "source") for s in SOURCE_SUFFIXES] + [(s, "bytecode")
                                                         for s in BYTECODE_SUFFIXES]
     kinds += [(s, "extension") for s in suffixes]
@@ -245,13 +248,13 @@ def locate(name: str, finders: Sequence[EditableFinder], suffixes: Sequence[str]
         if not target.startswith("/"):
             target = os.path.join(cwd or "/", target)   # not normalised: the kernel resolves ..
         target = target.rstrip("/") or "/"
-        if fsprobe.exists(host_path(f"{target}/__init__.py", node)):
+        if files.exists(host_path(f"{target}/__init__.py", node, "/", files)):
             return Located(name=name, kind="package", path=target, entry=f.site_dir)
         for suffix, kind in kinds:
             candidate = _with_suffix(target, suffix)
-            if fsprobe.exists(host_path(candidate, node)):
+            if files.exists(host_path(candidate, node, "/", files)):
                 return Located(name=name, kind=kind, path=candidate, entry=f.site_dir)
-        foreign += _foreign_builds(target, suffixes, node)
+        foreign += _foreign_builds(target, suffixes, node, files)
     if not mapped:
         for f in finders:
             portions = dict(f.namespaces).get(name)
@@ -263,14 +266,15 @@ def locate(name: str, finders: Sequence[EditableFinder], suffixes: Sequence[str]
     return Located(name=name, kind="missing", path="", entry="", foreign=tuple(foreign))
 
 
-def _foreign_builds(target: str, suffixes: Sequence[str], node: NodeProfile) -> list[str]:
+def _foreign_builds(target: str, suffixes: Sequence[str], node: NodeProfile | None,
+                    files: fsprobe.Files) -> list[str]:
     """Extension files next to a mapped module path that carry a tag the
     node does not accept (``edfast.cpython-311-x86_64-linux-gnu.so`` built
     in place on the login node)."""
     head, name = os.path.split(target)
     stem = _with_suffix(name, "")
     try:
-        names = listdir(host_path(head or "/", node))
+        names = listdir(host_path(head or "/", node, "/", files), files)
     except (OSError, ValueError):
         return []
     out = []

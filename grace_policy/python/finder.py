@@ -67,7 +67,7 @@ class Located:
     portions: tuple[str, ...] = ()
 
 
-# -- the filesystem, through fsprobe -----------------------------------------
+# -- the filesystem, through the search's files ---------------------------------
 
 
 class _Dir:
@@ -92,14 +92,15 @@ class _Dir:
         return self.so_files.get(name, [])
 
 
-def _dir_listing(host: str, listings: dict[str, _Dir | None], budget: Budget) -> _Dir | None:
+def _dir_listing(host: str, scope: Scope, listings: dict[str, _Dir | None],
+                 budget: Budget) -> _Dir | None:
     if host in listings:
         return listings[host]
     budget.tick()
     listing: _Dir | None = None
-    if fsprobe.isdir(host):
+    if scope.files.isdir(host):
         try:
-            listing = _Dir(_listdir(host))
+            listing = _Dir(_listdir(host, scope.files))
         except (OSError, ValueError):
             listing = _Dir([])      # FileFinder: an unreadable dir lists as empty
     listings[host] = listing
@@ -116,11 +117,13 @@ class Scope:
     host), the working directory ``''`` and relative entries are against,
     and the directory listings shared by several searches (pass the same
     dict to list each directory once, as ``sys.path_importer_cache`` does
-    for the real importer)."""
+    for the real importer), and the check's files (host or image) and record
+    the search reads."""
 
     node: NodeProfile | None = None
     cwd: str = "/"
     listings: dict[str, _Dir | None] | None = field(default=None, compare=False)
+    files: fsprobe.Files = field(default=fsprobe.HOST, compare=False)
 
 
 def find_top_level(name: str, entries: Sequence[str], suffixes: Sequence[str], budget: Budget,
@@ -131,7 +134,7 @@ def find_top_level(name: str, entries: Sequence[str], suffixes: Sequence[str], b
     extension suffixes (:func:`suffixes.extension_suffixes`).
     """
     scope = scope or Scope()
-    node, cwd = scope.node, scope.cwd
+    node, cwd, files = scope.node, scope.cwd, scope.files
     listings = scope.listings if scope.listings is not None else {}
     if not _valid_name(name):
         return Located(name=name, kind="missing", path="", entry="")
@@ -147,21 +150,21 @@ def find_top_level(name: str, entries: Sequence[str], suffixes: Sequence[str], b
         if not isinstance(entry, str):
             continue
         node_dir = entry if entry.startswith("/") else os.path.join(cwd or "/", entry)
-        host_dir = host_path(node_dir, node, cwd)
-        listing = _dir_listing(host_dir, listings, budget)
+        host_dir = host_path(node_dir, node, cwd, files)
+        listing = _dir_listing(host_dir, scope, listings, budget)
         if listing is None:
             continue
         is_namespace = False
         if name in listing.names:
             base_host = os.path.join(host_dir, name)
             for suffix, _kind in loaders:
-                if fsprobe.isfile(os.path.join(base_host, "__init__" + suffix)):
+                if files.isfile(os.path.join(base_host, "__init__" + suffix)):
                     return Located(name=name, kind="package", path=os.path.join(node_dir, name),
                                    entry=entry, foreign=tuple(foreign))
-            is_namespace = fsprobe.isdir(base_host)
+            is_namespace = files.isdir(base_host)
         for suffix, kind in loaders:
             fname = name + suffix
-            if fname in listing.names and fsprobe.isfile(os.path.join(host_dir, fname)):
+            if fname in listing.names and files.isfile(os.path.join(host_dir, fname)):
                 return Located(name=name, kind=kind, path=os.path.join(node_dir, fname),
                                entry=entry, foreign=tuple(foreign))
         for fname in sorted(listing.tagged(name)):
@@ -189,7 +192,7 @@ def find_module(dotted: str, entries: Sequence[str], suffixes: Sequence[str], bu
     namespaces). ``entry`` is the sys.path entry of the top-level package.
     """
     if scope is None or scope.listings is None:
-        scope = Scope(scope.node if scope else None, scope.cwd if scope else "/", {})
+        scope = Scope(scope.node, scope.cwd, {}, scope.files) if scope else Scope(listings={})
     parts = dotted.split(".")
     if not all(_valid_name(p) for p in parts):
         return Located(name=dotted, kind="missing", path="", entry="")
@@ -212,7 +215,7 @@ def find_module(dotted: str, entries: Sequence[str], suffixes: Sequence[str], bu
 
 
 def package_extensions(pkg_dir: str, suffixes: Sequence[str], budget: Budget, *,
-                       node: NodeProfile | None = None, prefix: str | None = None,
+                       scope: Scope | None = None, prefix: str | None = None,
                        skip_dirs: frozenset[str] = frozenset(),
                        ) -> tuple[list[tuple[str, str]], list[tuple[str, tuple[str, ...]]]]:
     """The extension modules under a package directory, as the node would see them.
@@ -238,19 +241,23 @@ def package_extensions(pkg_dir: str, suffixes: Sequence[str], budget: Budget, *,
     ``skip_dirs``: directory names not to walk at any depth -- an opt-in
     trade of exactness for cost (:data:`DATA_DIRS`: torch's ``include/``
     alone is about 10,000 header files no import reaches in practice).
+    ``scope``: the node whose paths these are and the files they are read
+    in (its cwd and listings are not used); default this host.
     """
+    scope = scope or Scope()
+    node, files = scope.node, scope.files
     loaded: list[tuple[str, str]] = []
     foreign: list[tuple[str, tuple[str, ...]]] = []
     pkg_dir = pkg_dir.rstrip("/") or "/"
     top = prefix if prefix is not None else os.path.basename(pkg_dir)
-    host_top = host_path(pkg_dir, node)
+    host_top = host_path(pkg_dir, node, "/", files)
     ext = tuple(suffixes)
     # Each suffix's rank, and the longest first so "x.abi3.so" is not read as "x.abi3" + ".so".
     rank = {s: i for i, s in enumerate(ext)}
     by_length = sorted(ext, key=len, reverse=True)
     seen: set[tuple[int, int]] = set()
     try:
-        st = fsprobe.stat(host_top)
+        st = files.stat(host_top)
     except OSError:
         return loaded, foreign
     if not _stat.S_ISDIR(st.st_mode):
@@ -262,7 +269,7 @@ def package_extensions(pkg_dir: str, suffixes: Sequence[str], budget: Budget, *,
         host_dir, node_dir, dotted, depth = stack.pop()
         budget.tick()
         try:
-            items = _scandir(host_dir)
+            items = _scandir(host_dir, files)
         except (OSError, ValueError):
             continue
         best: dict[str, tuple[int, str]] = {}     # stem -> (suffix rank, file name)
@@ -316,7 +323,7 @@ def package_extensions(pkg_dir: str, suffixes: Sequence[str], budget: Budget, *,
             if link:
                 # Followed as the importer follows it, but each real directory once.
                 try:
-                    sst = fsprobe.stat(sub_host)
+                    sst = files.stat(sub_host)
                 except OSError:
                     continue
                 key = (sst.st_dev, sst.st_ino)
@@ -326,17 +333,18 @@ def package_extensions(pkg_dir: str, suffixes: Sequence[str], budget: Budget, *,
             stack.append((sub_host, os.path.join(node_dir, sub), _dot(dotted, sub), depth + 1))
             packages.add(sub)
         for stem, (_r, fname) in best.items():
-            if stem in packages and _is_regular_package(os.path.join(host_dir, stem), ext):
+            if stem in packages and _is_regular_package(os.path.join(host_dir, stem), ext, files):
                 continue
             name = dotted if stem == "__init__" else _dot(dotted, stem)
             loaded.append((name, os.path.join(node_dir, fname)))
-        for stem, files in tagged.items():
+        for stem, tagged_files in tagged.items():
             if stem in best or stem in pure:
                 continue
-            if stem in packages and _is_regular_package(os.path.join(host_dir, stem), ext):
+            if stem in packages and _is_regular_package(os.path.join(host_dir, stem), ext, files):
                 continue
             name = dotted if stem == "__init__" else _dot(dotted, stem)
-            foreign.append((name, tuple(os.path.join(node_dir, f) for f in sorted(files))))
+            foreign.append((name, tuple(os.path.join(node_dir, f)
+                                        for f in sorted(tagged_files))))
     loaded.sort()
     foreign.sort()
     return loaded, foreign
@@ -346,10 +354,10 @@ def _dot(prefix: str, name: str) -> str:
     return f"{prefix}.{name}" if prefix else name
 
 
-def _is_regular_package(host_dir: str, suffixes: Sequence[str]) -> bool:
+def _is_regular_package(host_dir: str, suffixes: Sequence[str], files: fsprobe.Files) -> bool:
     """``FileFinder``'s package test (rare: only when a module file and a
     directory share a name)."""
     for suffix in (*suffixes, *SOURCE_SUFFIXES, *BYTECODE_SUFFIXES):
-        if fsprobe.isfile(os.path.join(host_dir, "__init__" + suffix)):
+        if files.isfile(os.path.join(host_dir, "__init__" + suffix)):
             return True
     return False

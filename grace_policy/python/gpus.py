@@ -48,13 +48,13 @@ def _ids(value: str) -> list[str]:
     return out
 
 
-def step_gpus(env: Mapping[str, str]) -> str | None:
+def step_gpus(env: Mapping[str, str], files: fsprobe.Files = fsprobe.HOST) -> str | None:
     """A short description such as ``"SLURM_GPUS_ON_NODE=2"`` when the step
-    got GPUs on this node, else None. Every variable read is noted, so a cached
-    verdict depends on it."""
+    got GPUs on this node, else None. Every variable read is noted in
+    ``files``' record, so a cached verdict depends on it."""
     for name in STEP_GPU_VARIABLES:
         value = env.get(name)
-        fsprobe.note_env(name, value)
+        files.note_env(name, value)
         if value is None:
             continue
         if name == "SLURM_GPUS_ON_NODE":

@@ -172,21 +172,23 @@ class Interpreter:
     evidence: str
 
 
-def node_realpath(node: NodeProfile, path: str, cwd: str = "/") -> str:
+def node_realpath(node: NodeProfile, path: str, cwd: str = "/",
+                  files: fsprobe.Files = fsprobe.HOST) -> str:
     """The real path of a node path, as a node path (the loader's rule for
     ``$ORIGIN``: resolve on the host copy, strip the image root again)."""
-    host = host_path(node, path, cwd)
-    real = fsprobe.realpath(host)
+    host = host_path(node, path, cwd, files)
+    real = files.realpath(host)
     root = node.root.rstrip("/")
     if root and real.startswith(root + "/") and host != path:
         real = real[len(root):]
     return real
 
 
-def read_small(node: NodeProfile, path: str, budget: Budget, limit: int) -> bytes | None:
+def read_small(node: NodeProfile, path: str, budget: Budget, limit: int,
+               files: fsprobe.Files = fsprobe.HOST) -> bytes | None:
     """At most ``limit`` bytes of a regular file at a node path, or None when
     it is absent or unreadable (:func:`nodepath.read_small`)."""
-    return nodepath.read_small(host_path(node, path), limit, budget)
+    return nodepath.read_small(host_path(node, path, "/", files), limit, budget, files)
 
 
 def cfg_pairs(data: bytes | None) -> list[tuple[str, str]]:
@@ -256,13 +258,14 @@ def _evidence_dirs(start: str) -> Iterator[str]:
             yield d
 
 
-def stdlib_versions(node: NodeProfile, prefix: str, budget: Budget) -> list[tuple[int, int]]:
+def stdlib_versions(node: NodeProfile, prefix: str, budget: Budget,
+                    files: fsprobe.Files = fsprobe.HOST) -> list[tuple[int, int]]:
     """The X.Y of every ``lib/pythonX.Y/os.py`` (or lib64) under ``prefix``."""
     found: list[tuple[int, int]] = []
     for libdir in ("lib", "lib64"):
         d = f"{prefix.rstrip('/')}/{libdir}"
         try:
-            names = listdir(host_path(node, d))
+            names = listdir(host_path(node, d, "/", files), files)
         except OSError:
             continue
         for name in sorted(names):
@@ -271,14 +274,14 @@ def stdlib_versions(node: NodeProfile, prefix: str, budget: Budget) -> list[tupl
             if ver is None or ver[0] != 3 or ver in found:
                 continue
             for landmark in ("os.py", "os.pyc"):
-                if fsprobe.isfile(host_path(node, f"{d}/{name}/{landmark}")):
+                if files.isfile(host_path(node, f"{d}/{name}/{landmark}", "/", files)):
                     found.append(ver)
                     break
     return found
 
 
 def identify(exe_path: str, info: ElfInfo, node: NodeProfile, budget: Budget,
-             ) -> Interpreter | None:
+             files: fsprobe.Files = fsprobe.HOST) -> Interpreter | None:
     """The CPython 3 interpreter at ``exe_path``, or None when nothing says
     it is one. The name must be one CPython installs (python, python3,
     python3.X) — on the path or its real path — and something beyond the
@@ -287,7 +290,7 @@ def identify(exe_path: str, info: ElfInfo, node: NodeProfile, budget: Budget,
     or a pyvenv.cfg next to it. A program merely named python3.11 is not
     taken for an interpreter."""
     try:
-        return _identify(exe_path, info, node, budget)
+        return _identify(exe_path, info, node, budget, files)
     except BudgetExceeded:
         raise
     except Exception:  # odd files or names: not known to be a CPython
@@ -295,9 +298,9 @@ def identify(exe_path: str, info: ElfInfo, node: NodeProfile, budget: Budget,
 
 
 def _identify(exe_path: str, info: ElfInfo, node: NodeProfile, budget: Budget,
-              ) -> Interpreter | None:
+              files: fsprobe.Files) -> Interpreter | None:
     budget.tick()
-    real = node_realpath(node, exe_path)
+    real = node_realpath(node, exe_path, files=files)
     names = (os.path.basename(exe_path), os.path.basename(real))
     if not any(looks_like_python(n) for n in names):
         return None
@@ -315,7 +318,7 @@ def _identify(exe_path: str, info: ElfInfo, node: NodeProfile, budget: Budget,
     exe_dir = os.path.dirname(exe_path)
     cfg: list[tuple[str, str]] = []
     for d in (os.path.dirname(exe_dir), exe_dir):
-        data = read_small(node, f"{d.rstrip('/')}/pyvenv.cfg", budget, 64 * 1024)
+        data = read_small(node, f"{d.rstrip('/')}/pyvenv.cfg", budget, 64 * 1024, files)
         if data is not None:
             cfg = cfg_pairs(data)
             break
@@ -329,15 +332,15 @@ def _identify(exe_path: str, info: ElfInfo, node: NodeProfile, budget: Budget,
     start = home if home else os.path.dirname(real)
     if by_name is not None:
         thread = "t" if any(n.startswith("python3.") and n.endswith("t") for n in names) else ""
-        if cfg_version == by_name or _stdlib_above(node, start, by_name, budget, thread):
+        if cfg_version == by_name or _stdlib_above(node, start, by_name, budget, thread, files):
             return Interpreter(exe_path, real, by_name, f"name python{by_name[0]}.{by_name[1]}")
         return None
     if cfg_version is not None:
-        if cfg_version[0] == 3 and _stdlib_above(node, start, cfg_version, budget):
+        if cfg_version[0] == 3 and _stdlib_above(node, start, cfg_version, budget, "", files):
             return Interpreter(exe_path, real, cfg_version, "pyvenv.cfg version")
         return None
     for d in _evidence_dirs(start):
-        got = stdlib_versions(node, d, budget)
+        got = stdlib_versions(node, d, budget, files)
         if got:
             if len(got) == 1:
                 return Interpreter(exe_path, real, got[0], f"lib/python{got[0][0]}.{got[0][1]}")
@@ -346,14 +349,14 @@ def _identify(exe_path: str, info: ElfInfo, node: NodeProfile, budget: Budget,
 
 
 def has_stdlib(node: NodeProfile, prefix: str, version: tuple[int, int],
-               abi_thread: str = "") -> bool:
+               abi_thread: str = "", files: fsprobe.Files = fsprobe.HOST) -> bool:
     """getpath's prefix landmark: ``lib/pythonX.Y/os.py`` (or .pyc, or lib64;
     ``pythonX.Yt`` for a free-threaded build)."""
     base = prefix.rstrip("/")
     for libdir in ("lib", "lib64"):
         for landmark in ("os.py", "os.pyc"):
-            if fsprobe.isfile(host_path(node, f"{base}/{libdir}/python{version[0]}."
-                                              f"{version[1]}{abi_thread}/{landmark}")):
+            if files.isfile(host_path(node, f"{base}/{libdir}/python{version[0]}."
+                                            f"{version[1]}{abi_thread}/{landmark}", "/", files)):
                 return True
     return False
 
@@ -369,9 +372,9 @@ def abi_thread(interp: Interpreter) -> str:
 
 
 def _stdlib_above(node: NodeProfile, start: str, version: tuple[int, int],
-                  budget: Budget, thread: str = "") -> bool:
+                  budget: Budget, thread: str, files: fsprobe.Files) -> bool:
     for d in _evidence_dirs(start):
         budget.tick()
-        if has_stdlib(node, d, version, thread):
+        if has_stdlib(node, d, version, thread, files):
             return True
     return False

@@ -58,21 +58,23 @@ PER_ARCH = {
 }
 
 
-def _env(env: Mapping[str, str], name: str) -> str:
-    """The variable as the tools would use it, noted for the verdict cache;
-    trailing slashes dropped so joined paths are normal."""
+def _env(env: Mapping[str, str], name: str, files: fsprobe.Files) -> str:
+    """The variable as the tools would use it, noted in ``files``' record
+    for the verdict cache; trailing slashes dropped so joined paths are
+    normal."""
     value = env.get(name)
-    fsprobe.note_env(name, value)
+    files.note_env(name, value)
     value = (value or "").strip()
     return value.rstrip("/") or value[:1]
 
 
-def cache_dirs(env: Mapping[str, str]) -> list[tuple[str, str]]:
+def cache_dirs(env: Mapping[str, str],
+               files: fsprobe.Files = fsprobe.HOST) -> list[tuple[str, str]]:
     """``[(variable that sets it, cache dir)]`` for the step, defaults filled in
     from its HOME/XDG_CACHE_HOME/TRITON_HOME/TMPDIR/USER; relative or empty
     results are dropped (the tools would resolve them against a cwd they
     choose themselves)."""
-    home = _env(env, "HOME")
+    home = _env(env, "HOME", files)
     out: list[tuple[str, str]] = []
 
     def add(var: str, path: str) -> None:
@@ -82,32 +84,33 @@ def cache_dirs(env: Mapping[str, str]) -> list[tuple[str, str]]:
         if path.startswith("/") and all(p != path for _, p in out):
             out.append((var, path))
 
-    ext = _env(env, "TORCH_EXTENSIONS_DIR")
+    ext = _env(env, "TORCH_EXTENSIONS_DIR", files)
     if not ext:
-        xdg = _env(env, "XDG_CACHE_HOME")
+        xdg = _env(env, "XDG_CACHE_HOME", files)
         base = xdg or (f"{home}/.cache" if home else "")
         ext = f"{base}/torch_extensions" if base else ""
     add("TORCH_EXTENSIONS_DIR", ext)
 
-    triton = _env(env, "TRITON_CACHE_DIR")
+    triton = _env(env, "TRITON_CACHE_DIR", files)
     if not triton:
-        triton_home = _env(env, "TRITON_HOME") or home
+        triton_home = _env(env, "TRITON_HOME", files) or home
         triton = f"{triton_home}/.triton/cache" if triton_home else ""
     add("TRITON_CACHE_DIR", triton)
 
-    inductor = _env(env, "TORCHINDUCTOR_CACHE_DIR")
+    inductor = _env(env, "TORCHINDUCTOR_CACHE_DIR", files)
     if not inductor:
-        tmp = _env(env, "TMPDIR") or _env(env, "TEMP") or _env(env, "TMP") or "/tmp"
+        tmp = (_env(env, "TMPDIR", files) or _env(env, "TEMP", files)
+               or _env(env, "TMP", files) or "/tmp")
         user = ""
         for var in ("LOGNAME", "USER", "LNAME", "USERNAME"):
-            user = _env(env, var)
+            user = _env(env, var, files)
             if user:
                 break
         if user and "/" not in user:
             inductor = f"{tmp}/torchinductor_{user}"
     add("TORCHINDUCTOR_CACHE_DIR", inductor)
 
-    flashinfer = _env(env, "FLASHINFER_WORKSPACE_BASE") or home
+    flashinfer = _env(env, "FLASHINFER_WORKSPACE_BASE", files) or home
     add("FLASHINFER_WORKSPACE_BASE", f"{flashinfer}/.cache/flashinfer" if flashinfer else "")
     return out
 
@@ -116,13 +119,14 @@ def _looks_shared(name: str) -> bool:
     return name.endswith(".so") or ".so." in name
 
 
-def _foreign_machine(host: str, node: NodeProfile, budget: Budget) -> str | None:
+def _foreign_machine(host: str, node: NodeProfile, budget: Budget,
+                     files: fsprobe.Files) -> str | None:
     """The machine of an ELF shared object or executable at ``host`` when it is
     not the node's, else None (the node's own, not ELF, unreadable, an object
     file)."""
     budget.spend_bytes(20)
     try:
-        head = read_head(host, 20)
+        head = read_head(host, 20, files)
     except (OSError, ElfError, ValueError):
         return None
     if len(head) < 20 or head[:4] != b"\x7fELF" or head[5] not in (1, 2):
@@ -140,7 +144,8 @@ def _foreign_machine(host: str, node: NodeProfile, budget: Budget) -> str | None
 
 
 def scan_cache(root: str, node: NodeProfile, budget: Budget, *,
-               max_entries: int = 2000) -> tuple[list[tuple[str, str]], bool]:
+               max_entries: int = 2000, files: fsprobe.Files = fsprobe.HOST
+               ) -> tuple[list[tuple[str, str]], bool]:
     """(foreign files as (node path, machine), whether the scan stopped at
     ``max_entries`` before the end). Directory loops are followed once."""
     found: list[tuple[str, str]] = []
@@ -150,16 +155,16 @@ def scan_cache(root: str, node: NodeProfile, budget: Budget, *,
     while stack:
         directory, depth = stack.pop()
         budget.tick()
-        host = host_path(directory, node)
+        host = host_path(directory, node, "/", files)
         try:
-            st = fsprobe.stat(host)
+            st = files.stat(host)
         except (OSError, ValueError):
             continue
         if not _stat.S_ISDIR(st.st_mode) or (st.st_dev, st.st_ino) in seen:
             continue
         seen.add((st.st_dev, st.st_ino))
         try:
-            listed = sorted(scandir(host), key=lambda e: e.name)
+            listed = sorted(scandir(host, files), key=lambda e: e.name)
         except (OSError, ValueError):
             continue
         subdirs = []
@@ -173,7 +178,8 @@ def scan_cache(root: str, node: NodeProfile, budget: Budget, *,
                 continue
             path = f"{directory}/{name}"
             if _looks_shared(name):
-                machine = _foreign_machine(host_path(path, node), node, budget)
+                machine = _foreign_machine(host_path(path, node, "/", files), node, budget,
+                                           files)
                 if machine is not None:
                     found.append((path, machine))
                 continue
@@ -188,12 +194,12 @@ def scan_cache(root: str, node: NodeProfile, budget: Budget, *,
 
 
 def jit_cache_issues(env: Mapping[str, str], node: NodeProfile, budget: Budget, *,
-                     max_entries: int = 2000) -> list[Issue]:
+                     max_entries: int = 2000, files: fsprobe.Files = fsprobe.HOST) -> list[Issue]:
     """One jit-cache-foreign warning per cache directory of the step that holds
     compiled code of another machine."""
     issues: list[Issue] = []
-    for var, root in cache_dirs(env):
-        found, stopped = scan_cache(root, node, budget, max_entries=max_entries)
+    for var, root in cache_dirs(env, files):
+        found, stopped = scan_cache(root, node, budget, max_entries=max_entries, files=files)
         if not found:
             continue
         machines = sorted({m for _, m in found})

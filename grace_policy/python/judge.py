@@ -18,7 +18,7 @@ from ..budget import Budget
 from ..elf import ElfError, read_elf
 from ..findings import Issue
 from ..layout import page_issues
-from ..loader import Process
+from ..loader import Loading, Process
 from ..node import NodeProfile, node_owns
 
 TYPE_CHECKING = False
@@ -46,6 +46,8 @@ class Judge:
         self.process = process
         self.node = node
         self.budget = budget
+        #: Where the files are read (the process's files) and charged.
+        self.how = Loading(budget=budget, files=process.files)
         self.causes = causes
         #: More per-file rules (page size compiled into code), if present.
         self.extra = extra
@@ -71,7 +73,8 @@ class Judge:
         self.budget.take_file()
         via = "ImportError" if module else "OSError"
         try:
-            info = read_elf(self.process.searcher.to_host(path), budget=self.budget)
+            info = read_elf(self.process.searcher.to_host(path), budget=self.budget,
+                            files=self.how.files)
         except ElfError as exc:
             if exc.not_elf and not required:
                 return []
@@ -89,10 +92,10 @@ class Judge:
                 facts=(("file_arch", info.machine_name), ("name", module or path)),
             )]
         issues = [self._own(i, path, via) for i in page_issues(
-            path, info, node, mapped_by_kernel=False, budget=self.budget)]
+            path, info, node, mapped_by_kernel=False, how=self.how)]
         if self.extra is not None:
             issues += [self._own(i, path, via)
-                       for i in self.extra(path, info, node, self.budget)]
+                       for i in self.extra(path, info, node, self.how)]
         if self.gpu is not None:
             issues += [self._own(i, path, via) for i in self.gpu.file(
                 path, info, self.process.searcher.to_host(path))]
@@ -106,10 +109,9 @@ class Judge:
                 continue
             self._seen.add(key)
             self.budget.tick()
-            found = page_issues(obj.path, obj.info, node, mapped_by_kernel=False,
-                                budget=self.budget)
+            found = page_issues(obj.path, obj.info, node, mapped_by_kernel=False, how=self.how)
             if self.extra is not None:
-                found += self.extra(obj.path, obj.info, node, self.budget)
+                found += self.extra(obj.path, obj.info, node, self.how)
             if self.gpu is not None:
                 found += self.gpu.file(obj.path, obj.info,
                                        self.process.searcher.to_host(obj.path))
@@ -149,7 +151,7 @@ class Judge:
 
     def _own(self, issue: Issue, path: str, via: str) -> Issue:
         facts = issue.facts
-        if issue.rule.startswith("page-") and node_owns(self.node, path):
+        if issue.rule.startswith("page-") and node_owns(self.node, path, self.how.files):
             # As for programs: the node's own files are built for its pages.
             facts = (*facts, ("max_severity", "info"))
         return Issue(issue.rule, issue.path, import_error(issue.predicted_error, via),

@@ -22,9 +22,9 @@ def _pythonish(name: str) -> bool:
     return name.startswith("python") and not name.endswith("-config")
 
 
-def may_run_python(path: str) -> bool:
+def may_run_python(path: str, files: fsprobe.Files = fsprobe.HOST) -> bool:
     name = os.path.basename(path)
     if _pythonish(name) or name in SHELLS or name in LAUNCHERS:
         return True
-    real = os.path.basename(fsprobe.realpath(path))
+    real = os.path.basename(files.realpath(path))
     return real != name and (_pythonish(real) or real in SHELLS or real in LAUNCHERS)

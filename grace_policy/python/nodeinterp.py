@@ -33,9 +33,9 @@ from ..loader import CANONICAL_INTERP, Loading, Process
 from ..node import NodeProfile, node_owns
 
 
-def is_node_build(path: str, node: NodeProfile) -> bool:
+def is_node_build(path: str, node: NodeProfile, files: fsprobe.Files = fsprobe.HOST) -> bool:
     """Whether the node runs its own build of ``path``, not this host's file."""
-    return not node.root_is_native and node_owns(node, path)
+    return not node.root_is_native and node_owns(node, path, files)
 
 
 def node_build(path: str, local: ElfInfo | None, node: NodeProfile) -> ElfInfo:
@@ -60,10 +60,12 @@ def node_build(path: str, local: ElfInfo | None, node: NodeProfile) -> ElfInfo:
 
 
 def node_process(path: str, local: ElfInfo | None, node: NodeProfile, env: Mapping[str, str],
-                 cwd: str, budget: Budget) -> Process:
+                 how: Loading) -> Process:
     """The loader's view of the node's own build of ``path``: what its
-    extension modules are ``dlopen``-ed from."""
-    return Process(path, node_build(path, local, node), node, env, Loading(cwd=cwd, budget=budget))
+    extension modules are ``dlopen``-ed from (``how``: the check's working
+    directory, budget and files)."""
+    return Process(path, node_build(path, local, node), node, env,
+                   Loading(cwd=how.cwd, budget=how.budget, files=how.files))
 
 
 @dataclass(frozen=True)
@@ -107,25 +109,26 @@ class Basis:
                 "evidence": self.evidence}
 
 
-def basis(program: str, node: NodeProfile, budget: Budget) -> Basis:
-    """The interpreter the node runs for ``program`` (a path), as the check
-    assumes it. Never raises but BudgetExceeded."""
+def basis(program: str, node: NodeProfile, budget: Budget,
+          files: fsprobe.Files = fsprobe.HOST) -> Basis:
+    """The interpreter the node runs for ``program`` (a path in ``files``),
+    as the check assumes it. Never raises but BudgetExceeded."""
     from .interp import identify, node_realpath
 
     try:
-        real = node_realpath(node, program)
+        real = node_realpath(node, program, files=files)
     except (OSError, ValueError):
         real = program
     try:
-        local: ElfInfo | None = read_elf(fsprobe.realpath(program), budget=budget)
+        local: ElfInfo | None = read_elf(files.realpath(program), budget=budget, files=files)
     except (ElfError, OSError):
         local = None
-    own = is_node_build(program, node)
+    own = is_node_build(program, node, files)
     info = node_build(program, local, node) if own else local
     found = None
     if info is not None:
         try:
-            found = identify(program, info, node, budget)
+            found = identify(program, info, node, budget, files)
         except BudgetExceeded:
             raise
         except Exception:

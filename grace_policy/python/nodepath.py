@@ -21,31 +21,34 @@ if TYPE_CHECKING:
     from ..node import NodeProfile
 
 
-def host_path(path: str, node: NodeProfile | None = None, cwd: str = "/") -> str:
-    """Where this host reads node path ``path`` (the loader's rule)."""
+def host_path(path: str, node: NodeProfile | None = None, cwd: str = "/",
+              files: fsprobe.Files = fsprobe.HOST) -> str:
+    """Where this host reads node path ``path`` (the loader's rule) in the
+    check's ``files``."""
     if node is None:
         return path if path.startswith("/") else os.path.join(cwd or "/", path)
-    return loader_host_path(node, path, cwd)
+    return loader_host_path(node, path, cwd, files)
 
 
-def listdir(path: str) -> list[str]:
+def listdir(path: str, files: fsprobe.Files = fsprobe.HOST) -> list[str]:
     """A directory's names (a host path), recorded for the verdict cache.
     Raises OSError like ``os.listdir``."""
-    return fsprobe.listdir(path)
+    return files.listdir(path)
 
 
-def scandir(path: str) -> list[os.DirEntry[str]]:
+def scandir(path: str, files: fsprobe.Files = fsprobe.HOST) -> list[os.DirEntry[str]]:
     """A directory's entries with their types (a host path), recorded."""
-    return fsprobe.scandir(path)
+    return files.scandir(path)
 
 
-def read_small(path: str, limit: int, budget: Budget) -> bytes | None:
+def read_small(path: str, limit: int, budget: Budget,
+               files: fsprobe.Files = fsprobe.HOST) -> bytes | None:
     """At most ``limit`` bytes from the start of regular file ``path`` (a host
     path), charged to ``budget``; None when it is missing, not a regular file
     or unreadable. Opened without blocking (a FIFO planted as version.py must
-    not hang a step launch); ``fsprobe`` records its identity."""
+    not hang a step launch); ``files`` records its identity."""
     try:
-        fh, st = open_regular(path)
+        fh, st = open_regular(path, files)
     except (OSError, ElfError, ValueError):
         return None
     try:
@@ -59,12 +62,12 @@ def read_small(path: str, limit: int, budget: Budget) -> bytes | None:
 
 
 def read_until(path: str, limit: int, budget: Budget, until: bytes,
-               chunk: int = 8192) -> bytes | None:
+               chunk: int = 8192, files: fsprobe.Files = fsprobe.HOST) -> bytes | None:
     """:func:`read_small`, but in chunks that stop after the one holding
     ``until`` (METADATA: its headers end at the first blank line, its body is
     a README that can be megabytes); each chunk is charged before it is read."""
     try:
-        fh, st = open_regular(path)
+        fh, st = open_regular(path, files)
     except (OSError, ElfError, ValueError):
         return None
     try:
@@ -89,7 +92,8 @@ def read_until(path: str, limit: int, budget: Budget, until: bytes,
         fh.close()
 
 
-def read_text(path: str, limit: int, budget: Budget) -> str | None:
+def read_text(path: str, limit: int, budget: Budget,
+              files: fsprobe.Files = fsprobe.HOST) -> str | None:
     """:func:`read_small` as text (undecodable bytes kept as surrogates)."""
-    data = read_small(path, limit, budget)
+    data = read_small(path, limit, budget, files)
     return None if data is None else data.decode("utf-8", "surrogateescape")

@@ -43,7 +43,6 @@ import os
 import stat as _stat
 from collections.abc import Callable
 
-from .. import fsprobe
 from .._record import dataclass
 from ..budget import BudgetExceeded
 from ..context import StepContext
@@ -147,6 +146,8 @@ class _Model:
         self.env = env
         self.node = node
         self.budget = budget
+        #: The step's files (host or image) and the record of what is read.
+        self.files = ctx.files
         self.use_env = not (flags.ignore_env or flags.isolated)
         self.notes: list[str] = []
         self.entries: list[PathEntry] = []
@@ -158,7 +159,8 @@ class _Model:
         self.startup_error: str | None = None
         self.editables: list[EditableFinder] = []
         try:
-            self.cwd = node_realpath(node, cwd) if cwd.startswith("/") else "/"
+            self.cwd = (node_realpath(node, cwd, files=ctx.files) if cwd.startswith("/")
+                        else "/")
         except (OSError, ValueError):
             self.cwd = cwd
         self.abi_thread = abi_thread(interp)
@@ -171,20 +173,20 @@ class _Model:
         if not (self.use_env or always):
             return None
         value = self.env.get(name)
-        fsprobe.note_env(name, value)
+        self.files.note_env(name, value)
         return value or None
 
     def isdir(self, path: str) -> bool:
         self.budget.tick()
-        return fsprobe.isdir(host_path(self.node, path, self.cwd))
+        return self.files.isdir(host_path(self.node, path, self.cwd, self.files))
 
     def exists(self, path: str) -> bool:
         self.budget.tick()
-        return fsprobe.exists(host_path(self.node, path, self.cwd))
+        return self.files.exists(host_path(self.node, path, self.cwd, self.files))
 
     def isfile(self, path: str) -> bool:
         self.budget.tick()
-        return fsprobe.isfile(host_path(self.node, path, self.cwd))
+        return self.files.isfile(host_path(self.node, path, self.cwd, self.files))
 
     def fail(self, error: str) -> None:
         if self.startup_error is None:
@@ -230,7 +232,7 @@ class _Model:
                 cfg_dirs = (real_dir, os.path.dirname(real_dir))
             for d in cfg_dirs:
                 data = read_small(self.node, _join(d, "pyvenv.cfg"), self.budget,
-                                  MAX_CFG_BYTES)
+                                  MAX_CFG_BYTES, self.files)
                 if data is not None:
                     search_dir = next((val for key, val in cfg_pairs(data) if key == "home"),
                                       None)
@@ -251,8 +253,8 @@ class _Model:
             if not self.isdir(prefix):
                 self.notes.append(f"PYTHONHOME={home} does not exist on the node: "
                                   "the interpreter would fail to start")
-            if not has_stdlib(self.node, prefix, v, self.abi_thread) and not self.isfile(
-                    _join(prefix, zip_name)):
+            if not has_stdlib(self.node, prefix, v, self.abi_thread, self.files) \
+                    and not self.isfile(_join(prefix, zip_name)):
                 self.fail(f"{_fatal_encodings(v)} (ModuleNotFoundError: No module named "
                           f"'encodings'): PYTHONHOME={home} holds no standard library")
             origin = home_origin
@@ -281,7 +283,7 @@ class _Model:
             # PYTHONHOME set (checked against Debian's 3.14)
             for d in (os.path.dirname(exe_dir), exe_dir):
                 self.budget.tick()
-                if fsprobe.isfile(host_path(self.node, _join(d, "pyvenv.cfg"))):
+                if self.files.isfile(host_path(self.node, _join(d, "pyvenv.cfg"), "/", self.files)):
                     self.prefix = self.exec_prefix = self.venv = d
                     break
 
@@ -303,10 +305,10 @@ class _Model:
         start = home.partition(":")[0] if home else search_dir
         for d in _parents(start):
             self.budget.tick()
-            if has_stdlib(self.node, d, self.version, self.abi_thread):
+            if has_stdlib(self.node, d, self.version, self.abi_thread, self.files):
                 for landmark in ("os.py", "os.pyc"):
                     lib = f"{d.rstrip('/')}/lib/python{self.xy}/{landmark}"
-                    if fsprobe.isfile(host_path(self.node, lib)):
+                    if self.files.isfile(host_path(self.node, lib, "/", self.files)):
                         return "lib"
                 return "lib64"
             if home:
@@ -345,9 +347,9 @@ class _Model:
         site_prefix = os.path.dirname(exe_dir)
         for conf in (_join(exe_dir, "pyvenv.cfg"), _join(site_prefix, "pyvenv.cfg")):
             self.budget.tick()
-            if not fsprobe.isfile(host_path(self.node, conf)):
+            if not self.files.isfile(host_path(self.node, conf, "/", self.files)):
                 continue
-            data = read_small(self.node, conf, self.budget, MAX_CFG_BYTES) or b""
+            data = read_small(self.node, conf, self.budget, MAX_CFG_BYTES, self.files) or b""
             self.decode(data, conf, "utf-8")  # site.py opens it as UTF-8
             system_site = "true"
             for key, value in cfg_pairs(data):
@@ -378,7 +380,7 @@ class _Model:
         base_origin = "PYTHONUSERBASE"
         if base is None:
             home = self.env.get("HOME")
-            fsprobe.note_env("HOME", home)
+            self.files.note_env("HOME", home)
             base_origin = "HOME"
             if home is None:
                 if enable_user:
@@ -399,7 +401,8 @@ class _Model:
         """Debian and Ubuntu patch site.py to use dist-packages; the patched
         file says so, wherever the interpreter lives (a copy of Debian's
         python in another prefix keeps the patch)."""
-        data = read_small(self.node, _join(self.stdlib, "site.py"), self.budget, 256 * 1024)
+        data = read_small(self.node, _join(self.stdlib, "site.py"), self.budget, 256 * 1024,
+                          self.files)
         return bool(data) and b'"dist-packages"' in data
 
     def site_packages(self, prefixes: list[str]) -> list[str]:
@@ -437,7 +440,7 @@ class _Model:
         if sitedir not in self.site_dirs:
             self.site_dirs.append(sitedir)
         try:
-            names = listdir(host_path(self.node, sitedir))
+            names = listdir(host_path(self.node, sitedir, "/", self.files), self.files)
         except OSError:
             return
         pths = [n for n in names if n.endswith(".pth")]
@@ -481,7 +484,7 @@ class _Model:
                                       free_threaded=bool(self.abi_thread))
         found = read_finder(line, fullname, [e.path for e in self.entries
                                              if e.kind != "editable-hook"], suffixes,
-                            Scope(self.node, self.cwd), self.budget)
+                            Scope(self.node, self.cwd, files=self.files), self.budget)
         if found is None:
             return
         if isinstance(found, str):
@@ -494,7 +497,7 @@ class _Model:
             self.add(found.hook, "editable-hook", fullname)
 
     def pth_file_lines(self, fullname: str) -> list[str]:
-        data = read_small(self.node, fullname, self.budget, MAX_PTH_BYTES)
+        data = read_small(self.node, fullname, self.budget, MAX_PTH_BYTES, self.files)
         if data is None:
             return []
         if self.version >= (3, 13):
@@ -540,7 +543,7 @@ class _Model:
         elif cmd.kind == "module":
             entry = PathEntry(self.cwd, "cwd", "-m", is_system(self.cwd, self.node))
         else:
-            p = os.path.dirname(node_realpath(self.node, full))
+            p = os.path.dirname(node_realpath(self.node, full, files=self.files))
             entry = PathEntry(p, "script-dir", script, is_system(p, self.node))
         self.entries.insert(0, entry)
 
@@ -548,9 +551,9 @@ class _Model:
         """Whether CPython runs ``path`` through an importer (a directory, or
         a zip file: its end-of-central-directory record) instead of as a
         script. Zips with a long archive comment are taken for scripts."""
-        host = host_path(self.node, path)
+        host = host_path(self.node, path, "/", self.files)
         try:
-            st = fsprobe.stat(host)
+            st = self.files.stat(host)
         except OSError:
             return False
         if _stat.S_ISDIR(st.st_mode):
@@ -560,7 +563,7 @@ class _Model:
         tail = min(st.st_size, 1024)
         self.budget.take_file(tail)
         try:
-            fh, st = open_regular(host)
+            fh, st = open_regular(host, self.files)
         except (OSError, ElfError, ValueError):
             return False
         try:

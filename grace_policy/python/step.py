@@ -20,11 +20,11 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from .. import fsprobe
 from .._record import dataclass, replace
 from ..budget import Budget
 from ..context import StepContext
 from ..findings import Issue
+from ..fsprobe import HOST, Files
 from ..launch import Hop
 from ..layout import code_page_issues
 from ..loader import Loading, Process
@@ -85,7 +85,7 @@ def _env_words(arg: str | None) -> list[str]:
     return words[1:]
 
 
-def _note_inputs(args: Sequence[str] | None, env: Mapping[str, str],
+def _note_inputs(args: Sequence[str] | None, env: Mapping[str, str], files: Files,
                  decisive: int | None = None) -> None:
     # The verdict of a Python step depends on the interpreter's options and
     # its -c/-m/script operand (and "run" of uv), and on CPython's
@@ -101,14 +101,14 @@ def _note_inputs(args: Sequence[str] | None, env: Mapping[str, str],
     # arguments (``args`` None): srun loops of 'bash -c ...' keep one entry.
     if args is not None:
         if decisive is None:
-            fsprobe.note_input("argc", str(len(args) + 1))
+            files.note_input("argc", str(len(args) + 1))
             decisive = len(args)
         else:
-            fsprobe.note_input("argmin", str(decisive + 1))
+            files.note_input("argmin", str(decisive + 1))
         for i, arg in enumerate(args[:decisive], 1):
-            fsprobe.note_input(f"argv:{i}", arg)
+            files.note_input(f"argv:{i}", arg)
     for name in PYTHON_VARS:
-        fsprobe.note_env(name, env.get(name))
+        files.note_env(name, env.get(name))
 
 
 def decisive_args(args: Sequence[str], step_args: int, command: PyCommand) -> int | None:
@@ -129,27 +129,27 @@ def python_issues(exe: str, process: Process, hops: Sequence[Hop], argv: Sequenc
     """Issues of what ``exe`` (already judged as a program, loaded by
     ``process``) will import when it is a CPython interpreter; ``[]`` for
     any other program."""
-    env, cwd, node, budget = ctx.env, ctx.cwd, ctx.node, ctx.budget
+    env, cwd, node, budget, files = ctx.env, ctx.cwd, ctx.node, ctx.budget, ctx.files
     from .interp import identify, parse_python_argv
 
-    interp = identify(exe, process.main.info, node, budget)
+    interp = identify(exe, process.main.info, node, budget, files)
     if interp is None:
         name = os.path.basename(exe)
         if name in SHELLS:
-            _note_inputs(None, env)
+            _note_inputs(None, env, files)
             return shell_env_issues(ctx, causes)
         if name in LAUNCHERS:
             # only "run" as the first word matters (uv's other commands and
             # arguments are not judged)
-            _note_inputs(argv[1:], env, 1 if len(argv) > 1 else None)
+            _note_inputs(argv[1:], env, files, 1 if len(argv) > 1 else None)
             if argv[1:2] == ["run"]:
-                venv = uv_project_env(env, cwd, budget)
+                venv = uv_project_env(env, cwd, budget, files)
                 return shell_env_issues(ctx, causes,
                                         first=(f"{venv}/bin/python",) if venv else ())
         return []
     args = interpreter_args(hops, argv)
     flags, command = parse_python_argv(args, interp.version)
-    _note_inputs(argv[1:], env, decisive_args(args, len(argv) - 1, command))
+    _note_inputs(argv[1:], env, files, decisive_args(args, len(argv) - 1, command))
     if command.kind == "none":
         return []
     from .sitepath import sys_path
@@ -163,7 +163,7 @@ def python_issues(exe: str, process: Process, hops: Sequence[Hop], argv: Sequenc
     from .usage import command_imports
 
     used_names = command_imports(command.kind, command.value, cwd=cwd, node=node,
-                                 budget=budget)
+                                 budget=budget, files=files)
     environment = Environment(interp.version, paths, process, ctx, causes)
     if not flags.no_site:
         # .pth import lines and sitecustomize/usercustomize run at every
@@ -173,16 +173,17 @@ def python_issues(exe: str, process: Process, hops: Sequence[Hop], argv: Sequenc
     return environment.issues(used_names)
 
 
-def uv_project_env(env: Mapping[str, str], cwd: str, budget: Budget) -> str | None:
+def uv_project_env(env: Mapping[str, str], cwd: str, budget: Budget,
+                   files: Files = HOST) -> str | None:
     """The environment ``uv run`` uses: ``UV_PROJECT_ENVIRONMENT``, else
     ``.venv`` of the project (the nearest directory up from the cwd with a
-    ``pyproject.toml``)."""
+    ``pyproject.toml``), looked for in ``files``."""
     directory = cwd
     for _ in range(64):
         budget.tick()
-        if fsprobe.isfile(f"{directory.rstrip('/')}/pyproject.toml"):
+        if files.isfile(f"{directory.rstrip('/')}/pyproject.toml"):
             chosen = env.get("UV_PROJECT_ENVIRONMENT")
-            fsprobe.note_env("UV_PROJECT_ENVIRONMENT", chosen)
+            files.note_env("UV_PROJECT_ENVIRONMENT", chosen)
             if chosen:
                 return chosen if chosen.startswith("/") else os.path.join(directory, chosen)
             return f"{directory.rstrip('/')}/.venv"
@@ -207,31 +208,33 @@ def shell_env_issues(ctx: StepContext, causes: Causes, *,
     from ..launch import which
     from ..node import node_owns
 
-    env, cwd, node, budget = ctx.env, ctx.cwd, ctx.node, ctx.budget
+    env, cwd, node, budget, files = ctx.env, ctx.cwd, ctx.node, ctx.budget, ctx.files
     # Not known to import anything: no GPU judgement of its packages.
     ctx = replace(ctx, gpu=None)
     candidates = [*first]
     candidates += [f"{env[v].rstrip('/')}/bin/python" for v in ("VIRTUAL_ENV", "CONDA_PREFIX")
                    if env.get(v, "").startswith("/")]
-    on_path = which("python3", env.get("PATH"), cwd, budget)
-    if on_path is not None and not node_owns(node, on_path):
+    on_path = which("python3", env.get("PATH"), cwd, budget, files)
+    if on_path is not None and not node_owns(node, on_path, files):
         candidates.append(on_path)
     for python in candidates:
         budget.tick()
         try:
-            info = read_elf(python, budget=budget)
+            info = read_elf(python, budget=budget, files=files)
         except (ElfError, OSError):
             continue
-        if not node.root_is_native and node_owns(node, python):
+        if not node.root_is_native and node_owns(node, python, files):
             # a venv of the distribution's python, seen from another
             # architecture: the node's own build will start it
             from .nodeinterp import node_process
 
-            process = node_process(python, info, node, env, cwd, budget)
+            process = node_process(python, info, node, env,
+                                   Loading(cwd=cwd, budget=budget, files=files))
         elif not node.runs(info):
             continue  # another machine's env: the env-leak rule speaks for it
         else:
-            process = Process(python, info, node, env, Loading(cwd=cwd, budget=budget))
+            process = Process(python, info, node, env,
+                              Loading(cwd=cwd, budget=budget, files=files))
         found = environment_of(python, process, ctx, causes, all_warnings=True)
         if found is not None:
             return found.issues(())
@@ -245,16 +248,16 @@ def environment_of(python: str, process: Process, ctx: StepContext, causes: Caus
     from .interp import PyCommand, PyFlags, identify
     from .sitepath import sys_path
 
-    interp = identify(python, process.main.info, ctx.node, ctx.budget)
+    interp = identify(python, process.main.info, ctx.node, ctx.budget, ctx.files)
     if interp is None:
         return None
     paths = sys_path(interp, PyFlags(), PyCommand("stdin", ""), ctx)
     return Environment(interp.version, paths, process, ctx, causes, all_warnings=all_warnings)
 
 
-def _listdir(path: str) -> list[str]:
+def _listdir(path: str, files: Files) -> list[str]:
     try:
-        return sorted(listdir(path))
+        return sorted(listdir(path, files))
     except (OSError, ValueError):
         return []
 
@@ -296,6 +299,8 @@ class Environment:
         self.cwd = ctx.cwd
         self.node = node = ctx.node
         self.budget = budget = ctx.budget
+        self.files = ctx.files
+        self.ctx = ctx
         self.causes = causes
         self.cuda_index = ctx.cuda_index
         gpu = ctx.gpu
@@ -323,13 +328,14 @@ class Environment:
         from .finder import Scope, find_top_level
 
         loc = find_top_level(name, search, self.suffixes, self.budget,
-                             Scope(self.node, self.cwd, self._listings))  # type: ignore[arg-type]
+                             Scope(self.node, self.cwd, self._listings,  # type: ignore[arg-type]
+                                   self.files))
         if loc.kind != "missing" or not self.paths.editables:
             return loc
         from .editable import locate
 
-        hit = locate(name, self.paths.editables, self.suffixes, self.node, self.budget,
-                     cwd=self.cwd)
+        hit = locate(name, self.paths.editables, self.suffixes, self.budget,
+                     Scope(self.node, self.cwd, files=self.files))
         if hit is None:
             return loc
         if hit.kind == "missing":
@@ -399,7 +405,7 @@ class Environment:
             if source is None:
                 continue
             for found in command_imports("script", source, cwd=self.cwd, node=self.node,
-                                         budget=self.budget):
+                                         budget=self.budget, files=self.files):
                 names[found] = None
         return tuple(names)
 
@@ -442,7 +448,8 @@ class Environment:
                 continue
             if e.system and not (self.node.root_is_native and self.env.get("LD_LIBRARY_PATH")):
                 continue
-            names = [f"{e.path}/{n}" for n in _listdir(self._host(e.path)) if ".so" in n]
+            names = [f"{e.path}/{n}" for n in _listdir(self._host(e.path), self.files)
+                     if ".so" in n]
             found = self._loadables(classify(names, e.path, self.suffixes))
             out.append(Group("the standard library", e.path, True, tuple(found)))
         # Distributions, per sys.path entry that holds metadata.
@@ -450,7 +457,8 @@ class Environment:
         for e in entries:
             if e.system or e.kind in _NO_DISTS or e.path in by_dir:
                 continue
-            by_dir[e.path] = tuple(dists_in(e.path, self.node, self.version, self.budget))
+            by_dir[e.path] = tuple(dists_in(e.path, self.node, self.version, self.budget,
+                                            self.files))
         every = [d for ds in by_dir.values() for d in ds]
         used_names = tuple(dict.fromkeys(used_names))
         roots, located = self._owners(used_names, search, by_dir)
@@ -558,13 +566,13 @@ class Environment:
     # -- one distribution -----------------------------------------------------
 
     def _dist(self, dist: Dist, site_dir: str) -> tuple[list[Issue], tuple[str, ...]]:
-        files = record_files(self._host(dist.meta_dir), site_dir, self.budget)
+        files = record_files(self._host(dist.meta_dir), site_dir, self.budget, self.files)
         if files is None:
             # No RECORD (egg-info, a hand-made install): walk what it names.
             problems: list[Issue] = []
             for top in dist.top_level:
                 path = f"{site_dir.rstrip('/')}/{top}"
-                if fsprobe.isdir(path):
+                if self.files.isdir(path):
                     problems += self._tree(path, top)
             return problems, tuple(dist.top_level)
         # RECORD says where compiled files are; the directories themselves say
@@ -573,7 +581,7 @@ class Environment:
         shared: list[str] = []
         sources: set[str] = set()
         for directory in sorted({p.rsplit("/", 1)[0] for p in files.shared}):
-            for name in _listdir(self._host(directory)):
+            for name in _listdir(self._host(directory), self.files):
                 if ".so" in name:
                     shared.append(f"{directory}/{name}")
                 elif name.endswith(".py"):
@@ -601,10 +609,11 @@ class Environment:
     def _tree(self, pkg_dir: str, top: str) -> list[Issue]:
         """A package directory no RECORD describes, walked."""
         from .contents import is_library
-        from .finder import DATA_DIRS, package_extensions
+        from .finder import DATA_DIRS, Scope, package_extensions
 
         modules, foreign = package_extensions(pkg_dir, self.suffixes, self.budget,
-                                              node=self.node, skip_dirs=DATA_DIRS)
+                                              scope=Scope(self.node, files=self.files),
+                                              skip_dirs=DATA_DIRS)
         libraries = tuple(p for _m, p in modules if is_library(os.path.basename(p)))
         return self._loadables(Loadables(
             tuple((m, p) for m, p in modules if p not in libraries), libraries,
@@ -615,7 +624,7 @@ class Environment:
         """Top-level entries of a site directory that no RECORD lists."""
         out: list[Group] = []
         base = site_dir.rstrip("/")
-        for name in _listdir(self._host(site_dir)):
+        for name in _listdir(self._host(site_dir), self.files):
             if name in claimed or name.endswith(_META_SUFFIXES) or name == "__pycache__":
                 continue
             self.budget.tick()
@@ -623,7 +632,7 @@ class Environment:
             top = name.split(".", 1)[0]
             if ".so" in name:
                 problems = self._loadables(classify([path], site_dir, self.suffixes))
-            elif "." not in name and fsprobe.isdir(self._host(path)):
+            elif "." not in name and self.files.isdir(self._host(path)):
                 problems = self._tree(path, name)
             else:
                 continue
@@ -640,19 +649,17 @@ class Environment:
         if name == _TORCH:
             from .torch_build import torch_issues
 
-            out += torch_issues(f"{base}/torch", dist.meta_dir,
-                                self.env, self.node, cuda_index=self.cuda_index,
-                                budget=self.budget)
+            out += torch_issues(f"{base}/torch", dist.meta_dir, self.ctx)
         elif name == _TORCHCODEC:
             from .torchcodec import torchcodec_issues
 
             out += torchcodec_issues(f"{base}/torchcodec", self.env, self.cwd, self.node,
-                                     self.budget)
+                                     self.budget, self.files)
         if name in _JIT_USERS and not getattr(self, "_jit_done", False):
             self._jit_done = True
             from .jitcache import jit_cache_issues
 
-            out += jit_cache_issues(self.env, self.node, self.budget)
+            out += jit_cache_issues(self.env, self.node, self.budget, files=self.files)
         return out
 
     # -- issue shapes ----------------------------------------------------------

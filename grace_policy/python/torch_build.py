@@ -21,6 +21,7 @@ What the installed files say, in the order they are trusted:
 
 from __future__ import annotations
 
+from .. import fsprobe
 from .._record import dataclass
 from ..findings import Issue
 from .dists import requirement_name
@@ -30,9 +31,9 @@ from .nodepath import host_path, read_small, read_until
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping
 
     from ..budget import Budget
+    from ..context import StepContext
     from ..node import NodeProfile
 
 #: version.py is a few hundred bytes; more is not a torch version file.
@@ -125,18 +126,21 @@ def parse_metadata(data: bytes) -> tuple[str, list[tuple[str, str | None]]]:
 
 
 def torch_build(torch_dir: str, dist_meta_dir: str | None, budget: Budget, *,
-                node: NodeProfile | None = None) -> TorchBuild | None:
+                node: NodeProfile | None = None,
+                files: fsprobe.Files = fsprobe.HOST) -> TorchBuild | None:
     """What build of torch ``torch_dir`` holds, or None when none of its files
     says (not a torch package). ``node`` (keyword, optional) maps node paths
     into an image root and tells the markers' ``platform_machine``; without
-    it paths are read as given and the host's machine is assumed."""
+    it paths are read as given and the host's machine is assumed. ``files``:
+    the check's."""
     if node is None:
         from ..node import detect
 
         node = detect()
     base = torch_dir.rstrip("/") or "/"
     version = ""
-    data = read_small(host_path(base + "/version.py", node), VERSION_PY_LIMIT, budget)
+    data = read_small(host_path(base + "/version.py", node, "/", files), VERSION_PY_LIMIT,
+                      budget, files)
     if data is not None:
         names = parse_version_py(data)
         raw_version = names.get("__version__")
@@ -150,15 +154,13 @@ def torch_build(torch_dir: str, dist_meta_dir: str | None, budget: Budget, *,
                 return TorchBuild(torch_dir, version, None,
                                   f"torch/version.py: cuda = None, hip = {hip!r} (a ROCm build)")
             return TorchBuild(torch_dir, version, None, "torch/version.py: cuda = None")
-    from .. import fsprobe
-
-    if fsprobe.isfile(host_path(base + "/lib/libtorch_cuda.so", node)):
+    if files.isfile(host_path(base + "/lib/libtorch_cuda.so", node, "/", files)):
         return TorchBuild(torch_dir, version, "unknown", "torch/lib/libtorch_cuda.so")
     meta = None
     if dist_meta_dir:
         # Headers end at the first blank line; the README after it is not read.
-        meta = read_until(host_path(dist_meta_dir.rstrip("/") + "/METADATA", node),
-                          METADATA_LIMIT, budget, b"\n\n")
+        meta = read_until(host_path(dist_meta_dir.rstrip("/") + "/METADATA", node, "/", files),
+                          METADATA_LIMIT, budget, b"\n\n", files=files)
     if meta is not None:
         meta_version, reqs = parse_metadata(meta)
         version = version or meta_version
@@ -171,7 +173,7 @@ def torch_build(torch_dir: str, dist_meta_dir: str | None, budget: Budget, *,
             why = (f"Version {meta_version}" if label else
                    "no nvidia-*/cuda-toolkit requirement for this machine")
             return TorchBuild(torch_dir, version, None, f"{_meta_name(dist_meta_dir)}: {why}")
-    if data is not None or fsprobe.isdir(host_path(base + "/lib", node)):
+    if data is not None or files.isdir(host_path(base + "/lib", node, "/", files)):
         # version.py without a cuda line, or a torch/lib without the CUDA library.
         return TorchBuild(torch_dir, version, None, "no torch/lib/libtorch_cuda.so")
     return None
@@ -186,14 +188,16 @@ def public_version(version: str) -> str:
     return version.partition("+")[0].strip()
 
 
-def torch_issues(torch_dir: str, dist_meta_dir: str | None, env: Mapping[str, str],
-                 node: NodeProfile, *, cuda_index: str | None, budget: Budget) -> list[Issue]:
-    """torch-cpu-only when the step has GPUs and this torch cannot use them.
-    The GPU variables are looked at first: a step without GPUs costs no read."""
-    gpus = step_gpus(env)
+def torch_issues(torch_dir: str, dist_meta_dir: str | None, ctx: StepContext) -> list[Issue]:
+    """torch-cpu-only when the step (``ctx``: its environment, node, files
+    and the partition's package index) has GPUs and this torch cannot use
+    them. The GPU variables are looked at first: a step without GPUs costs
+    no read."""
+    env, files, cuda_index = ctx.env, ctx.files, ctx.cuda_index
+    gpus = step_gpus(env, files)
     if gpus is None:
         return []
-    build = torch_build(torch_dir, dist_meta_dir, budget, node=node)
+    build = torch_build(torch_dir, dist_meta_dir, ctx.budget, node=ctx.node, files=files)
     if build is None or build.cuda is not None:
         return []
     index = (cuda_index or "").strip()
@@ -208,7 +212,7 @@ def torch_issues(torch_dir: str, dist_meta_dir: str | None, env: Mapping[str, st
 
     return [Issue(
         "torch-cpu-only", torch_dir, "",
-        causes=path_causes(torch_dir, env),
+        causes=path_causes(torch_dir, env, (), files),
         facts=(("version", build.version or "(unknown version)"), ("pin", pin),
                ("gpus", gpus), ("cuda_index", index), ("index_note", note),
                ("detail", build.evidence)),

@@ -18,6 +18,7 @@ dlopen fails on those too.
 
 from __future__ import annotations
 
+from .. import fsprobe
 from .._record import replace
 from ..elf import ElfError, read_elf
 from ..findings import Issue
@@ -52,14 +53,14 @@ def core_variants(names: list[str]) -> list[tuple[int, str]]:
 
 
 def torchcodec_issues(pkg_dir: str, env: Mapping[str, str], cwd: str, node: NodeProfile,
-                      budget: Budget) -> list[Issue]:
+                      budget: Budget, files: fsprobe.Files = fsprobe.HOST) -> list[Issue]:
     """torchcodec-no-ffmpeg when none of the package's core variants finds all
     of its FFmpeg libraries on the node; [] when one does, or when there is
     nothing to judge (no variants, or only variants of another machine: those
     fail for a reason other rules report)."""
     base = pkg_dir.rstrip("/") or "/"
     try:
-        names = listdir(host_path(base, node, cwd))
+        names = listdir(host_path(base, node, cwd, files), files)
     except (OSError, ValueError):
         return []
     variants = core_variants(names)
@@ -70,7 +71,7 @@ def torchcodec_issues(pkg_dir: str, env: Mapping[str, str], cwd: str, node: Node
         budget.tick()
         path = f"{base}/{name}"
         try:
-            info = read_elf(host_path(path, node, cwd), budget=budget)
+            info = read_elf(host_path(path, node, cwd, files), budget=budget, files=files)
         except (OSError, ElfError):
             continue  # unreadable or not ELF: not this rule's finding
         budget.take_file()
@@ -80,7 +81,7 @@ def torchcodec_issues(pkg_dir: str, env: Mapping[str, str], cwd: str, node: Node
         if not ffmpeg:
             return []  # FFmpeg linked in statically: this variant loads
         tree = resolve(path, replace(info, needed=ffmpeg), node, env,
-                       Loading(cwd=cwd, budget=budget, exec_origin=False))
+                       Loading(cwd=cwd, budget=budget, exec_origin=False, files=files))
         if not tree.missing and not tree.fatal:
             return []
         majors.append(str(major))
@@ -106,7 +107,7 @@ def torchcodec_issues(pkg_dir: str, env: Mapping[str, str], cwd: str, node: Node
     shown = ", ".join(foreign[:4]) + (f" and {len(foreign) - 4} more" if len(foreign) > 4 else "")
     return [Issue(
         "torchcodec-no-ffmpeg", pkg_dir, "",
-        causes=path_causes(pkg_dir, env),
+        causes=path_causes(pkg_dir, env, (), files),
         facts=(("majors", ", ".join(majors)), ("missing", ", ".join(missing)),
                ("name", first_name), ("candidates", shown)),
     )]

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import os
 
+from .. import fsprobe
 from ..budget import Budget, BudgetExceeded
 from ..node import NodeProfile
 from .nodepath import host_path, read_small
@@ -223,24 +224,30 @@ def _first_lines(text: bytes | str, count: int) -> bytes | str:
     return text[:pos + 1]
 
 
+#: The most of a script :func:`command_imports` reads.
+SCRIPT_BYTES = 256 * 1024
+
+
 def read_script(path: str, *, cwd: str, node: NodeProfile, budget: Budget,
-                max_bytes: int = 256 * 1024) -> bytes | None:
+                max_bytes: int = SCRIPT_BYTES,
+                files: fsprobe.Files = fsprobe.HOST) -> bytes | None:
     """The first ``max_bytes`` of a script (node path, relative to ``cwd``),
-    stat'ed through fsprobe and charged to the budget; None if unreadable."""
+    stat'ed in ``files`` and charged to the budget; None if unreadable."""
     node_path = path if path.startswith("/") else os.path.join(cwd or "/", path)
-    return read_small(host_path(node_path, node, cwd), max_bytes, budget)
+    return read_small(host_path(node_path, node, cwd, files), max_bytes, budget, files)
 
 
 def command_imports(kind: str, value: str, *, cwd: str, node: NodeProfile, budget: Budget,
-                    max_bytes: int = 256 * 1024) -> tuple[str, ...]:
+                    files: fsprobe.Files = fsprobe.HOST) -> tuple[str, ...]:
     """Top-level module names the command is known to import (in first-use order).
 
     ``kind``/``value`` as in ``interp.PyCommand``: ``"module"`` -> the first
     component of the module name; ``"code"`` -> the imports of the ``-c``
-    text; ``"script"`` -> the script file's (read at most ``max_bytes``: a
-    longer file is cut at its last complete line); ``"stdin"``/``"none"`` ->
-    nothing. Never raises, except BudgetExceeded.
+    text; ``"script"`` -> the script file's (read in ``files``, at most
+    :data:`SCRIPT_BYTES`: a longer file is cut at its last complete line);
+    ``"stdin"``/``"none"`` -> nothing. Never raises, except BudgetExceeded.
     """
+    max_bytes = SCRIPT_BYTES
     try:
         if kind == "module":
             name = _top(value)
@@ -248,7 +255,8 @@ def command_imports(kind: str, value: str, *, cwd: str, node: NodeProfile, budge
         if kind == "code":
             return source_imports(value, "<string>")
         if kind == "script":
-            data = read_script(value, cwd=cwd, node=node, budget=budget, max_bytes=max_bytes)
+            data = read_script(value, cwd=cwd, node=node, budget=budget, max_bytes=max_bytes,
+                               files=files)
             if not data:
                 return ()
             if len(data) >= max_bytes:

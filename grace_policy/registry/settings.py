@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from .._record import dataclass, field
+from ..fsprobe import HOST, Files
 
 #: The most of ``.credentials`` read (a netrc is a few lines).
 MAX_CREDENTIALS = 256 * 1024
@@ -60,12 +61,13 @@ class Settings:
         return f"{self.config_path}/.credentials" if self.config_path.startswith("/") else ""
 
 
-def for_pyxis(job_env: Mapping[str, str], *, search: str | None = None) -> Settings:
+def for_pyxis(job_env: Mapping[str, str], *, search: str | None = None,
+              files: Files = HOST) -> Settings:
     """The settings of the enroot pyxis runs for this step (slurmstepd's
     PATH finds it; ``search`` overrides that PATH for tests)."""
     from ..container.enroot import PYXIS_DENIED, _settings
 
-    found = _settings(job_env, None, None, search)
+    found = _settings(job_env, None, None, search, files.host())
     if found is None:  # no enroot: pyxis cannot pull either; enroot's defaults
         env = {k: v for k, v in job_env.items() if k not in PYXIS_DENIED}
         return _from(env, env)
@@ -78,7 +80,7 @@ def for_user(env: Mapping[str, str], *, search: str | None = None) -> Settings:
     environment keeps every ``ENROOT_*`` it sets."""
     from ..container.enroot import _settings
 
-    found = _settings(env, None, None, search if search is not None else env.get("PATH"))
+    found = _settings(env, None, None, search if search is not None else env.get("PATH"), HOST)
     if found is None:
         return _from(dict(env), dict(env))
     # _settings drops what pyxis withholds; a user's own enroot sees it all.
@@ -101,15 +103,14 @@ def _from(settings: Mapping[str, str], full: Mapping[str, str]) -> Settings:
 _FALSE = frozenset({"n", "no", "N", "No", "NO", "f", "false", "F", "False", "FALSE"})
 
 
-def read_logins(path: str, env: Mapping[str, str]) -> list[Login]:
-    """The entries of a ``.credentials`` file; [] when there is none or it is
-    not a regular file. ``$VAR``/``${VAR}`` passwords from ``env``."""
+def read_logins(path: str, env: Mapping[str, str], files: Files = HOST) -> list[Login]:
+    """The entries of a ``.credentials`` file (in ``files``, this host's);
+    [] when there is none or it is not a regular file. ``$VAR``/``${VAR}``
+    passwords from ``env``."""
     if not path:
         return []
-    from .. import fsprobe
-
     try:
-        data = fsprobe.read_file(path, MAX_CREDENTIALS)
+        data = files.read_file(path, MAX_CREDENTIALS)
     except OSError:
         return []
     return parse_logins(data.decode("utf-8", "replace"), env)

@@ -62,7 +62,7 @@ def elf(sections: list[tuple[str, bytes, int]]) -> bytes:
 def read(tmp_path: Path, data: bytes, budget: Budget | None = None):  # type: ignore[no-untyped-def]
     path = tmp_path / "lib.so"
     path.write_bytes(data)
-    return read_fatbins(str(path), fsprobe, budget)
+    return read_fatbins(str(path), fsprobe.HOST, budget)
 
 
 def test_a_well_formed_synthetic_file(tmp_path: Path) -> None:
@@ -136,9 +136,9 @@ def test_not_elf_or_not_64_bit_le_has_no_entries(tmp_path: Path) -> None:
     data = bytearray(elf([(".nv_fatbin", fatbin(entry()), 0x1000)]))
     data[5] = 2  # big-endian
     assert read(tmp_path, bytes(data)).entries == ()
-    missing = read_fatbins(str(tmp_path / "nope.so"), fsprobe)
+    missing = read_fatbins(str(tmp_path / "nope.so"), fsprobe.HOST)
     assert missing.problems and "cannot open" in missing.problems[0]
-    assert read_fatbins(str(tmp_path), fsprobe).problems  # a directory
+    assert read_fatbins(str(tmp_path), fsprobe.HOST).problems  # a directory
 
 
 def test_budget_is_charged_and_propagates(tmp_path: Path) -> None:
@@ -160,7 +160,7 @@ def test_byte_flips_of_a_real_library_never_raise(tmp_path: Path) -> None:
     [fx] = [f for f in build_fixtures(toolchain()) if f.name == "x86_64/libzip_sm80_ptx90.so"]
     original = fx.path.read_bytes()
     shoff = struct.unpack_from("<Q", original, 40)[0]
-    info = read_fatbins(str(fx.path), fsprobe)
+    info = read_fatbins(str(fx.path), fsprobe.HOST)
     hot = [(0, 64), (shoff, len(original)), (info.entries[0].offset - 16,
                                               info.entries[-1].offset + 128)]
     rng = random.Random(26)
@@ -205,12 +205,12 @@ def test_cold_page_cache_and_plain_files_read_the_same() -> None:
     from .toolchain import curand_lib
 
     path = str(curand_lib("aarch64"))
-    warm = read_fatbins(path, fsprobe)
+    warm = read_fatbins(path, fsprobe.HOST)
     fd = os.open(path, os.O_RDONLY)
     try:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
     finally:
         os.close(fd)
-    cold = read_fatbins(path, fsprobe, Budget())
+    cold = read_fatbins(path, fsprobe.HOST, Budget())
     assert cold == warm and len(warm.entries) > 100
     assert read_fatbins(path, _Files) == warm

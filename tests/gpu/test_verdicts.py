@@ -61,7 +61,7 @@ def _fixtures():  # type: ignore[no-untyped-def]
 def test_fixture_verdicts_follow_the_documented_rules(driver: tuple[int, int]) -> None:
     checked = 0
     for fx in _fixtures():
-        info = read_fatbins(str(fx.path), fsprobe)
+        info = read_fatbins(str(fx.path), fsprobe.HOST)
         for gpu, outcome in zip(GPUS, EXPECTED[fx.variant]):
             if outcome == J and driver < (13, 5):
                 outcome = "too-new"
@@ -75,7 +75,7 @@ def test_fixture_verdicts_follow_the_documented_rules(driver: tuple[int, int]) -
 def test_a_gpu_step_needs_every_gpu_served() -> None:
     """On a node with two kinds of GPU, the worst of the two counts."""
     [fx] = [f for f in _fixtures() if f.name == "x86_64/libsm80_sm90.so"]
-    info = read_fatbins(str(fx.path), fsprobe)
+    info = read_fatbins(str(fx.path), fsprobe.HOST)
     assert judge_kernels(info, StepGpus(((9, 0),), (13, 5))) is None
     mixed = judge_kernels(info, StepGpus(((9, 0), (10, 0)), (13, 5)))
     assert mixed is not None and mixed.rule == "gpu-arch-missing"
@@ -84,13 +84,13 @@ def test_a_gpu_step_needs_every_gpu_served() -> None:
 
 def test_no_gpus_no_judgement() -> None:
     [fx] = [f for f in _fixtures() if f.name == "x86_64/libsm80.so"]
-    info = read_fatbins(str(fx.path), fsprobe)
+    info = read_fatbins(str(fx.path), fsprobe.HOST)
     assert judge([info], [("libcudart.so.13", "/x")], StepGpus((), (12, 8))) == ()
 
 
 def test_message_names_file_holdings_gpu_error_and_fix() -> None:
     [fx] = [f for f in _fixtures() if f.name == "aarch64/libsm80_sm90.so"]
-    info = read_fatbins(str(fx.path), fsprobe)
+    info = read_fatbins(str(fx.path), fsprobe.HOST)
     [issue] = judge([info], [], StepGpus(((10, 0),), (13, 0)), cuda_index="cu130")
     finding = Catalogue.load().finding(issue, {"partition": "gb200", "node_arch": "aarch64"})
     assert finding is not None and finding.severity == "error"
@@ -104,7 +104,7 @@ def test_message_names_file_holdings_gpu_error_and_fix() -> None:
 
 def test_jit_and_too_new_ptx_messages() -> None:
     [fx] = [f for f in _fixtures() if f.name == "x86_64/libptx90.so"]
-    info = read_fatbins(str(fx.path), fsprobe)
+    info = read_fatbins(str(fx.path), fsprobe.HOST)
     cat = Catalogue.load()
     ctx = {"partition": "gb200"}
     [jit] = judge([info], [], StepGpus(((10, 0),), (13, 5)))
@@ -132,7 +132,7 @@ def test_runtime_major_against_the_driver() -> None:
     rt12 = cudart12_lib()
     soname12 = read_elf(str(rt12)).soname
     assert soname12 == "libcudart.so.12"
-    info = read_fatbins(str(exe.path), fsprobe)
+    info = read_fatbins(str(exe.path), fsprobe.HOST)
     sonames = [(n, str(exe.path)) for n in _needed(exe.path)]
     [issue] = judge([info], sonames, StepGpus(((8, 0),), (12, 8)))
     assert issue.rule == "cuda-driver-too-old" and issue.fact("name") == "libcudart.so.13"
@@ -150,7 +150,7 @@ def test_runtime_major_against_the_driver() -> None:
 
 def test_torch_2_14_1_runs_on_blackwell_and_not_on_volta() -> None:
     """The real torch CUDA library: sm_75..sm_120 cubins, no PTX."""
-    info = read_fatbins(str(torch_cuda_lib()), fsprobe)
+    info = read_fatbins(str(torch_cuda_lib()), fsprobe.HOST)
     for gpu in ((7, 5), (8, 0), (9, 0), (10, 0), (10, 3), (12, 0), (12, 1)):
         assert judge_kernels(info, StepGpus((gpu,), (13, 0))) is None, gpu
     issue = judge_kernels(info, StepGpus(((7, 0),), (13, 0)))
@@ -162,8 +162,8 @@ def test_every_remedy_of_the_three_rules_is_filled() -> None:
     """Each cause's text, with the facts the judgement gives and what a
     container step's context adds, leaves no {field} unfilled."""
     fx = {f.name: f for f in _fixtures()}
-    sm80 = read_fatbins(str(fx["x86_64/libsm80.so"].path), fsprobe)
-    ptx = read_fatbins(str(fx["x86_64/libptx90.so"].path), fsprobe)
+    sm80 = read_fatbins(str(fx["x86_64/libsm80.so"].path), fsprobe.HOST)
+    ptx = read_fatbins(str(fx["x86_64/libptx90.so"].path), fsprobe.HOST)
     issues = judge([sm80, ptx], [("libcudart.so.13", "/opt/x/libcudart.so.13")],
                    StepGpus(((10, 0),), (12, 8)), cuda_index="cu128")
     issues += judge([ptx], [], StepGpus(((10, 0),), (13, 5)))

@@ -57,7 +57,7 @@ def predict(path: Path, gpu: tuple[int, int], driver: tuple[int, int] | None) ->
     for soname in read_elf(str(path)).needed:
         if judge_runtime(soname, str(path), gpus) is not None:
             return "cudaErrorInsufficientDriver"
-    info = read_fatbins(str(path), fsprobe)
+    info = read_fatbins(str(path), fsprobe.HOST)
     choice = arch.choose(info.loadable(), gpu, driver)
     if choice.outcome == "cubin":
         return f"kernel ran binary={choice.entry.sm}"  # type: ignore[union-attr]

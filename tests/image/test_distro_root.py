@@ -105,5 +105,5 @@ def test_real_root_resolves_as_its_own_loader(root: Path, tmp_path: Path) -> Non
     from grace_policy import fsprobe
     from grace_policy.image.step import image_glibc
 
-    with fsprobe.using(sqsh.view):
-        assert image_glibc(HOST) == (int(m.group(1)), int(m.group(2)))
+    inside = fsprobe.Files().inside(sqsh.view)
+    assert image_glibc(HOST, None, inside) == (int(m.group(1)), int(m.group(2)))

@@ -1,4 +1,4 @@
-"""Every reader reads through fsprobe (the one view of the files).
+"""Every reader reads through fsprobe's Files (the one view of the files).
 
 A raw ``os.stat``/``open`` in a reader would read the *host* while the step
 runs in an image (a host file shadowing the image's program would decide the

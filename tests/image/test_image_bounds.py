@@ -229,15 +229,15 @@ def test_a_directory_swapped_while_it_is_listed_is_never_replayed(
         os.rename(other, site)  # the listing sees the other directory
         return real_listdir(path)
 
-    fsprobe.start()
+    files = fsprobe.Files.recorded()
     monkeypatch.setattr(os, "listdir", swapping)
-    names = fsprobe.listdir(str(site))
+    names = files.listdir(str(site))
     monkeypatch.setattr(os, "listdir", real_listdir)
-    probes = fsprobe.stop()
+    probes = files.records()
     assert names == ["foreign.so"]
     assert probes == [("D", str(site), fsprobe.CHANGED)], probes
     # Without a swap the answer is the directory's, and it replays.
-    fsprobe.start()
-    fsprobe.listdir(str(site))
-    (record,) = fsprobe.stop()
+    files = fsprobe.Files.recorded()
+    files.listdir(str(site))
+    (record,) = files.records()
     assert record[2] != fsprobe.CHANGED and fsprobe.still_true([record])

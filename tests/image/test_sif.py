@@ -20,7 +20,7 @@ import pytest
 from corpus import CorpusUnavailable, _give_up
 
 from grace_policy import fsprobe
-from grace_policy.check import check_step
+from grace_policy.check import CheckInput, check, check_step
 from grace_policy.image import ImageError
 from grace_policy.image.open import open_image
 from grace_policy.image.sif import DESCRIPTOR, HEADER
@@ -126,9 +126,10 @@ def test_verdicts_in_a_sif(sifs: dict[str, tuple[Path, Path]]) -> None:
     x86 = sifs["x86_64"][1]
     if HOST.machine == "x86_64":
         image = open_image(str(x86), budget=roomy())
-        fsprobe.start()
-        assert check_step(["hello"], image.step_env({}), "/", HOST, image=image).issues == ()
-        assert [r for r in fsprobe.stop() if r[0] not in ("v", "i")] == \
+        files = fsprobe.Files.recorded()
+        assert check(CheckInput(["hello"], image.step_env({}), "/", HOST, image=image,
+                                files=files)).issues == ()
+        assert [r for r in files.records() if r[0] not in ("v", "i")] == \
             [("s", str(x86), fsprobe.signature(os.stat(x86)))]
 
 

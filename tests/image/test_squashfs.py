@@ -19,7 +19,7 @@ from test_hostile import no_hang
 
 from grace_policy import fsprobe
 from grace_policy.budget import Budget, BudgetExceeded
-from grace_policy.check import check_step
+from grace_policy.check import CheckInput, check, check_step
 from grace_policy.image import ImageError
 from grace_policy.image.open import open_image
 from grace_policy.image.squashfs import SquashView
@@ -211,11 +211,11 @@ def test_cache_record_is_the_image_identity(images: dict[tuple[str, str], Path],
     copy = tmp_path / "img.sqsh"
     shutil.copy2(images[("x86_64", "lzo")], copy)
     image = open_image(str(copy), budget=roomy())
-    fsprobe.start()
-    check_step(["hello"], image.step_env({}), "/", HOST, image=image)
+    files = fsprobe.Files.recorded()
+    check(CheckInput(["hello"], image.step_env({}), "/", HOST, image=image, files=files))
     # Only the image file, as the C side can replay it: no inner path (the
     # rest are the step's inputs: env variables the GPU decision read).
-    record = [r for r in fsprobe.stop() if r[0] not in ("v", "i")]
+    record = [r for r in files.records() if r[0] not in ("v", "i")]
     assert record == [("s", str(copy), fsprobe.signature(os.stat(copy)))]
     assert fsprobe.still_true(record)
     os.utime(copy, ns=(1, 1))

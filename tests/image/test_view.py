@@ -10,7 +10,7 @@ import pytest
 
 from grace_policy import fsprobe
 from grace_policy.budget import Budget
-from grace_policy.check import check_step
+from grace_policy.check import CheckInput, check, check_step
 from grace_policy.image.open import open_image
 from grace_policy.image.view import DirView
 from grace_policy.node import NodeProfile, detect
@@ -58,13 +58,13 @@ def test_links_resolve_inside(x86_root: Path) -> None:
 
 def test_fsprobe_uses_the_view_and_records_no_inner_path(x86_root: Path) -> None:
     view = DirView(str(x86_root))
-    fsprobe.start()
-    with fsprobe.using(view):
-        assert fsprobe.isfile("/usr/bin/hello")
-        assert not fsprobe.exists("/etc/hostname")
-        assert fsprobe.realpath("/bin/abs") == "/usr/bin/hello"
-    assert fsprobe.current_view() is None
-    record = fsprobe.stop()
+    host = fsprobe.Files.recorded()
+    inside = host.inside(view)
+    assert inside.isfile("/usr/bin/hello")
+    assert not inside.exists("/etc/hostname")
+    assert inside.realpath("/bin/abs") == "/usr/bin/hello"
+    assert host.view is None  # the host's object is untouched
+    record = host.records()
     # A tree has no identity a replay can vouch for: one CHANGED answer, so
     # the check never becomes a cache entry; no inner path is recorded.
     assert record == [("s", str(x86_root), fsprobe.CHANGED)]
@@ -151,12 +151,11 @@ def test_image_glibc_is_its_ld_so(x86_root: Path) -> None:
                           check=True).stdout
     m = re.search(r"release version (\d+)\.(\d+)", said)
     assert m
-    with fsprobe.using(DirView(str(x86_root))):
-        assert image_glibc(HOST) == (int(m.group(1)), int(m.group(2)))
+    inside = fsprobe.Files().inside(DirView(str(x86_root)))
+    assert image_glibc(HOST, None, inside) == (int(m.group(1)), int(m.group(2)))
     empty = x86_root.parent / "empty"
     empty.mkdir(exist_ok=True)
-    with fsprobe.using(DirView(str(empty))):
-        assert image_glibc(HOST) is None
+    assert image_glibc(HOST, None, fsprobe.Files().inside(DirView(str(empty)))) is None
 
 
 def test_mounts_are_seen_where_the_runtime_mounts_them(x86_root: Path, tmp_path: Path) -> None:
@@ -172,10 +171,10 @@ def test_mounts_are_seen_where_the_runtime_mounts_them(x86_root: Path, tmp_path:
     view = image.view
     assert "u" in view.listdir("/home") if view.lstat("/home") else True  # type: ignore[attr-defined]
     assert view.realpath("/home/u/bin/mine") == "/usr/bin/hello"  # type: ignore[attr-defined]
-    fsprobe.start()
-    report = check_step(["/home/u/bin/script"], image.step_env({}), "/home/u", HOST,
-                        image=image)
-    record = fsprobe.stop()
+    files = fsprobe.Files.recorded()
+    report = check(CheckInput(["/home/u/bin/script"], image.step_env({}), "/home/u", HOST,
+                              image=image, files=files))
+    record = files.records()
     assert report.issues == () and [h.kind for h in report.hops] == ["script", "elf"]
     # The image's identity, and the mount that was read: never a cache entry.
     assert record[0][0] == "s" and record[0][1] == str(sqsh)
@@ -184,7 +183,38 @@ def test_mounts_are_seen_where_the_runtime_mounts_them(x86_root: Path, tmp_path:
     assert [i.rule for i in check_step(["/bin/true"], {}, "/", HOST, image=image).issues] == \
         ["exe-not-found"]
     plain = open_image(str(sqsh), budget=roomy())
-    fsprobe.start()
-    check_step(["hello"], plain.step_env({}), "/", HOST, image=plain)
-    assert [r for r in fsprobe.stop() if r[0] not in ("v", "i")] == \
+    files = fsprobe.Files.recorded()
+    check(CheckInput(["hello"], plain.step_env({}), "/", HOST, image=plain, files=files))
+    assert [r for r in files.records() if r[0] not in ("v", "i")] == \
         [("s", str(sqsh), fsprobe.signature(os.stat(sqsh)))]
+
+
+def test_the_host_and_an_image_never_read_through_each_other(x86_root: Path,
+                                                             tmp_path: Path) -> None:
+    """The check's files are an object: judging an image makes another one
+    (``files.inside``) and nothing is swapped, so a host check after an
+    image check (and an image check after a host one) reads its own files
+    while both write into the one record (issue 28)."""
+    if HOST.machine != "x86_64":
+        pytest.skip("runs the x86_64 image's programs as the host's")
+    import shutil
+
+    host_only = tmp_path / "host-only"
+    shutil.copy2("/bin/true", host_only)
+    image = open_image(str(x86_root), budget=roomy())
+    files = fsprobe.Files.recorded()
+    inside = files.inside(image.view)
+    assert inside.isfile("/usr/bin/hello") and not inside.isfile(str(host_only))
+    assert files.isfile(str(host_only)) and files.view is None and inside.log is files.log
+
+    first = check(CheckInput(["hello"], image.step_env({}), "/", HOST, image=image, files=files))
+    host = check(CheckInput([str(host_only)], {"PATH": "/usr/bin"}, str(tmp_path), HOST,
+                            files=files))
+    again = check(CheckInput([str(host_only)], image.step_env({}), "/", HOST, image=image,
+                             files=files))
+    assert first.issues == () and host.issues == ()
+    assert [i.rule for i in again.issues] == ["exe-not-found"]  # the host's file is not there
+    assert files.view is None
+    recorded = {path for _op, path, _answer in files.records()}
+    assert str(host_only) in recorded and str(x86_root) in recorded
+    assert "/usr/bin/hello" not in recorded  # no inner path reaches the record

@@ -27,7 +27,7 @@ import pytest
 from fixtures.build import ElfBuilder
 from roomy import ROOMY
 
-from grace_policy import elf, loader
+from grace_policy import elf, fsprobe, loader
 from grace_policy.budget import Budget
 from grace_policy.context import StepContext
 from grace_policy.decide import StepRequest, decide
@@ -96,8 +96,8 @@ def _model_origin(e: step.Environment, dotted: str) -> tuple[str | None, tuple[s
         loc = find_top_level(part, dirs, e.suffixes, e.budget, Scope(e.node, e.cwd))
         if loc.kind == "missing" and e.paths.editables:
             # sys.meta_path goes on to the editable finder (MAPPING holds 'ns.sub')
-            loc = editable.locate(name, e.paths.editables, e.suffixes, e.node,
-                                  e.budget) or loc
+            loc = editable.locate(name, e.paths.editables, e.suffixes, e.budget,
+                                  Scope(e.node)) or loc
     if loc.kind == "missing":
         return None, loc.foreign
     if loc.kind == "namespace":
@@ -382,7 +382,6 @@ def test_an_unreadable_finder_is_a_note_never_a_guess(tmp_path: Path) -> None:
 
 def test_what_the_editable_model_read_is_recorded(tmp_path: Path) -> None:
     """The verdict cache must see a changed finder or mapped directory."""
-    from grace_policy import fsprobe
     from grace_policy.python import editable
 
     it, site = _fake(tmp_path)
@@ -393,13 +392,12 @@ def test_what_the_editable_model_read_is_recorded(tmp_path: Path) -> None:
     finder = site / "__editable___e_finder.py"
     finder.write_text(f"MAPPING = {{'a': {str(src)!r}}}\nNAMESPACES = {{}}\n"
                       "class _EditableFinder: pass\ndef install(): pass\n")
-    fsprobe.start()
-    try:
-        sp = _sys_path(it, tmp_path)
-        from grace_policy import node
-        hit = editable.locate("a", sp.editables, (".so",), node.detect(), Budget())
-    finally:
-        records = fsprobe.stop()
+    files = fsprobe.Files.recorded()
+    sp = _sys_path(it, tmp_path, files)
+    from grace_policy import node
+    hit = editable.locate("a", sp.editables, (".so",), Budget(),
+                          Scope(node.detect(), files=files))
+    records = files.records()
     assert hit is not None and (hit.kind, hit.path) == ("package", str(src))
     seen = {(op, p) for op, p, _ in records}
     assert ("s", str(finder)) in seen
@@ -431,7 +429,7 @@ def _fake(tmp_path: Path):
     return interp.Interpreter(str(exe), str(exe), (3, 11), "test"), site
 
 
-def _sys_path(it: interp.Interpreter, tmp_path: Path):
+def _sys_path(it: interp.Interpreter, tmp_path: Path, files: fsprobe.Files = fsprobe.HOST):
     from grace_policy import node
     from grace_policy.python import sitepath
 
@@ -439,7 +437,8 @@ def _sys_path(it: interp.Interpreter, tmp_path: Path):
                              interp.PyCommand("code", "pass"), StepContext(node=node.detect(),
                                                                            env={},
                                                                            cwd=str(tmp_path),
-                                                                           budget=Budget()))
+                                                                           budget=Budget(),
+                                                                           files=files))
 
 
 # -- sitecustomize / usercustomize -----------------------------------------------

@@ -586,11 +586,10 @@ def test_walk_is_recorded_for_the_verdict_cache(pkg_tree: Path) -> None:
     """Every directory the walk lists is a "D" record; a module added after
     the check makes the record stale (a cache miss, never a stale allow)."""
     from grace_policy import fsprobe
-    fsprobe.start()
-    try:
-        package_extensions(str(pkg_tree / "pkg"), X86, Budget(deadline_ms=10_000))
-    finally:
-        records = fsprobe.stop()
+    files = fsprobe.Files.recorded()
+    package_extensions(str(pkg_tree / "pkg"), X86, Budget(deadline_ms=10_000),
+                       scope=Scope(files=files))
+    records = files.records()
     listed = {path for op, path, _ in records if op == "D"}
     walked = {d for d, _, _ in os.walk(pkg_tree / "pkg")
               if "__pycache__" not in d and ".libs" not in d}

@@ -303,11 +303,9 @@ def test_step_gpus_reads_only_the_step_variables(env: dict[str, str],
 
 
 def test_every_variable_read_is_noted_for_the_verdict_cache() -> None:
-    fsprobe.start()
-    try:
-        step_gpus({"SLURM_STEP_GPUS": "1"})
-    finally:
-        record = fsprobe.stop()
+    files = fsprobe.Files.recorded()
+    step_gpus({"SLURM_STEP_GPUS": "1"}, files)
+    record = files.records()
     assert ("v", "SLURM_GPUS_ON_NODE", "-") in record
     assert ("v", "SLURM_STEP_GPUS", "=1") in record
 

@@ -165,12 +165,10 @@ def test_the_deadline_covers_the_scan(tmp_path: Path) -> None:
 def test_what_the_scan_asks_is_recorded(tmp_path: Path, elf_builder: ElfBuilder) -> None:
     cache = tmp_path / "cache"
     launcher = triton(cache, elf_builder, "x86_64", "K")
-    fsprobe.start()
-    try:
-        jit_cache_issues({"TRITON_CACHE_DIR": str(cache), "HOME": "/nonexistent"}, GRACE,
-                         Budget())
-    finally:
-        record = fsprobe.stop()
+    files = fsprobe.Files.recorded()
+    jit_cache_issues({"TRITON_CACHE_DIR": str(cache), "HOME": "/nonexistent"}, GRACE,
+                     Budget(), files=files)
+    record = files.records()
     assert ("v", "TRITON_CACHE_DIR", f"={cache}") in record
     assert ("v", "HOME", "=/nonexistent") in record
     paths = {path for _op, path, _answer in record}
@@ -183,13 +181,11 @@ def test_a_foreign_build_added_after_a_clean_verdict_breaks_its_record(
     cache = tmp_path / "cache"
     triton(cache, elf_builder, "aarch64", "K")
     env = {"TRITON_CACHE_DIR": str(cache)}
-    fsprobe.start()
-    try:
-        assert jit_cache_issues(env, GRACE, Budget()) == []
-    finally:
-        # Environment variables ("v") are the step's inputs, matched by the C
-        # side against the next step's environment; the rest is the filesystem.
-        record = [r for r in fsprobe.stop() if r[0] != "v"]
+    files = fsprobe.Files.recorded()
+    assert jit_cache_issues(env, GRACE, Budget(), files=files) == []
+    # Environment variables ("v") are the step's inputs, matched by the C
+    # side against the next step's environment; the rest is the filesystem.
+    record = [r for r in files.records() if r[0] != "v"]
     assert fsprobe.still_true(record)
     triton(cache, elf_builder, "x86_64", "K2")  # a new entry in the cache root
     assert not fsprobe.still_true(record)

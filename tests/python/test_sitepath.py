@@ -333,19 +333,16 @@ def test_what_the_model_read_is_recorded(tmp_path: Path) -> None:
     it, site = _fake_python(tmp_path)
     (site / "a.pth").write_text("sub\n")
     (site / "sub").mkdir()
-    fsprobe.start()
-    try:
-        sitepath.sys_path(it, interp.PyFlags(), interp.PyCommand("code", "pass"),
-                          StepContext(node=_node.detect(),
-                                      env={"PYTHONPATH": "/x", "HOME": str(tmp_path)}, cwd="/",
-                                      budget=Budget()))
-    finally:
-        records = fsprobe.stop()
+    files = fsprobe.Files.recorded()
+    sitepath.sys_path(it, interp.PyFlags(), interp.PyCommand("code", "pass"),
+                      StepContext(node=_node.detect(),
+                                  env={"PYTHONPATH": "/x", "HOME": str(tmp_path)}, cwd="/",
+                                  budget=Budget(), files=files))
+    records = files.records()
     paths = {(op, p) for op, p, _ in records}
     assert ("s", str(site / "a.pth")) in paths
     assert ("v", "PYTHONPATH") in paths and ("v", "HOME") in paths
-    if hasattr(fsprobe, "listdir"):
-        assert ("D", str(site)) in paths
+    assert ("D", str(site)) in paths
 
 
 def test_node_image_root(tmp_path: Path) -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from grace_policy import fsprobe
 from grace_policy.budget import Budget, BudgetExceeded
+from grace_policy.context import StepContext
 from grace_policy.node import NodeProfile
 from grace_policy.python.torch_build import (
     _marker_applies,
@@ -198,12 +199,9 @@ def test_node_image_root_is_read_first(tmp_path: Path) -> None:
 
 def test_reads_are_recorded_for_the_verdict_cache(tmp_path: Path) -> None:
     torch_dir, meta = install_torch(tmp_path, version_py=V1_CPU, libs=(), metadata=None)
-    fsprobe.start()
-    try:
-        torch_issues(str(torch_dir), str(meta), GPU_ENV, GRACE, cuda_index="cu130",
-                     budget=Budget())
-    finally:
-        record = fsprobe.stop()
+    files = fsprobe.Files.recorded()
+    torch_issues(str(torch_dir), str(meta), _ctx(GPU_ENV, "cu130", files))
+    record = files.records()
     paths = {path for _op, path, _answer in record}
     assert str(torch_dir / "version.py") in paths
     assert ("v", "SLURM_GPUS_ON_NODE", "=4") in record
@@ -221,11 +219,17 @@ def test_parsers_on_odd_input() -> None:
     assert public_version("2.13.0+cpu") == "2.13.0" and public_version("") == ""
 
 
+def _ctx(env: dict[str, str], cuda_index: str | None,
+         files: fsprobe.Files = fsprobe.HOST) -> StepContext:
+    return StepContext(node=GRACE, env=env, cwd="/", budget=Budget(), cuda_index=cuda_index,
+                       files=files)
+
+
 def issues_for(torch_dir: Path, meta: Path | None, env: dict[str, str] | None = None,
-               cuda_index: str | None = "cu130") -> list:
+               cuda_index: str | None = "cu130",
+               files: fsprobe.Files = fsprobe.HOST) -> list:
     return torch_issues(str(torch_dir), str(meta) if meta else None,
-                        GPU_ENV if env is None else env, GRACE, cuda_index=cuda_index,
-                        budget=Budget())
+                        _ctx(GPU_ENV if env is None else env, cuda_index, files))
 
 
 def test_cpu_torch_on_a_gpu_step_is_a_warning_with_the_remedy(tmp_path: Path) -> None:
@@ -260,11 +264,9 @@ def test_without_a_cuda_index_the_remedy_says_how_to_pick_one(tmp_path: Path) ->
 def test_no_finding_without_step_gpus_and_nothing_read(tmp_path: Path,
                                                        env: dict[str, str]) -> None:
     torch_dir, meta = install_torch(tmp_path, version_py=V1_CPU, libs=(), metadata=None)
-    fsprobe.start()
-    try:
-        assert issues_for(torch_dir, meta, env=env) == []
-    finally:
-        record = fsprobe.stop()
+    files = fsprobe.Files.recorded()
+    assert issues_for(torch_dir, meta, env=env, files=files) == []
+    record = files.records()
     assert all(op == "v" for op, _path, _answer in record)
 
 

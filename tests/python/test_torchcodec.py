@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from fixtures.build import AARCH64_SYSROOT, ElfBuilder, loader_list
 
+from grace_policy import fsprobe
 from grace_policy.budget import Budget, BudgetExceeded
 from grace_policy.elf import read_elf
 from grace_policy.node import NodeProfile
@@ -64,9 +65,9 @@ def ffmpeg(builder: ElfBuilder, where: str, major: int, *, arch: str = "aarch64"
 
 
 def issues(site: Path, env: dict[str, str] | None = None, node: NodeProfile = NODE,
-           budget: Budget | None = None) -> list:
+           budget: Budget | None = None, files: fsprobe.Files = fsprobe.HOST) -> list:
     return torchcodec_issues(str(site / "torchcodec"), env or {}, "/", node,
-                             budget or Budget())
+                             budget or Budget(), files)
 
 
 def test_the_wheel_is_what_the_module_expects(site: Path) -> None:
@@ -193,16 +194,13 @@ def test_the_budget_bounds_the_search(site: Path) -> None:
 
 def test_an_ffmpeg_installed_after_the_verdict_breaks_its_record(
         site: Path, elf_builder: ElfBuilder, tmp_path: Path) -> None:
-    from grace_policy import fsprobe
 
     llp = tmp_path / "ffmpeg-later"
     llp.mkdir()
     env = {"LD_LIBRARY_PATH": str(llp)}
-    fsprobe.start()
-    try:
-        assert len(issues(site, env)) == 1
-    finally:
-        record = fsprobe.stop()
+    files = fsprobe.Files.recorded()
+    assert len(issues(site, env, files=files)) == 1
+    record = files.records()
     assert fsprobe.still_true(record)
     built = ffmpeg(elf_builder, "ffmpeg7", 7)
     for lib in built.iterdir():

@@ -164,12 +164,15 @@ def test_script_files(tmp_path: Path) -> None:
         "re", "sys", "torch")
 
 
-def test_long_script_is_cut_and_bounded(tmp_path: Path) -> None:
+def test_long_script_is_cut_and_bounded(tmp_path: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    from grace_policy.python import usage
+
     body = "import first\n" + "x = 1\n" * 100_000 + "import last\n"
     (tmp_path / "big.py").write_text(body)
     b = budget()
-    got = command_imports("script", str(tmp_path / "big.py"), cwd="/", node=NODE, budget=b,
-                          max_bytes=64 * 1024)
+    monkeypatch.setattr(usage, "SCRIPT_BYTES", 64 * 1024)
+    got = command_imports("script", str(tmp_path / "big.py"), cwd="/", node=NODE, budget=b)
     assert got == ("first",)
     assert b.bytes_read <= 64 * 1024
     tiny = Budget(deadline_ms=60_000, max_bytes=1000)

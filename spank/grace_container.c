@@ -68,7 +68,7 @@ static struct {
 } state;
 
 struct grace_find_pyxis {
-	void *self;   /* an address inside this plugin */
+	const char *self_name; /* this plugin's file, as the loader names it */
 	int seen_self;
 	int found;
 	int before_us;
@@ -99,21 +99,41 @@ static int grace_is_pyxis(const char *path)
 static int grace_phdr_cb(struct dl_phdr_info *info, size_t size, void *data)
 {
 	struct grace_find_pyxis *f = data;
-	Dl_info self;
 
 	(void)size;
-	if (dladdr(f->self, &self) != 0 && self.dli_fname != NULL && info->dlpi_name != NULL &&
-	    strcmp(self.dli_fname, info->dlpi_name) == 0) {
+	if (f->self_name != NULL && info->dlpi_name != NULL &&
+	    strcmp(f->self_name, info->dlpi_name) == 0) {
 		f->seen_self = 1;
 		return 0;
 	}
-	if (!f->found && grace_is_pyxis(info->dlpi_name)) {
+	if (grace_is_pyxis(info->dlpi_name)) {
 		f->found = 1;
 		/* Objects are listed in load order; Slurm loads plugstack.conf's
 		 * plugins in file order, so this says who comes first. */
 		f->before_us = !f->seen_self;
+		return 1; /* the walk ends here */
 	}
 	return 0;
+}
+
+/* Where pyxis is, found once per slurmstepd: the plugins are loaded before
+ * any of ours is called and stay, and the walk (a dladdr and a
+ * dlopen(RTLD_NOLOAD) per loaded object) is not free. */
+static const struct grace_find_pyxis *grace_where_pyxis(void)
+{
+	static struct grace_find_pyxis f;
+	static int done;
+
+	if (!done) {
+		Dl_info self;
+
+		memset(&f, 0, sizeof(f));
+		if (dladdr((void *)&state, &self) != 0)
+			f.self_name = self.dli_fname;
+		dl_iterate_phdr(grace_phdr_cb, &f);
+		done = 1;
+	}
+	return &f;
 }
 
 static void grace_mntns(char *buf, size_t len)
@@ -252,11 +272,10 @@ static int grace_args_job(char *buf, size_t len, size_t *used, uint32_t job_id)
 
 static void grace_pyxis(spank_t sp, const char *cwd, struct grace_container *c)
 {
-	struct grace_find_pyxis f = { .self = (void *)&state };
+	const struct grace_find_pyxis *f = grace_where_pyxis();
 	char image[4096] = "", name[256] = "";
 
-	dl_iterate_phdr(grace_phdr_cb, &f);
-	if (!f.found)
+	if (!f->found)
 		return;
 	if (!grace_pyxis_opt(sp, "container-image", image, sizeof(image)))
 		grace_env(sp, "PYXIS_CONTAINER_IMAGE", image, sizeof(image));
@@ -267,7 +286,7 @@ static void grace_pyxis(spank_t sp, const char *cwd, struct grace_container *c)
 
 	grace_pyxis_args(sp, c);
 	state.pyxis = 1;
-	state.pyxis_before_us = f.before_us;
+	state.pyxis_before_us = f->before_us;
 	{
 		uint32_t step_id = 0;
 
@@ -495,10 +514,9 @@ void grace_container_detect(spank_t sp, char **argv, int argc, const char *cwd,
 
 int grace_container_pyxis_first(void)
 {
-	struct grace_find_pyxis f = { .self = (void *)&state };
+	const struct grace_find_pyxis *f = grace_where_pyxis();
 
-	dl_iterate_phdr(grace_phdr_cb, &f);
-	return f.found && f.before_us;
+	return f->found && f->before_us;
 }
 
 int grace_container_after_pull(const struct grace_container *c, unsigned int job_id,

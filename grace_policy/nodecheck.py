@@ -30,7 +30,7 @@ def main(argv: Sequence[str]) -> int:
     from .checker.server import Refused, Server
     from .checker.syslog import say
 
-    warm.preload()
+    warm.preload(containers=True)
     server = Server(opts["--socket"], opts["--code"], int(opts["--life"]), opts.get("--test"),
                     cache_dir=opts.get("--cache-dir"))
 

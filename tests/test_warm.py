@@ -133,3 +133,29 @@ def test_importing_warm_alone_imports_no_check() -> None:
     assert set(done.stdout.split()) == {"grace_policy", "grace_policy.warm",
                                         "grace_policy.slurm_bridge", "grace_policy._record",
                                         "grace_policy.contract"}
+
+
+def test_the_node_checker_holds_what_a_container_step_imports() -> None:
+    """preload(containers=True), as the node checker calls it: every
+    module of CONTAINERS, and then planning a pyxis registry step and the
+    root pyxis made from it (after_pull) imports no module of ours that the
+    child would pay for on each such step."""
+    code = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from grace_policy import warm
+print(warm.preload(containers=True))
+print([m for m in warm.STEP + warm.CONTAINERS if m not in sys.modules])
+before = set(sys.modules)
+from grace_policy.budget import Budget
+from grace_policy.container import ContainerStep
+from grace_policy.container.plan import plan
+env = {"PATH": "/usr/bin:/bin", "HOME": "/nonexistent"}
+for args in ("", "after_pull=1\\nstep=0\\njob=1\\nslurm_conf=\\n"):
+    plan(ContainerStep("pyxis", "127.0.0.1:9#lab/img:x", False, "pyxis", ["tool"], env, "/",
+                       args=args, batch=False), Budget())
+print(sorted(m for m in set(sys.modules) - before if m.startswith("grace_policy")))
+"""
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", code, str(REPO)],
+                          capture_output=True, text=True, timeout=120, check=True)
+    assert done.stdout.split("\n")[:3] == ["[]", "[]", "[]"], done.stdout

@@ -233,9 +233,12 @@ int grace_afterpull_fork(const struct grace_context *ctx, const struct grace_ste
 			 int *sock, char *err, size_t errlen);
 int grace_afterpull_ask(int sock, const struct timespec *started, unsigned int timeout_ms,
 			struct grace_outcome *out);
+/* until = started + timeout_ms (any clock). */
+void grace_deadline(const struct timespec *started, unsigned int timeout_ms,
+		    struct timespec *until);
 /* The same judgement by the node checker (checker=node), whose interpreter
  * is already warm: a connection of its own, dialed in slurm_spank_init while
- * slurmstepd is root (-1: no node checker for this step); the request
+ * slurmstepd is root (-1: it could not be made); the request
  * (grace_wire.h grace_node_req, made in user_init) goes on it from the
  * first task. */
 int grace_afterpull_dial(const struct grace_context *ctx);

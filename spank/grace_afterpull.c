@@ -111,17 +111,6 @@ static void grace_ap_drop_node(void)
 	ap.node_sock = -1;
 }
 
-/* t, ms later. */
-static void grace_ap_later(struct timespec *t, unsigned int ms)
-{
-	t->tv_sec += ms / 1000;
-	t->tv_nsec += (long)(ms % 1000) * 1000000L;
-	if (t->tv_nsec >= 1000000000L) {
-		t->tv_sec += 1;
-		t->tv_nsec -= 1000000000L;
-	}
-}
-
 int grace_afterpull_prepare(const struct grace_context *ctx, const struct grace_step *step,
 			    const struct grace_container *box, char *err, size_t errlen)
 {
@@ -255,14 +244,8 @@ static void grace_ap_judge(const struct grace_context *ctx, struct grace_ap_shar
 	int rc;
 
 	clock_gettime(CLOCK_MONOTONIC, &t0);
-	if (ap.by_node) {
-		struct timespec until = t0;
-
-		grace_ap_later(&until, ctx->timeout_ms);
-		rc = grace_afterpull_ask_node(ap.sock, &ap.req, &until, &out);
-	} else {
-		rc = grace_afterpull_ask(ap.sock, &t0, ctx->timeout_ms, &out);
-	}
+	rc = ap.by_node ? grace_afterpull_ask_node(ap.sock, &ap.req, &t0, ctx->timeout_ms, &out)
+			: grace_afterpull_ask(ap.sock, &t0, ctx->timeout_ms, &out);
 	for (i = 0; i < r->log.n; i++) {
 		if (r->log.items[i][0] == GRACE_LOG_AUDIT && audit == NULL)
 			audit = r->log.items[i] + 1;
@@ -362,15 +345,15 @@ static int grace_ap_env_apply(spank_t sp, const struct grace_ap_shared *sh)
 int grace_afterpull_task(const struct grace_context *ctx, spank_t sp)
 {
 	struct grace_ap_shared *sh = ap.shared;
-	struct timespec until;
+	struct timespec now, until;
 	int rc, refuse;
 
 	if (sh == NULL)
 		return 0;
 	/* The judging task holds the lock for at most timeout_ms (plus the
 	 * audit write); a waiter gives up a little later and follows on_error. */
-	clock_gettime(CLOCK_REALTIME, &until);
-	grace_ap_later(&until, ctx->timeout_ms + 5000);
+	clock_gettime(CLOCK_REALTIME, &now);
+	grace_deadline(&now, ctx->timeout_ms + 5000, &until);
 	do
 		rc = pthread_mutex_timedlock(&sh->lock, &until);
 	while (rc == EINTR);

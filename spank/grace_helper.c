@@ -485,8 +485,8 @@ static void grace_decode_ended(const char *buf, size_t n, int status, struct gra
 			 WEXITSTATUS(status));
 }
 
-static void grace_deadline(const struct timespec *started, unsigned int timeout_ms,
-			   struct timespec *until)
+void grace_deadline(const struct timespec *started, unsigned int timeout_ms,
+		    struct timespec *until)
 {
 	*until = *started;
 	until->tv_sec += timeout_ms / 1000;
@@ -847,8 +847,6 @@ int grace_afterpull_dial(const struct grace_context *ctx)
 	char why[256];
 	int fd = -1;
 
-	if (!ctx->checker_node || ctx->checker_fd < 0)
-		return -1; /* no node checker for this step: the forked helper then */
 	return grace_node_dial(ctx->checker_socket, &fd, why, sizeof(why)) == 0 ? fd : -1;
 }
 
@@ -1198,13 +1196,16 @@ int grace_afterpull_ask(int sock, const struct timespec *started, unsigned int t
 }
 
 int grace_afterpull_ask_node(int sock, const struct grace_node_req *r,
-			     const struct timespec *until, struct grace_outcome *out)
+			     const struct timespec *started, unsigned int timeout_ms,
+			     struct grace_outcome *out)
 {
+	struct timespec until;
 	int rc;
 
 	memset(out, 0, sizeof(*out));
 	out->rc = -1;
-	rc = grace_node_exchange(sock, r, until, out);
+	grace_deadline(started, timeout_ms, &until);
+	rc = grace_node_exchange(sock, r, &until, out);
 	if (rc == 1 && out->failure == NULL)
 		out->failure = GRACE_FAIL_CHECKER;
 	return rc;

@@ -86,9 +86,11 @@ struct grace_node_req {
 /* 0, or -1 (nothing held). */
 int grace_node_req_make(struct grace_node_req *r, const struct grace_step *step);
 void grace_node_req_free(struct grace_node_req *r);
-/* The after-pull request on sock (grace_afterpull_dial's): 0 answered (out
- * filled), -1 no answer by until, 1 the node checker did not take it. */
+/* The after-pull request on sock (grace_afterpull_dial's), as
+ * grace_afterpull_ask: 0 answered (out filled), -1 no answer within
+ * timeout_ms of started, 1 the node checker did not take it. */
 int grace_afterpull_ask_node(int sock, const struct grace_node_req *r,
-			     const struct timespec *until, struct grace_outcome *out);
+			     const struct timespec *started, unsigned int timeout_ms,
+			     struct grace_outcome *out);
 
 #endif

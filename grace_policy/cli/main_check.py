@@ -392,7 +392,7 @@ def _execute_registry(args: argparse.Namespace, rest: list[str] | None,
                         f"your enroot cache ({escape(held.path)}, {held.layers} layer(s); "
                         "no layer fetched)")
             info = {**_registry_json(step, found), "contents": "cache",
-                    "cache": {"path": held.path, "layers": held.layers, "held": held.held}}
+                    "cache": held.to_json()}
             return _judge_files(args, rest, step, pulled, (info, said))
     if args.json:
         out = verdict.to_json()
@@ -401,8 +401,7 @@ def _execute_registry(args: argparse.Namespace, rest: list[str] | None,
         if found is not None:
             out["registry"] = {**_registry_json(step, found), "contents": "manifest"}
             if held is not None:
-                out["registry"]["cache"] = {"path": held.path, "layers": held.layers,
-                                            "held": held.held, "note": hint}
+                out["registry"]["cache"] = {**held.to_json(), "note": hint}
         print(json.dumps(out, indent=2))
         return EXIT_FOR_ACTION.get(verdict.action, EX_SOFTWARE)
     for line in said:

@@ -88,6 +88,10 @@ class Holding:
         return not self.unusable and self.config and self.layers > 0 \
             and self.held == self.layers
 
+    def to_json(self) -> dict[str, object]:
+        """``registry.cache`` of ``check --image --json``."""
+        return {"path": self.path, "layers": self.layers, "held": self.held}
+
 
 def cache_dir(env: Mapping[str, str]) -> str:
     """``$ENROOT_CACHE_PATH`` as enroot 4.1.2 sets it (``enroot.in``):

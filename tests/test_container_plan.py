@@ -13,6 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import squash
 from roomy import ROOMY
 
 from grace_policy.container import ContainerStep
@@ -33,9 +34,7 @@ def _sqsh(tmp: Path) -> Path:
     if shutil.which("mksquashfs") is None:
         pytest.skip("mksquashfs not installed (bash packaging/install-deps.sh)")
     out = tmp / "img.sqsh"
-    subprocess.run(["mksquashfs", str(_root(tmp)), str(out), "-comp", "gzip", "-quiet",
-                    "-no-progress", "-all-root"], check=True, capture_output=True)
-    return out
+    return squash.mksquashfs(_root(tmp), out, "-comp", "gzip", "-all-root")
 
 
 def test_pyxis_local_image_env_and_cwd(tmp_path: Path) -> None:
@@ -141,8 +140,7 @@ def test_pyxis_batch_step_runs_slurmds_script_inside_the_image(tmp_path: Path) -
     subprocess.run(["gcc", "-static", "-O1", "-o", str(root / "opt/app/bin/sh"), str(src)],
                    check=True, capture_output=True)
     image = tmp_path / "batch.sqsh"
-    subprocess.run(["mksquashfs", str(root), str(image), "-comp", "gzip", "-quiet",
-                    "-no-progress", "-all-root"], check=True, capture_output=True)
+    squash.mksquashfs(root, image, "-comp", "gzip", "-all-root")
     script = tmp_path / "spool" / "job00012" / "slurm_script"
     script.parent.mkdir(parents=True)
     script.write_text("#!/opt/app/bin/sh\n")  # the image's: the host has no /opt/app

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
+import squash
 from fixtures.build import AARCH64_SYSROOT, compile_c, src
 
 TRIPLET = {"x86_64": "x86_64-linux-gnu", "aarch64": "aarch64-linux-gnu"}
@@ -57,7 +57,4 @@ def make_root(root: Path, arch: str, *, cache=None) -> Path:
 
 def mksquashfs(root: Path, out: Path, comp: str, *extra: str) -> Path:
     """``mksquashfs`` of ``root`` (squashfs-tools; real, never vendored)."""
-    subprocess.run(["mksquashfs", str(root), str(out), "-comp", comp, "-noappend",
-                    "-quiet", "-no-progress", *extra], check=True, capture_output=True,
-                   timeout=300)
-    return out
+    return squash.mksquashfs(root, out, "-comp", comp, *extra)

@@ -37,6 +37,7 @@ _TESTS = Path(__file__).resolve().parent.parent
 if str(_TESTS) not in sys.path:
     sys.path.insert(0, str(_TESTS))
 
+import squash  # noqa: E402
 from corpus import CorpusUnavailable, _cached_tree, _run, cache_root, sha256_file  # noqa: E402
 
 REPO = _TESTS.parent
@@ -360,10 +361,7 @@ def mksquashfs(root: Path, out: Path, comp: str = "lzo") -> Path:
     """``root`` as a squashfs image (enroot's own default compression, lzo)."""
     if shutil.which("mksquashfs") is None:
         raise CorpusUnavailable("mksquashfs not installed (bash packaging/install-deps.sh)")
-    if out.exists():
-        out.unlink()
-    subprocess.run(["mksquashfs", str(root), str(out), "-comp", comp, "-all-root",
-                    "-noappend", "-quiet", "-no-progress"], check=True, capture_output=True)
+    squash.mksquashfs(root, out, "-comp", comp, "-all-root")
     out.chmod(0o644)
     return out
 

@@ -26,6 +26,7 @@ report). Arguments after ``--`` go to every part's pytest.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -36,6 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))
+from slurm.groups import CONTAINERS  # noqa: E402  (constants only)
+
 LOGS = REPO / "build" / "test-logs"
 
 _MATRIX = "tests/slurm/test_matrix.py"
@@ -45,6 +49,13 @@ _PACKAGES = "tests/slurm/test_packages.py"
 _VM_NODE = ("tests/test_demos.py", "tests/test_page_oracle.py", "tests/test_grace_node.py",
             "tests/test_pagecode_vm.py")
 _VM_CLUSTER = ("tests/test_two_arch.py",)
+#: The Python model's oracles (real CPythons, editable installs) and the
+#: registry client: about half of the unit tests' time, split off so the
+#: longest part of a warm run uses both CPUs.
+_UNIT_PYTHON = ("tests/python", "tests/registry")
+#: Each part's minutes in the last run that passed (ordering only).
+TIMES = Path(os.environ.get("GRACE_TEST_CACHE")
+             or Path.home() / ".cache" / "grace-policy-tests") / "part-minutes.json"
 
 
 @dataclass(frozen=True)
@@ -52,7 +63,8 @@ class Part:
     name: str
     #: pytest's own arguments: paths, -k, --ignore.
     args: tuple[str, ...]
-    #: Minutes a cold run took last time: the longest start first.
+    #: Minutes a cold run took: the longest start first when no run has
+    #: been recorded here yet (:func:`_weights`).
     weight: float
 
 
@@ -64,7 +76,7 @@ def parts() -> list[Part]:
     vm = [p for p in (*_VM_NODE, *_VM_CLUSTER) if (REPO / p).exists()]
     vm_node = tuple(p for p in _VM_NODE if p in vm)
     vm_cluster = tuple(p for p in _VM_CLUSTER if p in vm)
-    slurm_host_ignore = (_MATRIX, _PACKAGES)
+    slurm_host_ignore = (_MATRIX, _PACKAGES, *CONTAINERS)
     return [
         Part("vm-node", vm_node, 9.0),
         Part("matrix-24.11", (_MATRIX, _PACKAGES, "-k", "24.11"), 5.0),
@@ -73,10 +85,40 @@ def parts() -> list[Part]:
         Part("matrix-26.05-more", (_MATRIX, "-k", "26.05 and (contain_spank or containers)"),
              3.5),
         Part("vm-cluster", vm_cluster, 4.0),
-        Part("slurm-22.05", ("tests/slurm", *_ignore(slurm_host_ignore)), 6.0),
+        Part("slurm-22.05", ("tests/slurm", *_ignore(slurm_host_ignore)), 4.0),
+        Part("slurm-22.05-containers", CONTAINERS, 4.0),
         Part("packages", (_MATRIX, _PACKAGES, "-k", "not 24.11 and not 26.05"), 2.0),
-        Part("unit", ("tests", "--ignore=tests/slurm", *_ignore(vm)), 8.0),
+        Part("unit-python", _UNIT_PYTHON, 8.0),
+        Part("unit", ("tests", "--ignore=tests/slurm", *_ignore(vm), *_ignore(_UNIT_PYTHON)),
+             8.0),
     ]
+
+
+def _weights(todo: list[Part]) -> list[Part]:
+    """Longest first, by the minutes each part took in the last run that
+    passed here (a warm run's order differs from a cold one's: the unit
+    parts build the CUDA toolchain and the wheels cold, the release parts
+    their roots), else by the static weight."""
+    try:
+        last = json.loads(TIMES.read_text())
+    except (OSError, ValueError):
+        last = {}
+    return sorted(todo, key=lambda p: -float(last.get(p.name, p.weight)))
+
+
+def _record(done: list[Running]) -> None:
+    try:
+        last = json.loads(TIMES.read_text())
+    except (OSError, ValueError):
+        last = {}
+    for run in done:
+        if run.proc.returncode == 0 and run.ended is not None:
+            last[run.part.name] = round((run.ended - run.started) / 60, 2)
+    try:
+        TIMES.parent.mkdir(parents=True, exist_ok=True)
+        TIMES.write_text(json.dumps(last, indent=1, sort_keys=True) + "\n")
+    except OSError:
+        pass
 
 
 @dataclass
@@ -148,8 +190,7 @@ def main(argv: Sequence[str]) -> int:
     extra = list(argv[argv.index("--") + 1:]) if "--" in argv else []
     jobs = max(1, int(os.environ.get("GRACE_TEST_JOBS", "4")))
     wanted = [p for p in os.environ.get("GRACE_TEST_PARTS", "").split(",") if p]
-    todo = sorted((p for p in parts() if not wanted or p.name in wanted),
-                  key=lambda p: -p.weight)
+    todo = _weights([p for p in parts() if not wanted or p.name in wanted])
     unknown = set(wanted) - {p.name for p in parts()}
     if unknown:
         print(f"tests/parts.py: unknown parts {sorted(unknown)}", file=sys.stderr)
@@ -179,6 +220,7 @@ def main(argv: Sequence[str]) -> int:
             print(f"[{_clock(began)}] {run.part.name}: {status}, {_line(run.counts)} in "
                   f"{(run.ended - run.started) / 60:.1f} min ({run.cpu:.1f} min CPU)", flush=True)
     _report(done, began)
+    _record(done)
     return 0 if all(r.proc.returncode == 0 for r in done) else 1
 
 

@@ -39,32 +39,17 @@ from pathlib import Path
 import pytest
 
 from . import roots
+from .groups import CONTAINERS
 from .roots import RELEASES, Root
 
 pytestmark = [pytest.mark.slurm, pytest.mark.network]
 
 HERE = Path(__file__).resolve().parent
 SRC = "/src/grace-policy"
-#: Not run inside the roots: the matrix itself (it would recurse) and the
-#: package tests (they open roots of their own).
-#: test_containers.py needs pyxis/enroot/runc's build and run deps, which the
-#: cached roots do not hold, and a root entered by pivot_root (enroot makes a
-#: user namespace and pyxis moves tasks into the container's mount namespace:
-#: neither works in a chroot): test_containers_in_the_newest_release runs it,
-#: after installing them.
-#: Apptainer (the root's own package), pyxis' batch step and enroot's mounts
-#: run there too, and job_container/tmpfs: the job's namespace, entered with
-#: setns, resets a process's root to the namespace's, which from a chroot is
-#: the host's (the 24.11 run's steps could not find their own directories).
-#: (It failed there under load once: the pivoted root's namespace had a
-#: higher id than a job's made on the other CPU, so slurmstepd could not
-#: bind the job's namespace; roots.Root._pivot_argv now makes it the lowest.)
-CONTAINERS = ("tests/slurm/test_containers.py", "tests/slurm/test_container_python.py",
-              "tests/slurm/test_apptainer_slurm.py", "tests/slurm/test_after_pull.py",
-              "tests/slurm/test_pyxis_batch.py", "tests/slurm/test_enroot_mounts.py",
-              "tests/slurm/test_oci_path.py", "tests/slurm/test_registry.py",
-              "tests/slurm/test_job_container.py", "tests/slurm/test_named_containers.py",
-              "tests/slurm/test_container_cache.py", "tests/slurm/test_container_bounds.py")
+#: Not run inside the roots: the matrix itself (it would recurse), the
+#: package tests (they open roots of their own), the container files
+#: (tests/slurm/groups.py says why; test_containers_in_the_newest_release
+#: runs them) and the GPU files.
 #: GPU steps run on the host's Slurm only: their CUDA fixtures are built with
 #: nvcc from PyPI, the host's g++ and the aarch64 cross g++, for the host's
 #: Python (tests/gpu/fixtures.py); a release root has no cross g++ and

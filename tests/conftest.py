@@ -5,7 +5,8 @@ Fixtures:
 - ``elf_builder``: :class:`fixtures.build.ElfBuilder` writing under ``tmp_path``.
 - ``session_elf_builder``: the same, one directory for the whole session (for
   corpora that many tests read and nobody modifies).
-- ``compile_cache``: the session :class:`fixtures.build.CompileCache` behind both.
+- ``compile_cache``: the :class:`fixtures.build.CompileCache` behind both, kept across
+  runs under ``~/.cache/grace-policy-tests/compile``.
 - ``debian_arm64`` / ``aarch64_wheel`` (session, from :mod:`corpus`): real
   aarch64 files downloaded once into ``~/.cache/grace-policy-tests``; skipped
   with the reason when offline. Mark such tests ``network``.
@@ -32,7 +33,7 @@ for _p in (str(TESTS_DIR), str(REPO_ROOT)):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-from corpus import aarch64_wheel, debian_arm64, node_exporter  # noqa: E402, F401  (fixtures)
+from corpus import aarch64_wheel, cache_root, debian_arm64, node_exporter  # noqa: E402, F401  (fixtures)
 from fixtures.build import (  # noqa: E402
     AARCH64_LOADER,
     CompileCache,
@@ -70,8 +71,12 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 @pytest.fixture(scope="session")
-def compile_cache(tmp_path_factory: pytest.TempPathFactory) -> CompileCache:
-    return CompileCache(tmp_path_factory.mktemp("compile-cache"))
+def compile_cache() -> CompileCache:
+    directory = cache_root() / "compile"
+    directory.mkdir(parents=True, exist_ok=True)
+    cache = CompileCache(directory)
+    cache.prune()
+    return cache
 
 
 @pytest.fixture

@@ -74,6 +74,23 @@ def _server(env: SlurmEnv) -> int:
     raise AssertionError(f"no node checker on {_socket(env)}: {pids}")
 
 
+def _listening(env: SlurmEnv) -> bool:
+    """A socket listens at the checker's path (/proc/net/unix, __SO_ACCEPTCON).
+    A new server's pid shows before its listen(), and the old server's file
+    can outlive it: a step started in between is "not reachable" (seen in
+    the 24.11 root under load)."""
+    want = str(_socket(env))
+    try:
+        lines = Path("/proc/net/unix").read_text().splitlines()[1:]
+    except OSError:
+        return False
+    for line in lines:
+        fields = line.split()
+        if len(fields) >= 8 and fields[7] == want and int(fields[3], 16) & 0x10000:
+            return True
+    return False
+
+
 def _wait(what: object, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -88,7 +105,7 @@ def _start(env: SlurmEnv, plugin: Path | str, *extra: str) -> int:
     _line(env, plugin, "node", *extra)
     old = _servers(env)
     env.cluster.restart_slurmd()
-    _wait(lambda: _socket(env).exists() and any(p not in old for p in _servers(env)))
+    _wait(lambda: any(p not in old for p in _servers(env)) and _listening(env))
     return _server(env)
 
 
@@ -106,7 +123,8 @@ def node(slurm: SlurmEnv) -> Iterator[SlurmEnv]:
     old = _servers(slurm)
     slurm.use("base")
     slurm.cluster.restart_slurmd()
-    _wait(lambda: bool(_servers(slurm)) and not set(old) & set(_servers(slurm)))
+    _wait(lambda: bool(_servers(slurm)) and not set(old) & set(_servers(slurm))
+          and _listening(slurm))
     state = slurm.cluster.settled_node_state()
     assert state in ("idle", "mixed", "allocated"), (state, slurm.cluster.node_reason())
 
@@ -188,7 +206,7 @@ def test_default_line_is_judged_by_the_node_checker(node: SlurmEnv) -> None:
     node.use("base", "cache_dir=none")
     old = _servers(node)
     node.cluster.restart_slurmd()
-    _wait(lambda: any(p not in old for p in _servers(node)))
+    _wait(lambda: any(p not in old for p in _servers(node)) and _listening(node))
     server = _server(node)
     since = len(node.cluster.slurmd_log_text())
     for name, (argv, env) in _cases(node).items():

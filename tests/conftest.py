@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
@@ -41,6 +42,9 @@ from fixtures.build import (  # noqa: E402
     compiler_for,
     qemu_aarch64,
 )
+
+if TYPE_CHECKING:
+    from vm.demo_run import DemoNode
 
 
 def _cross_missing() -> str | None:
@@ -138,3 +142,17 @@ def enroot_site(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from slurm.containers import site_enroot_or_skip
 
     return site_enroot_or_skip(tmp_path_factory.mktemp("site"))
+
+
+@pytest.fixture(scope="session")
+def demo_node(tmp_path_factory: pytest.TempPathFactory) -> DemoNode:
+    """``make demo-node`` once per session, its guest's files kept: what it
+    showed (tests/test_demos.py) and what the node decided
+    (tests/test_grace_node.py) come from one boot (tests/vm/demo_run.py)."""
+    from corpus import _give_up
+    from vm.demo_run import run_demo_node
+    from vm.qemu import qemu_binary
+
+    if qemu_binary() is None:
+        _give_up("qemu-system-aarch64 not installed (make deps: qemu-system-arm)")
+    return run_demo_node(tmp_path_factory.mktemp("demo-node"))

@@ -10,36 +10,17 @@ config's ``contact``), not the tests' own.
 
 from __future__ import annotations
 
-import os
 import shlex
-import subprocess
-from pathlib import Path
 
 import pytest
-from corpus import _give_up
 from slurm.demo import STEPS
 from slurm.harness import TEST_CONTACT, site_contact, skip_reason
 from vm import slurmnode
-from vm.qemu import qemu_binary
+from vm.demo_run import DemoNode, make_as_newcomer
 
 from grace_policy.node import host_machine
 
-REPO = Path(__file__).resolve().parent.parent
 PREFIX = "grace-policy: "
-
-
-def _make(target: str, timeout: float) -> str:
-    # As a newcomer types it in a shell: not as a sub-make of `make test`,
-    # whose MAKELEVEL/MAKEFLAGS would add "make[1]: Entering directory" lines.
-    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
-    done = subprocess.run(["make", target], cwd=REPO, capture_output=True, text=True,
-                          timeout=timeout, check=False, env=env)
-    out = done.stdout + done.stderr
-    assert done.returncode == 0, f"make {target} exited {done.returncode}:\n{out[-6000:]}"
-    # The demo's own crash goes to stderr; what the steps print (a node's
-    # python failing an import, shown on purpose) is on stdout.
-    assert "Traceback" not in done.stderr, done.stderr[-6000:]
-    return done.stdout
 
 
 def _said(out: str) -> str:
@@ -75,7 +56,7 @@ def test_make_demo_shows_every_step_and_the_sites_contact() -> None:
     reason = skip_reason()
     if reason:
         pytest.skip(reason)
-    out = _make("demo", timeout=1800)
+    out = make_as_newcomer("demo", timeout=1800)
     sections = _sections(out, [s.title for s in STEPS])
     for step, text in zip(STEPS, sections):
         assert "(exit status " in text, (step.title, text)
@@ -97,10 +78,8 @@ def test_make_demo_shows_every_step_and_the_sites_contact() -> None:
 @pytest.mark.cross
 @pytest.mark.skipif(host_machine() != "x86_64",
                     reason="cross-builds with Debian's x86_64-hosted aarch64 toolchain")
-def test_make_demo_node_shows_every_scenario_and_the_sites_contact() -> None:
-    if qemu_binary() is None:
-        _give_up("qemu-system-aarch64 not installed (make deps: qemu-system-arm)")
-    out = _make("demo-node", timeout=3600)
+def test_make_demo_node_shows_every_scenario_and_the_sites_contact(demo_node: DemoNode) -> None:
+    out = demo_node.out
     shown = {**slurmnode.SCENARIOS, **slurmnode.DIRECT}
     sections = _sections(out, [s.what for s in shown.values()])
     for (name, scenario), text in zip(shown.items(), sections):

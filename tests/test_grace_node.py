@@ -1,6 +1,7 @@
 """The plugin on a real Grace-like node (issue 10): aarch64, 64 KiB pages.
 
-One boot of the 64 KiB guest (:mod:`vm.slurmnode`): Debian 12 arm64's Slurm
+One boot of the 64 KiB guest, the one ``make demo-node`` makes (:mod:`vm.slurmnode`,
+shared with tests/test_demos.py): Debian 12 arm64's Slurm
 22.05 with the plugin cross-built for aarch64, a config without ``[node]``,
 and steps a user from an x86_64 login node would submit. Each must get the
 verdict, the message and the audit line it gets on x86_64 with a simulated
@@ -14,11 +15,9 @@ import json
 from pathlib import Path
 
 import pytest
-from corpus import CorpusUnavailable, _give_up
-from fixtures.build import CompileCache
 from roomy import ROOMY
 from vm import slurmnode
-from vm.qemu import BootError, qemu_binary
+from vm.demo_run import DemoNode
 
 from grace_policy.decide import StepRequest, decide
 from grace_policy.node import NodeProfile, host_machine
@@ -32,16 +31,10 @@ PREFIX = "grace-policy: "
 
 
 @pytest.fixture(scope="module")
-def node(tmp_path_factory: pytest.TempPathFactory,
-         compile_cache: CompileCache) -> slurmnode.NodeRun:
-    if qemu_binary() is None:
-        _give_up("qemu-system-aarch64 not installed (make deps: qemu-system-arm)")
-    try:
-        run = slurmnode.run_node(tmp_path_factory.mktemp("grace-node"), compile_cache)
-    except CorpusUnavailable as exc:
-        _give_up(f"grace node setup: {exc}")
-    except BootError as exc:
-        pytest.fail(f"the 64 KiB guest did not finish: {exc}")
+def node(demo_node: DemoNode) -> slurmnode.NodeRun:
+    """The boot ``make demo-node`` made (tests/conftest.py): the same
+    scenarios, the site's contact text instead of the tests' own."""
+    run = demo_node.run
     steps = ", ".join(f"{k} {v.seconds:.1f} s" for k, v in run.steps.items())
     print(f"\ngrace node: Slurm idle {run.boot_seconds:.1f} s after boot; steps: {steps}; "
           f"whole qemu run {run.total_seconds:.1f} s")

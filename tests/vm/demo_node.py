@@ -4,11 +4,16 @@ Boots the 64 KiB arm64 guest under qemu (building and caching what it needs
 on first use: the kernel takes minutes), starts a one-node Slurm there with
 the plugin built for aarch64, submits what a user from an x86_64 login node
 would, and prints what each user saw and what the audit log recorded.
+
+``GRACE_DEMO_NODE_DIR=DIR`` runs it in DIR and leaves the guest's console,
+its cases and its audit there (the tests judge that one boot twice: what a
+newcomer sees, and what the node decided).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 import tempfile
@@ -47,8 +52,12 @@ def main() -> int:
     print(f"The node's config names no [node]: it is detected. Its contact = "
           f"{json.dumps(contact)} (a site's, from packaging/grace-policy.example.toml) "
           "is whom the messages tell users to ask.", flush=True)
-    with tempfile.TemporaryDirectory(prefix="grace-node-demo-") as tmp:
-        run = slurmnode.run_node(Path(tmp), None, contact=contact)
+    keep = os.environ.get("GRACE_DEMO_NODE_DIR")
+    if keep:  # the tests read this run (tests/conftest.py, demo_node)
+        run = slurmnode.run_node(Path(keep), None, contact=contact)
+    else:
+        with tempfile.TemporaryDirectory(prefix="grace-node-demo-") as tmp:
+            run = slurmnode.run_node(Path(tmp), None, contact=contact)
     records = [json.loads(line) for line in run.audit]
     print(f"Slurm was idle {run.boot_seconds:.0f} s after boot (guest clock); "
           f"the whole run took {run.total_seconds:.0f} s.\n")

@@ -471,6 +471,17 @@ def run_node(work: Path, cache: object, *, contact: str = TEST_CONTACT) -> NodeR
                                  memory_mib=3072)
     (work / "console.txt").write_text(console)
     (work / "serial.txt").write_text(log)
+    (work / "qemu-seconds.txt").write_text(f"{seconds}\n")
+    return load_run(work)
+
+
+def load_run(work: Path) -> NodeRun:
+    """The run :func:`run_node` left in ``work`` (``make demo-node`` with
+    ``GRACE_DEMO_NODE_DIR``: tests/conftest.py's ``demo_node`` reads the
+    demo's own boot instead of booting the same scenarios again)."""
+    console = (work / "console.txt").read_text()
     if "ALLDONE" not in console:
+        log = (work / "serial.txt").read_text()
         raise AssertionError(f"the guest did not finish: {console[-1500:]!r}\n{log[-1500:]}")
-    return replace(parse(console, seconds), cases=cases)
+    seconds = float((work / "qemu-seconds.txt").read_text())
+    return replace(parse(console, seconds), cases=work / "cases")

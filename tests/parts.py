@@ -64,8 +64,9 @@ class Part:
     name: str
     #: pytest's own arguments: paths, -k, --ignore.
     args: tuple[str, ...]
-    #: Minutes a cold run took: the longest start first when no run has
-    #: been recorded here yet (:func:`_weights`).
+    #: Minutes a cold run took (b4d034d's, the split parts halved): the
+    #: longest start first when no run has been recorded here yet
+    #: (:func:`_weights`).
     weight: float
 
 
@@ -79,19 +80,19 @@ def parts() -> list[Part]:
     vm_cluster = tuple(p for p in _VM_CLUSTER if p in vm)
     slurm_host_ignore = (_MATRIX, _PACKAGES, *CONTAINERS)
     return [
-        Part("vm-node", vm_node, 9.0),
-        Part("matrix-24.11", (_MATRIX, _PACKAGES, "-k", "24.11"), 5.0),
+        Part("vm-node", vm_node, 18.0),
+        Part("matrix-24.11", (_MATRIX, _PACKAGES, "-k", "24.11"), 10.0),
         Part("matrix-26.05", (_MATRIX, "-k", "26.05 and not contain_spank and not containers"),
-             4.5),
+             5.6),
         Part("matrix-26.05-more", (_MATRIX, "-k", "26.05 and (contain_spank or containers)"),
-             3.5),
-        Part("vm-cluster", vm_cluster, 4.0),
-        Part("slurm-22.05", ("tests/slurm", *_ignore(slurm_host_ignore)), 4.0),
-        Part("slurm-22.05-containers", CONTAINERS, 4.0),
+             7.6),
+        Part("vm-cluster", vm_cluster, 6.9),
+        Part("slurm-22.05", ("tests/slurm", *_ignore(slurm_host_ignore)), 7.0),
+        Part("slurm-22.05-containers", CONTAINERS, 7.0),
         Part("packages", (_MATRIX, _PACKAGES, "-k", "not 24.11 and not 26.05"), 2.0),
-        Part("unit-python", _UNIT_PYTHON, 8.0),
+        Part("unit-python", _UNIT_PYTHON, 11.0),
         Part("unit", ("tests", "--ignore=tests/slurm", *_ignore(vm), *_ignore(_UNIT_PYTHON)),
-             8.0),
+             11.0),
     ]
 
 

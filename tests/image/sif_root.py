@@ -11,9 +11,11 @@ itself, so nothing stays mounted on the host.
 
 from __future__ import annotations
 
+import os
 import shlex
 import shutil
 import subprocess
+import tempfile
 from pathlib import Path
 
 from corpus import CorpusUnavailable, _cached_tree
@@ -60,10 +62,10 @@ def build_sif(tree: Path, out: Path) -> Path:
     hosts = root / "etc" / "hosts"  # apptainer build reads it; essential roots have none
     if not hosts.exists():
         hosts.write_text("127.0.0.1 localhost\n")
-    stage = root / "var" / "tmp" / f"grace-{out.stem}"
-    if stage.exists():
-        shutil.rmtree(stage)
-    stage.mkdir(parents=True)
+    # One staging directory per call: the unit and Slurm parts of make test
+    # build SIFs of the same names in this one cached root at once.
+    (root / "var" / "tmp").mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f"grace-{out.stem}-", dir=root / "var" / "tmp"))
     try:
         shutil.copytree(tree, stage / "tree", symlinks=True)
         done = _in_root(root, f"apptainer -s build --force /var/tmp/{stage.name}/img.sif "
@@ -79,7 +81,10 @@ def build_sif(tree: Path, out: Path) -> Path:
 def sif_list(sif: Path) -> str:
     """``apptainer sif list`` of ``sif`` (the oracle for its layout)."""
     root = apptainer_root()
-    stage = root / "var" / "tmp" / f"grace-list-{sif.stem}.sif"
+    fd, name = tempfile.mkstemp(prefix=f"grace-list-{sif.stem}-", suffix=".sif",
+                                dir=root / "var" / "tmp")
+    os.close(fd)
+    stage = Path(name)
     shutil.copy2(sif, stage)
     try:
         done = _in_root(root, f"apptainer sif list /var/tmp/{stage.name}; "

@@ -98,7 +98,11 @@ def _untar(tar: Path, work: Path) -> Path:
 def enroot_prefix() -> Path:
     """enroot 4.1.2 installed under a cached prefix (``bin/enroot`` ...)."""
     tar = tarball("enroot")
-    name = f"third-party/enroot-{THIRD_PARTY['enroot'][1][:16]}"
+    # Built against this system's glibc and libbsd: the release roots see the
+    # same test cache at the same path, and a build from sid's root once
+    # reached the host's pyxis ("GLIBC_2.38 not found" in enroot-nsenter).
+    system = _build_system()
+    name = f"third-party/enroot-{THIRD_PARTY['enroot'][1][:16]}-{system[:12]}"
     # enroot bakes its prefix into its scripts: build for the final place,
     # install under DESTDIR, and let _cached_tree move it there.
     final = cache_root() / name / "root"
@@ -123,7 +127,19 @@ def enroot_prefix() -> Path:
         _run([*common, f"DESTDIR={work / 'stage'}", "install"], timeout=600)
         return work / "stage" / str(final).lstrip("/")
 
-    return _cached_tree(name, {"sha256": THIRD_PARTY["enroot"][1], "recipe": 2}, build)
+    return _cached_tree(name, {"sha256": THIRD_PARTY["enroot"][1], "recipe": 2,
+                               "system": system}, build)
+
+
+def _build_system() -> str:
+    """A digest of what a native build links against here: glibc's version
+    and the distribution (/etc/os-release)."""
+    try:
+        release = Path("/etc/os-release").read_bytes()
+    except OSError:
+        release = b""
+    libc = os.confstr("CS_GNU_LIBC_VERSION") or ""
+    return hashlib.sha256(libc.encode() + b"\0" + release).hexdigest()
 
 
 def install_enroot(dest: Path) -> Path:
@@ -177,6 +193,7 @@ def _spank_h_digest() -> str:
         path = Path("/usr/include/slurm", name)
         if path.exists():
             h.update(path.read_bytes())
+    h.update(_build_system().encode())  # and the glibc it links against
     return h.hexdigest()
 
 

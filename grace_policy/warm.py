@@ -40,7 +40,7 @@ LATER = ("grace_policy.rules", "grace_policy.exempt", "grace_policy.pagecode",
 #: container, a registry image's manifest, and the root pyxis made from it
 #: after the pull): the node checker holds them, so that each of those
 #: checks - on a pyxis cluster, most steps, two for a registry image - does
-#: not pay ~15-20 ms of imports in its child. They add 16 files to every
+#: not pay ~15-20 ms of imports in its child. They add 19 files to every
 #: verdict-cache entry the node checker writes (measured: +0.04 ms of
 #: stat on a miss, as much on a hit).
 CONTAINERS = ("grace_policy.plugstack", "grace_policy.image", "grace_policy.image.view",

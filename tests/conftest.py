@@ -34,7 +34,13 @@ for _p in (str(TESTS_DIR), str(REPO_ROOT)):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-from corpus import aarch64_wheel, cache_root, debian_arm64, node_exporter  # noqa: E402, F401  (fixtures)
+from corpus import (  # noqa: E402, F401  (fixtures)
+    aarch64_wheel,
+    cache_root,
+    debian_arm64,
+    node_exporter,
+    prune_unused,
+)
 from fixtures.build import (  # noqa: E402
     AARCH64_LOADER,
     CompileCache,
@@ -78,9 +84,8 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 def compile_cache() -> CompileCache:
     directory = cache_root() / "compile"
     directory.mkdir(parents=True, exist_ok=True)
-    cache = CompileCache(directory)
-    cache.prune()
-    return cache
+    prune_unused(directory)
+    return CompileCache(directory)
 
 
 @pytest.fixture

@@ -25,6 +25,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import time
 import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -48,6 +49,27 @@ NET_TIMEOUT = 30
 def cache_root() -> Path:
     env = os.environ.get("GRACE_TEST_CACHE")
     return Path(env) if env else Path.home() / ".cache" / "grace-policy-tests"
+
+
+def mark_used(entry: Path) -> None:
+    """A run used this entry of a cache kept across runs (:func:`prune_unused`)."""
+    try:
+        os.utime(entry)
+    except OSError:
+        pass
+
+
+def prune_unused(directory: Path, pattern: str = "*", days: float = 14) -> None:
+    """Remove the entries of a cache kept across runs (tests/squash.py's
+    images, the compile cache) that no run used for ``days``: their keys
+    change with the code, so old entries would otherwise pile up."""
+    old = time.time() - days * 86400
+    for entry in directory.glob(pattern):
+        try:
+            if entry.stat().st_mtime < old:
+                entry.unlink()
+        except OSError:
+            pass
 
 
 def sha256_file(path: Path) -> str:

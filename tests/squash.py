@@ -29,10 +29,9 @@ import shutil
 import stat
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 
-from corpus import cache_root
+from corpus import cache_root, mark_used, prune_unused
 
 KEEP_DAYS = 14
 TIMEOUT = 300
@@ -84,16 +83,6 @@ def _tree_key(root: Path, args: tuple[str, ...]) -> str | None:
     return h.hexdigest()
 
 
-def _prune(cache: Path) -> None:
-    old = time.time() - KEEP_DAYS * 86400
-    for entry in cache.glob("*.sqsh"):
-        try:
-            if entry.stat().st_mtime < old:
-                entry.unlink()
-        except OSError:
-            pass
-
-
 def mksquashfs(root: Path, out: Path, *args: str) -> Path:
     """``mksquashfs ROOT OUT -noappend -quiet -no-progress ARGS``, from the
     cache when the same tree was squashed with the same arguments before."""
@@ -108,7 +97,7 @@ def mksquashfs(root: Path, out: Path, *args: str) -> Path:
         out.unlink()
     try:
         shutil.copyfile(cached, out)
-        os.utime(cached)  # used: kept by _prune
+        mark_used(cached)
         return out
     except FileNotFoundError:
         pass
@@ -122,5 +111,5 @@ def mksquashfs(root: Path, out: Path, *args: str) -> Path:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    _prune(cache)
+    prune_unused(cache, "*.sqsh", KEEP_DAYS)
     return out

@@ -100,13 +100,18 @@ def _wait(what: object, timeout: float = 30.0) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
-def _start(env: SlurmEnv, plugin: Path | str, *extra: str) -> int:
-    """plugstack with checker=node, slurmd restarted: the server is up."""
-    _line(env, plugin, "node", *extra)
+def _restart(env: SlurmEnv) -> int:
+    """slurmd restarted on the current plugstack: its new server listens."""
     old = _servers(env)
     env.cluster.restart_slurmd()
     _wait(lambda: any(p not in old for p in _servers(env)) and _listening(env))
     return _server(env)
+
+
+def _start(env: SlurmEnv, plugin: Path | str, *extra: str) -> int:
+    """plugstack with checker=node, slurmd restarted: the server is up."""
+    _line(env, plugin, "node", *extra)
+    return _restart(env)
 
 
 @pytest.fixture(scope="module")
@@ -204,10 +209,7 @@ def test_default_line_is_judged_by_the_node_checker(node: SlurmEnv) -> None:
     server, and a cold step is judged by it (no fallback said)."""
     assert "checker=" not in node.cluster.plugstack.read_text().replace("checker_socket=", "")
     node.use("base", "cache_dir=none")
-    old = _servers(node)
-    node.cluster.restart_slurmd()
-    _wait(lambda: any(p not in old for p in _servers(node)) and _listening(node))
-    server = _server(node)
+    server = _restart(node)
     since = len(node.cluster.slurmd_log_text())
     for name, (argv, env) in _cases(node).items():
         res, record = _srun(node, argv, env=env)

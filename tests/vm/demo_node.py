@@ -12,6 +12,7 @@ newcomer sees, and what the node decided).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shlex
@@ -52,12 +53,10 @@ def main() -> int:
     print(f"The node's config names no [node]: it is detected. Its contact = "
           f"{json.dumps(contact)} (a site's, from packaging/grace-policy.example.toml) "
           "is whom the messages tell users to ask.", flush=True)
-    keep = os.environ.get("GRACE_DEMO_NODE_DIR")
-    if keep:  # the tests read this run (tests/conftest.py, demo_node)
-        run = slurmnode.run_node(Path(keep), None, contact=contact)
-    else:
-        with tempfile.TemporaryDirectory(prefix="grace-node-demo-") as tmp:
-            run = slurmnode.run_node(Path(tmp), None, contact=contact)
+    keep = os.environ.get("GRACE_DEMO_NODE_DIR")  # the tests read this run (demo_run.py)
+    with (contextlib.nullcontext(keep) if keep
+          else tempfile.TemporaryDirectory(prefix="grace-node-demo-")) as work:
+        run = slurmnode.run_node(Path(work), None, contact=contact)
     records = [json.loads(line) for line in run.audit]
     print(f"Slurm was idle {run.boot_seconds:.0f} s after boot (guest clock); "
           f"the whole run took {run.total_seconds:.0f} s.\n")
